@@ -1,0 +1,41 @@
+"""Helpers for declaring and validating config fields."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from ardea.errors import ConfigError
+
+
+def option(default: Any = None, help: str = "", *, factory: Any = None) -> Any:
+    """A dataclass field with a help text (shown by ``ardea train --help-config``)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def check_choice(name: str, value: Any, allowed: tuple | list) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        choices = ", ".join(repr(a) for a in allowed)
+        raise ConfigError(f"{name}={value!r} is not allowed; choose one of: {choices}")
+
+
+def check_range(
+    name: str,
+    value: float,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    """Raise :class:`ConfigError` unless ``low (<|<=) value (<|<=) high``."""
+    bad_low = low is not None and (value <= low if low_open else value < low)
+    bad_high = high is not None and (value >= high if high_open else value > high)
+    if bad_low or bad_high:
+        lo = "-inf" if low is None else f"{low}"
+        hi = "inf" if high is None else f"{high}"
+        interval = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
+        raise ConfigError(f"{name}={value!r} is out of range; expected a value in {interval}")

@@ -1,0 +1,119 @@
+"""Load an :class:`ArdeaConfig` from YAML plus ``key=value`` dotted overrides.
+
+Precedence, lowest first: the dataclass defaults, the YAML file, the command-line
+overrides. OmegaConf checks keys and types against the dataclasses; the dataclasses'
+``__post_init__`` checks values. Every failure becomes one :class:`ConfigError` line
+naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from ardea.config.schema import ArdeaConfig
+from ardea.errors import ConfigError
+
+
+def _first_line(exc: Exception) -> str:
+    return str(getattr(exc, "msg", None) or exc).splitlines()[0]
+
+
+def _section_keys(full_key: str) -> tuple[str, list[str]]:
+    """The dotted parent of ``full_key`` and the keys allowed there."""
+    parent = full_key.split(".")[:-1]
+    node: Any = ArdeaConfig()
+    for part in parent:
+        node = getattr(node, part, None)
+    allowed = [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+    return ".".join(parent), allowed
+
+
+def _translate(exc: OmegaConfBaseException, source: str) -> ConfigError:
+    full_key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "?")
+    if isinstance(exc, ConfigKeyError):
+        parent, allowed = _section_keys(full_key)
+        where = f"in '{parent}'" if parent else "at the top level"
+        return ConfigError(
+            f"unknown config key '{full_key}' ({source}); allowed keys {where}: {', '.join(allowed)}"
+        )
+    if isinstance(exc, ValidationError):
+        return ConfigError(f"{full_key}: {_first_line(exc)} ({source})")
+    return ConfigError(f"{full_key}: {_first_line(exc)} ({source})")
+
+
+def _load_yaml(path: str | Path) -> DictConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {_first_line(exc)}") from exc
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got a list")
+    return loaded
+
+
+def _parse_overrides(overrides: list[str]) -> DictConfig:
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value (e.g. trainer.max_steps=100)"
+            )
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise ConfigError(f"cannot parse overrides {overrides}: {_first_line(exc)}") from exc
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ArdeaConfig:
+    """Build the validated run config.
+
+    Args:
+        path: optional YAML file with any subset of the sections.
+        overrides: ``section.field=value`` strings applied last.
+
+    Raises:
+        ConfigError: one line naming the offending key or value.
+    """
+    merged = OmegaConf.structured(ArdeaConfig)
+    layers = []
+    if path is not None:
+        layers.append((_load_yaml(path), str(path)))
+    if overrides:
+        layers.append((_parse_overrides(overrides), "command line"))
+    for layer, source in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise _translate(exc, source) from exc
+    try:
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise _translate(exc, "config") from exc
+    assert isinstance(config, ArdeaConfig)
+    return config
+
+
+def config_to_yaml(config: ArdeaConfig) -> str:
+    """The fully resolved config as YAML (what ``--print-config`` prints and runs save)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def describe_config() -> str:
+    """Every field with its default and help text, one per line, by section."""
+    lines = []
+    for section in dataclasses.fields(ArdeaConfig):
+        instance = getattr(ArdeaConfig(), section.name)
+        lines.append(f"{section.name}:")
+        for f in dataclasses.fields(instance):
+            default = getattr(instance, f.name)
+            lines.append(f"  {f.name} = {default!r}  # {f.metadata.get('help', '')}")
+    return "\n".join(lines)

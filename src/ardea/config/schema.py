@@ -1,0 +1,174 @@
+"""The run configuration: one dataclass per section, each field with a help text.
+
+A run is described by :class:`ArdeaConfig` with the sections ``model``, ``data``,
+``algo``, ``rollout``, ``trainer`` and ``logging``. Every section validates itself in
+``__post_init__`` so that a bad value fails before any work starts, with a message
+naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ardea.config.fields import check_choice, check_range, option
+from ardea.errors import ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+ARCHS = ("qwen2", "llama")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = option(
+        None, "Local Hugging Face model directory; null builds the tiny default model in code."
+    )
+    arch: str = option("qwen2", "Architecture of the tiny default model: qwen2 or llama.")
+    hidden_size: int = option(128, "Tiny model: hidden size.")
+    num_layers: int = option(4, "Tiny model: number of decoder layers.")
+    num_heads: int = option(4, "Tiny model: attention heads.")
+    num_kv_heads: int = option(2, "Tiny model: key/value heads (grouped-query attention).")
+    intermediate_size: int = option(384, "Tiny model: MLP inner size.")
+    max_position_embeddings: int = option(256, "Tiny model: longest sequence it accepts.")
+    dtype: str = option("float32", "Parameter dtype: float32, bfloat16 or float16.")
+    logprob_chunk_size: int = option(
+        1024, "Tokens per chunk when computing log-probs (bounds the float32 logits kept at once)."
+    )
+
+    def __post_init__(self) -> None:
+        check_choice("model.arch", self.arch, ARCHS)
+        check_choice("model.dtype", self.dtype, DTYPES)
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            check_range(f"model.{name}", getattr(self, name), low=1)
+        check_range("model.max_position_embeddings", self.max_position_embeddings, low=8)
+        check_range("model.logprob_chunk_size", self.logprob_chunk_size, low=1)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} must be divisible by "
+                f"model.num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_heads={self.num_heads} must be divisible by "
+                f"model.num_kv_heads={self.num_kv_heads}"
+            )
+
+
+@dataclass
+class DataConfig:
+    task: str = option("arithmetic", "Built-in task by registered name (see `ardea tasks`).")
+    task_args: dict[str, Any] = option(
+        help="Keyword arguments of the task, e.g. {digits: 3, ops: '+'}; unknown ones are errors.",
+        factory=dict,
+    )
+    train_size: int = option(50_000, "Number of training examples generated for the task.")
+    eval_size: int = option(500, "Number of held-out examples used for evaluation.")
+    seed: int = option(0, "Seed of the task's train/held-out split (independent of trainer.seed).")
+    chat_template: bool = option(
+        False, "Wrap prompts in the tokenizer's chat template (for chat models)."
+    )
+
+    def __post_init__(self) -> None:
+        check_range("data.train_size", self.train_size, low=1)
+        check_range("data.eval_size", self.eval_size, low=1)
+
+
+@dataclass
+class AlgoConfig:
+    name: str = option("sft", "Training strategy by registered name.")
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("algo.name must name a strategy, e.g. algo.name=sft")
+
+
+@dataclass
+class RolloutConfig:
+    max_new_tokens: int = option(16, "Longest completion generated per prompt.")
+    temperature: float = option(1.0, "Sampling temperature for pass@k and `generate` (0 = greedy).")
+    top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = option(0, "Top-k sampling (0 = off).")
+    batch_size: int = option(256, "Prompts generated together in one batch.")
+
+    def __post_init__(self) -> None:
+        check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
+        check_range("rollout.temperature", self.temperature, low=0.0)
+        check_range("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_range("rollout.top_k", self.top_k, low=0)
+        check_range("rollout.batch_size", self.batch_size, low=1)
+
+
+@dataclass
+class TrainerConfig:
+    run_name: str = option("default", "Name of the run; the run directory is runs/<run_name>.")
+    output_dir: str | None = option(None, "Run directory; null means runs/<run_name>.")
+    max_steps: int = option(2000, "Optimizer steps to run.")
+    batch_size: int = option(64, "Sequences per optimizer step (summed over accumulation).")
+    grad_accum_steps: int = option(1, "Micro-batches per optimizer step.")
+    lr: float = option(3e-3, "Peak learning rate (AdamW).")
+    weight_decay: float = option(0.01, "AdamW weight decay.")
+    adam_betas: list[float] = option(help="AdamW betas.", factory=lambda: [0.9, 0.98])
+    lr_schedule: str = option("cosine", "Learning-rate schedule: constant, cosine or linear.")
+    warmup_steps: int = option(100, "Linear warm-up steps from 0 to the peak learning rate.")
+    min_lr_ratio: float = option(0.1, "Final learning rate as a fraction of the peak.")
+    max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = off).")
+    eval_every: int = option(250, "Evaluate every N steps (0 = only at the end).")
+    save_every: int = option(1000, "Save a checkpoint every N steps (0 = only at the end).")
+    keep_last: int = option(2, "Checkpoints kept on disk (older ones are deleted).")
+    seed: int = option(0, "Seed for model init, data order and sampling.")
+    device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available).")
+    num_threads: int = option(0, "CPU threads for torch (0 = torch's default).")
+
+    def __post_init__(self) -> None:
+        check_range("trainer.max_steps", self.max_steps, low=1)
+        check_range("trainer.batch_size", self.batch_size, low=1)
+        check_range("trainer.grad_accum_steps", self.grad_accum_steps, low=1)
+        if self.batch_size % self.grad_accum_steps:
+            raise ConfigError(
+                f"trainer.batch_size={self.batch_size} must be divisible by "
+                f"trainer.grad_accum_steps={self.grad_accum_steps} "
+                "(each micro-batch holds batch_size / grad_accum_steps sequences)"
+            )
+        check_range("trainer.lr", self.lr, low=0.0, low_open=True)
+        check_range("trainer.weight_decay", self.weight_decay, low=0.0)
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(
+                f"trainer.adam_betas={list(self.adam_betas)} must be two numbers in [0, 1)"
+            )
+        check_choice("trainer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_range("trainer.warmup_steps", self.warmup_steps, low=0)
+        check_range("trainer.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_range("trainer.max_grad_norm", self.max_grad_norm, low=0.0)
+        check_range("trainer.eval_every", self.eval_every, low=0)
+        check_range("trainer.save_every", self.save_every, low=0)
+        check_range("trainer.keep_last", self.keep_last, low=1)
+        check_range("trainer.num_threads", self.num_threads, low=0)
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(
+                f"trainer.device={self.device!r} is not allowed; choose auto, cpu, cuda or cuda:N"
+            )
+        if not self.run_name or "/" in self.run_name:
+            raise ConfigError(
+                f"trainer.run_name={self.run_name!r} must be a non-empty name without '/'"
+            )
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = option(True, "Write TensorBoard events into the run directory.")
+    log_every: int = option(10, "Write training metrics every N steps.")
+    progress: bool = option(True, "Show a progress bar.")
+
+    def __post_init__(self) -> None:
+        check_range("logging.log_every", self.log_every, low=1)
+
+
+@dataclass
+class ArdeaConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

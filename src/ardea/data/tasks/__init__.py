@@ -1,0 +1,6 @@
+"""Built-in tasks with verifiable answers, created by registered name."""
+
+from ardea.data.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
+from ardea.data.tasks.base import SPLITS, Example, Task, make_task, register_task, task_names
+
+__all__ = ["SPLITS", "Example", "Task", "make_task", "register_task", "task_names"]

@@ -1,0 +1,81 @@
+"""The task interface and its registry.
+
+A task generates problems with verifiable answers: ``examples(split, n)`` returns
+``n`` deterministic :class:`Example`s of the ``train`` or ``test`` split (the two are
+disjoint), and ``score(completion, example)`` says whether a completion solves one.
+Tasks are created by registered name with explicit keyword arguments; an unknown
+name or argument is an error that lists the allowed ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ardea.errors import ConfigError
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: the prompt text, the reference answer text, and extra fields."""
+
+    prompt: str
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A source of prompts with verifiable answers."""
+
+    name: str = ""
+
+    @abstractmethod
+    def examples(self, split: str, n: int) -> list[Example]:
+        """``n`` examples of ``split`` ('train' or 'test'), the same on every call."""
+
+    @abstractmethod
+    def score(self, completion: str, example: Example) -> float:
+        """1.0 when ``completion`` answers ``example`` correctly, else 0.0."""
+
+
+_TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: make a :class:`Task` available as ``data.task=<name>``."""
+
+    def decorate(cls: type[Task]) -> type[Task]:
+        if name in _TASKS:
+            raise ValueError(f"task {name!r} is already registered by {_TASKS[name].__name__}")
+        cls.name = name
+        _TASKS[name] = cls
+        return cls
+
+    return decorate
+
+
+def task_names() -> list[str]:
+    return sorted(_TASKS)
+
+
+def make_task(name: str, *, seed: int = 0, **kwargs: Any) -> Task:
+    """Create the task registered as ``name`` with its keyword arguments."""
+    if name not in _TASKS:
+        raise ConfigError(
+            f"unknown task data.task={name!r}; known tasks: {', '.join(task_names())}"
+        )
+    cls = _TASKS[name]
+    params = inspect.signature(cls.__init__).parameters
+    allowed = [p for p in params if p not in ("self", "seed")]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown argument(s) {', '.join(unknown)} in data.task_args for task {name!r}; "
+            f"allowed: {', '.join(allowed) or '(none)'}"
+        )
+    return cls(seed=seed, **kwargs)

@@ -1,0 +1,207 @@
+"""Next-token log-probabilities and entropies of ``[N, S]`` sequences, computed in chunks.
+
+Notation: ``N`` trajectories, ``S`` sequence length, ``H`` hidden size, ``V`` vocab, ``T``
+the number of scored (flattened) token positions. For a causal LM with logits ``z`` and
+temperature ``tau``:
+
+    logprobs[n, t] = log softmax(z[n, t] / tau)[input_ids[n, t + 1]]
+    entropy[n, t]  = -sum_v p_v log p_v,   p = softmax(z[n, t] / tau)
+
+at every scored position: ``t < S - 1`` and, when an attention mask is given, both
+``attention_mask[n, t]`` and ``attention_mask[n, t + 1]`` are 1. All other entries (the
+last column, padding, the first real token after left padding) are exactly 0. Values
+are float32 whatever the model dtype (computed in float32, or float64 for a float64 model).
+
+Memory: the full-vocabulary float32 ``[N, S, V]`` tensor is never built. The backbone runs
+once to produce ``(N, S, H)`` hidden states; the LM head and the float32 log-softmax then
+run on ``chunk_size`` token positions at a time. With grad enabled each chunk is wrapped in
+``torch.utils.checkpoint``, so backward keeps only the hidden states and recomputes one
+chunk's logits at a time (peak extra memory ~ ``chunk_size x V`` floats).
+
+Models whose logits are not ``lm_head(last_hidden_state)`` (see
+:func:`ardea.model.backbone.split_causal_lm`, e.g. Gemma 2's soft-capping) take the full
+forward instead: their ``[N, S, V]`` logits exist once in the model dtype, and only the
+float32 log-softmax is chunked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ardea.model.backbone import (
+    check_input_ids,
+    last_hidden_states,
+    resolve_position_ids,
+    split_causal_lm,
+)
+
+
+@dataclass(frozen=True)
+class LogprobOutput:
+    """Result of :func:`sequence_logprobs`.
+
+    Attributes:
+        logprobs: ``(N, S)`` float32 next-token log-probs (see module docstring).
+        entropy: ``(N, S)`` float32 next-token entropies, or ``None`` unless requested.
+        aux_loss: reserved for a mixture-of-experts router load-balancing loss (scalar);
+            always ``None`` for now.
+    """
+
+    logprobs: Tensor
+    entropy: Tensor | None = None
+    aux_loss: Tensor | None = None
+
+
+def _at_least_float32(logits: Tensor) -> Tensor:
+    """bf16/fp16 -> float32; float32 and float64 are kept."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """Log-probability of each label: ``z[..., y] - logsumexp(z)``.
+
+    Args:
+        logits: ``(..., V)`` any float dtype; computed in float32 (float64 kept).
+        labels: ``(...)`` int64 ids in ``[0, V)``.
+
+    Returns:
+        ``(...)`` log-probs (float32, or float64 for float64 logits); only ``(...)``
+        reductions are formed, never a full ``(..., V)`` log-softmax.
+    """
+    logits = _at_least_float32(logits)
+    picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(z)``: ``H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v``.
+
+    Args:
+        logits: ``(..., V)`` finite logits, any float dtype (computed in float32, float64
+            kept).
+
+    Returns:
+        ``(...)`` entropies in nats (float32, or float64 for float64 logits).
+    """
+    logits = _at_least_float32(logits)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def _chunk_scores(
+    to_logits: Callable[[Tensor], Tensor], temperature: float, with_entropy: bool
+) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """Per-chunk function ``(x (T, H or V), labels (T,)) -> (logprobs (T,), entropy (T,))``;
+    the entropy is an empty tensor when not requested (checkpoint needs tensor outputs)."""
+
+    def score(x: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        logits = _at_least_float32(to_logits(x)) / temperature  # (T, V), one chunk only
+        logprobs = logprobs_from_logits(logits, labels).float()
+        entropy = entropy_from_logits(logits).float() if with_entropy else x.new_empty(0)
+        return logprobs, entropy
+
+    return score
+
+
+def _scored_positions(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """``(N, S - 1)`` bool: position ``t`` is scored iff its token and the next are real."""
+    scored = torch.ones_like(input_ids[:, 1:], dtype=torch.bool)
+    if attention_mask is not None:
+        real = attention_mask.bool()
+        scored = real[:, :-1] & real[:, 1:]
+    return scored
+
+
+def _run_chunks(
+    score: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    inputs: Tensor,
+    labels: Tensor,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    """Apply ``score`` to ``chunk_size`` rows of ``inputs (T, D)`` / ``labels (T,)`` at a
+    time, checkpointed when grad is on; returns concatenated ``(T,)`` results."""
+    use_checkpoint = torch.is_grad_enabled() and inputs.requires_grad
+    logprobs, entropies = [], []
+    for start in range(0, inputs.shape[0], chunk_size):
+        x = inputs[start : start + chunk_size]
+        y = labels[start : start + chunk_size]
+        if use_checkpoint:
+            chunk_lp, chunk_ent = checkpoint(score, x, y, use_reentrant=False)
+        else:
+            chunk_lp, chunk_ent = score(x, y)
+        logprobs.append(chunk_lp)
+        entropies.append(chunk_ent)
+    if not logprobs:
+        empty = inputs.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
+def _scatter(values: Tensor, scored: Tensor) -> Tensor:
+    """Place ``values (T,)`` at the ``True`` entries of ``scored (N, S - 1)``; return
+    ``(N, S)`` float32 with zeros elsewhere, including the last column."""
+    n, s_minus_1 = scored.shape
+    out = values.new_zeros(n, s_minus_1 + 1)
+    return out.index_put((*scored.nonzero(as_tuple=True),), values)  # differentiable
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    position_ids: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> LogprobOutput:
+    """Next-token log-probs (and optionally entropies) of ``input_ids`` under ``model``.
+
+    Args:
+        model: any HF causal LM.
+        input_ids: ``(N, S)`` token ids.
+        attention_mask: ``(N, S)``, 1 = real token; ``None`` means all real.
+        position_ids: ``(N, S)``; when ``None`` and a mask is given, positions count real
+            tokens (``cumsum(mask) - 1``) so left padding does not shift them. Packed rows
+            pass positions restarting at 0 per document and no mask: transformers then
+            attends within each document (the entry scoring a document's first token from
+            the previous document is meaningless; the caller's loss mask drops it).
+        temperature: logits are divided by it before the softmax (sampling temperature).
+        chunk_size: token positions per LM-head/log-softmax chunk.
+        with_entropy: also return ``entropy``.
+
+    Returns:
+        :class:`LogprobOutput` with ``logprobs (N, S)`` float32 — ``logprobs[:, t]`` scores
+        token ``t + 1`` — and ``entropy (N, S)`` or ``None``; zeros where not scored.
+    """
+    check_input_ids(input_ids, "log-prob")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    scored = _scored_positions(input_ids, attention_mask)  # (N, S-1)
+    labels = input_ids[:, 1:][scored]  # (T,)
+    parts = split_causal_lm(model)
+    if parts is not None:
+        backbone, head = parts
+        hidden = last_hidden_states(backbone, input_ids, attention_mask, position_ids)
+        inputs, to_logits = hidden[:, :-1][scored], head  # (T, H)
+    else:
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=resolve_position_ids(attention_mask, position_ids),
+            use_cache=False,
+        ).logits  # (N, S, V) in the model dtype
+        inputs, to_logits = logits[:, :-1][scored], nn.Identity()  # (T, V)
+    score = _chunk_scores(to_logits, temperature, with_entropy)
+    logprobs, entropy = _run_chunks(score, inputs, labels, chunk_size)
+    return LogprobOutput(
+        logprobs=_scatter(logprobs, scored),
+        entropy=_scatter(entropy, scored) if with_entropy else None,
+    )
