@@ -1,6 +1,7 @@
 """Typed configuration: dataclasses per section, YAML + dotted overrides (OmegaConf)."""
 
 from ardea.config.loader import config_to_yaml, describe_config, load_config
+from ardea.config.ppo import PPOConfig
 from ardea.config.schema import (
     AlgoConfig,
     ArdeaConfig,
@@ -10,11 +11,6 @@ from ardea.config.schema import (
     RolloutConfig,
     TrainerConfig,
 )
-
-try:  # PPOConfig lands with the algorithm core (ardea/config/ppo.py)
-    from ardea.config.ppo import PPOConfig
-except ModuleNotFoundError:  # pragma: no cover - transitional
-    PPOConfig = None
 
 __all__ = [
     "AlgoConfig",

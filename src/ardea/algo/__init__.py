@@ -1,0 +1,114 @@
+"""The algorithm core: pure tensor functions for RL post-training (imports only torch).
+
+Notation in every docstring: ``N`` trajectories, ``S`` sequence, ``B`` prompts (or batch
+rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
+
+- GAE: :func:`compute_token_level_gae`, :func:`compute_turn_level_gae`, :func:`compute_gae`
+- lambda functions: :mod:`ardea.algo.lambda_fn`
+- KL estimators: :func:`kl_penalty`
+- advantage estimators: :func:`register_advantage`, :func:`get_advantage_estimator`
+- the advantage pipeline: :func:`compute_advantages`
+- losses: PPO / decoupled PPO / GSPO, value, DPO / IPO, cross-entropy, :func:`agg_loss`
+"""
+
+from ardea.algo._ckernel import c_kernel_available
+from ardea.algo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageOutputs,
+    dr_grpo_advantages,
+    gae_advantages,
+    get_advantage_estimator,
+    grpo_advantages,
+    register_advantage,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
+from ardea.algo.agg import AGG_MODES, agg_counts, agg_loss, masked_mean
+from ardea.algo.cross_entropy import masked_cross_entropy
+from ardea.algo.gae import (
+    check_turn_ids,
+    compute_gae,
+    compute_token_level_gae,
+    compute_turn_level_gae,
+)
+from ardea.algo.kl import KL_ESTIMATORS, kl_penalty
+from ardea.algo.lambda_fn import (
+    build_lambda_context,
+    compute_gae_lambda,
+    constant_gae_lambda,
+    relative_position_gae_lambda,
+    resolve_gae_lambda_fn,
+    vapo_length_adaptive_gae,
+)
+from ardea.algo.normalize import (
+    NORM_MODES,
+    group_index,
+    group_stats,
+    masked_whiten,
+    normalize_scores,
+)
+from ardea.algo.pipeline import compute_advantages, next_token_align, place_outcome
+from ardea.algo.policy_loss import (
+    POLICY_LOSSES,
+    clipped_surrogate,
+    decoupled_ppo_policy_loss,
+    get_policy_loss,
+    gspo_policy_loss,
+    ppo_policy_loss,
+    register_policy_loss,
+)
+from ardea.algo.preference_loss import dpo_loss, ipo_loss
+from ardea.algo.value_loss import explained_variance, value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "NORM_MODES",
+    "POLICY_LOSSES",
+    "AdvantageInputs",
+    "AdvantageOutputs",
+    "agg_counts",
+    "agg_loss",
+    "build_lambda_context",
+    "c_kernel_available",
+    "check_turn_ids",
+    "clipped_surrogate",
+    "compute_advantages",
+    "compute_gae",
+    "compute_gae_lambda",
+    "compute_token_level_gae",
+    "compute_turn_level_gae",
+    "constant_gae_lambda",
+    "decoupled_ppo_policy_loss",
+    "dpo_loss",
+    "dr_grpo_advantages",
+    "explained_variance",
+    "gae_advantages",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "group_index",
+    "group_stats",
+    "grpo_advantages",
+    "gspo_policy_loss",
+    "ipo_loss",
+    "kl_penalty",
+    "masked_cross_entropy",
+    "masked_mean",
+    "masked_whiten",
+    "next_token_align",
+    "normalize_scores",
+    "place_outcome",
+    "ppo_policy_loss",
+    "register_advantage",
+    "register_policy_loss",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "relative_position_gae_lambda",
+    "resolve_gae_lambda_fn",
+    "rloo_advantages",
+    "value_loss",
+    "vapo_length_adaptive_gae",
+]

@@ -1,0 +1,50 @@
+"""ardea.algo imports only torch and the standard library; ardea.config never imports algo."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import ardea.algo
+import ardea.config.ppo
+
+ALGO = Path(ardea.algo.__file__).parent
+
+
+def imported_roots(path):
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_algo_imports_only_torch_stdlib_and_itself():
+    for path in ALGO.glob("*.py"):
+        for root in imported_roots(path):
+            assert root in {"torch", "ardea", "__future__"} or root in sys.stdlib_module_names, (
+                path,
+                root,
+            )
+        source = path.read_text()
+        for line in source.splitlines():
+            if line.startswith(("import ardea", "from ardea")):
+                assert line.startswith(("from ardea.algo", "import ardea.algo")), (path, line)
+
+
+def test_config_does_not_import_algo():
+    assert "ardea.algo" not in imported_roots(Path(ardea.config.ppo.__file__)) | {
+        node.module
+        for node in ast.walk(ast.parse(Path(ardea.config.ppo.__file__).read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    code = "import sys, ardea.config.ppo; print('ardea.algo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_modules_stay_small():
+    for path in ALGO.glob("*.py"):
+        assert len(path.read_text().splitlines()) < 400, path

@@ -1,0 +1,163 @@
+"""PPO (clip-higher, dual-clip), decoupled PPO and GSPO losses."""
+
+import math
+
+import pytest
+import torch
+
+from ardea.algo import (
+    POLICY_LOSSES,
+    decoupled_ppo_policy_loss,
+    get_policy_loss,
+    gspo_policy_loss,
+    ppo_policy_loss,
+)
+
+# ratios 1.5, 0.5, 1.1, 0.5, 4.0 against advantages +1, +1, -1, -1, -1
+RATIOS = torch.tensor([[1.5, 0.5, 1.1, 0.5, 4.0]], dtype=torch.float64)
+ADV = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
+OLD = torch.zeros(1, 5, dtype=torch.float64)
+MASK = torch.ones(1, 5, dtype=torch.bool)
+
+
+def test_symmetric_clip_by_hand():
+    loss, metrics = ppo_policy_loss(RATIOS.log(), OLD, ADV, MASK, eps_clip=0.2)
+    # per token: -min(rA, clip(r)A): -1.2, -0.5, 1.1, 0.8, 4.0
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 1.1 + 0.8 + 4.0) / 5)
+    assert float(metrics["loss/clip_frac"]) == pytest.approx(2 / 5)  # tokens 0 and 3
+    assert float(metrics["loss/dual_clip_frac"]) == 0.0
+    kl = [r - 1 - math.log(r) for r in RATIOS[0].tolist()]
+    assert float(metrics["loss/approx_kl"]) == pytest.approx(sum(kl) / 5)
+    assert float(metrics["loss/policy"]) == pytest.approx(loss.item())
+
+
+def test_clip_higher_and_dual_clip_by_hand():
+    loss, metrics = ppo_policy_loss(
+        RATIOS.log(), OLD, ADV, MASK, eps_clip=0.2, eps_clip_higher=0.6, c_clip=3.0
+    )
+    # token 0 no longer clipped (1.5 < 1.6); token 4's loss 4.0 is bounded by c = 3
+    assert loss.item() == pytest.approx((-1.5 - 0.5 + 1.1 + 0.8 + 3.0) / 5)
+    assert float(metrics["loss/clip_frac"]) == pytest.approx(1 / 5)
+    assert float(metrics["loss/dual_clip_frac"]) == pytest.approx(1 / 5)
+
+
+def test_matches_the_seed_grpo_surrogate():
+    # seed 002: -min(r A, clip(r, 0.8, 1.2) A), masked sum over clamp(count, 1)
+    gen = torch.Generator().manual_seed(0)
+    logp, old = -torch.rand(4, 6, generator=gen), -torch.rand(4, 6, generator=gen)
+    adv = torch.randn(4, 1, generator=gen).expand(4, 6)
+    mask = torch.rand(4, 6, generator=gen) > 0.3
+    ratio = torch.exp(logp - old)
+    per_token = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    seed = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    loss, _ = ppo_policy_loss(logp, old, adv, mask, eps_clip=0.2)
+    torch.testing.assert_close(loss, seed)
+
+
+def test_gradient_vanishes_only_where_clipped():
+    logp = RATIOS.log().clone().requires_grad_(True)
+    loss, _ = ppo_policy_loss(logp, OLD, ADV, MASK, eps_clip=0.2, c_clip=3.0)
+    loss.backward()
+    # d/dlogp of -A r = -A r / 5 for unclipped tokens 1 and 2; 0 for clipped 0, 3, dual-clipped 4
+    expected = torch.tensor([[0.0, -0.5 / 5, 1.1 / 5, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_zero_advantages_and_empty_masks_give_zero_loss_without_nan():
+    logp = torch.randn(3, 4, requires_grad=True)
+    loss, _ = ppo_policy_loss(logp, torch.randn(3, 4), torch.zeros(3, 4), torch.ones(3, 4))
+    assert loss.item() == 0.0
+    for mask in (torch.zeros(3, 4), torch.zeros(0, 4)):
+        rows = mask.shape[0]
+        logp = torch.randn(rows, 4, requires_grad=True)
+        loss, metrics = ppo_policy_loss(logp, torch.randn(rows, 4), torch.randn(rows, 4), mask)
+        loss.backward()
+        assert loss.item() == 0.0
+        assert all(math.isfinite(float(v)) for v in metrics.values())
+        assert bool(torch.isfinite(logp.grad).all())
+
+
+def test_huge_log_ratio_at_masked_tokens_does_not_leak():
+    logp = torch.tensor([[0.0, 1e4]])
+    loss, _ = ppo_policy_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([[1, 0]]))
+    assert loss.item() == -1.0
+
+
+def test_decoupled_ppo_weights_by_behaviour_ratio_and_caps():
+    prox = torch.zeros(1, 3, dtype=torch.float64)
+    behav = torch.tensor(
+        [[0.0, -math.log(2.0), -math.log(10.0)]], dtype=torch.float64
+    )  # w = 1, 2, 10
+    logp = torch.zeros(1, 3, dtype=torch.float64)
+    adv = torch.ones(1, 3, dtype=torch.float64)
+    loss, metrics = decoupled_ppo_policy_loss(
+        logp, prox, behav, adv, torch.ones(1, 3), behav_imp_weight_cap=5.0
+    )
+    # r = 1 against prox: per token -1, weighted 1, 2, dropped; normalized by all 3 tokens
+    assert loss.item() == pytest.approx(-3.0 / 3)
+    assert float(metrics["loss/behav_drop_frac"]) == pytest.approx(1 / 3)
+    assert float(metrics["loss/behav_imp_weight"]) == pytest.approx(3 / 3)
+    uncapped, _ = decoupled_ppo_policy_loss(logp, prox, behav, adv, torch.ones(1, 3))
+    assert uncapped.item() == pytest.approx(-13.0 / 3)
+    same, _ = ppo_policy_loss(logp, prox, adv, torch.ones(1, 3))
+    on_policy, _ = decoupled_ppo_policy_loss(logp, prox, prox, adv, torch.ones(1, 3))
+    torch.testing.assert_close(same, on_policy)
+
+
+def test_gspo_uses_the_length_normalized_sequence_ratio():
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    logp = torch.tensor([[0.3, 0.0, 0.0], [0.1, 0.1, 9.0]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    loss, metrics = gspo_policy_loss(logp, old, adv, mask, eps_clip=0.2, eps_clip_higher=0.2)
+    s0, s1 = math.exp(0.1), math.exp(0.1)  # mean log-ratio 0.3/3 and 0.2/2
+    # seq-mean-token-mean: row 0 -min(s0, 1.2)=-s0, row 1 -min(-s1, -1.2)... = s1 (unclipped)
+    assert loss.item() == pytest.approx((-s0 + s1) / 2)
+    assert float(metrics["loss/clip_frac"]) == 0.0
+    loss.backward()
+    # every token of a row gets the sequence ratio's value times its own gradient
+    expected = torch.tensor([[-s0 / 3] * 3, [s1 / 2, s1 / 2, 0.0]], dtype=torch.float64) / 2
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_registry_entries_share_one_signature():
+    assert set(POLICY_LOSSES) >= {"ppo", "decoupled_ppo", "gspo"}
+    args = (RATIOS.log(), OLD, ADV, MASK)
+    options = dict(eps_clip=0.2, eps_clip_higher=0.28, loss_agg_mode="token-mean")
+    for name in ("ppo", "decoupled_ppo", "gspo"):
+        extra = {"behav_logprobs": OLD} if name == "decoupled_ppo" else {}
+        loss, metrics = get_policy_loss(name)(*args, **options, **extra)
+        assert loss.dim() == 0 and "loss/policy" in metrics
+    with pytest.raises(ValueError, match="needs behav_logprobs"):
+        get_policy_loss("decoupled_ppo")(*args)
+    with pytest.raises(ValueError, match="does not support behav_logprobs"):
+        get_policy_loss("ppo")(*args, behav_logprobs=OLD)
+    with pytest.raises(ValueError, match="does not support c_clip"):
+        get_policy_loss("gspo")(*args, c_clip=3.0)
+    with pytest.raises(TypeError):
+        get_policy_loss("ppo")(*args, clip_ratio=0.2)
+    with pytest.raises(
+        ValueError,
+        match="unknown policy loss 'ppo2'; known policy losses: decoupled_ppo, gspo, ppo",
+    ):
+        get_policy_loss("ppo2")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(old_logprobs=torch.zeros(1, 4, dtype=torch.float64)), "shape"),
+        (
+            dict(old_logprobs=torch.full((1, 5), float("nan"), dtype=torch.float64)),
+            "only finite values",
+        ),
+        (dict(eps_clip=0.0), "eps_clip"),
+        (dict(c_clip=1.0), "c_clip"),
+        (dict(loss_agg_mode="mean"), "unknown loss_agg_mode"),
+    ],
+)
+def test_bad_input_is_named(kwargs, message):
+    args = dict(logprobs=RATIOS.log(), old_logprobs=OLD, advantages=ADV, loss_mask=MASK)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        ppo_policy_loss(**args)
