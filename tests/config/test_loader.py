@@ -34,13 +34,19 @@ def test_resolved_yaml_round_trips(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "pattern"),
     [
-        (["trainer.foo=1"], r"unknown config key 'trainer\.foo'.*allowed keys in 'trainer':.*max_steps"),
+        (
+            ["trainer.foo=1"],
+            r"unknown config key 'trainer\.foo'.*allowed keys in 'trainer':.*max_steps",
+        ),
         (["bogus=1"], r"unknown config key 'bogus'.*top level: model, data, algo"),
         (["trainer.max_steps=abc"], r"trainer\.max_steps: .*'abc'.*Integer"),
         (["trainer.max_steps=0"], r"trainer\.max_steps=0 is out of range"),
         (["trainer.lr_schedule=step"], r"trainer\.lr_schedule='step' is not allowed.*'cosine'"),
         (["model.dtype=int8"], r"model\.dtype='int8'.*float32"),
-        (["trainer.batch_size=10", "trainer.grad_accum_steps=3"], r"divisible by trainer\.grad_accum_steps=3"),
+        (
+            ["trainer.batch_size=10", "trainer.grad_accum_steps=3"],
+            r"divisible by trainer\.grad_accum_steps=3",
+        ),
         (["rollout.top_p=0"], r"rollout\.top_p=0"),
         (["trainer.device=tpu"], r"trainer\.device='tpu'"),
         (["max_steps"], r"not of the form key=value"),

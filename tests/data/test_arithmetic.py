@@ -8,7 +8,9 @@ from ardea.errors import ConfigError
 
 def test_registry_lists_arithmetic_and_rejects_unknown():
     assert "arithmetic" in task_names()
-    with pytest.raises(ConfigError, match="unknown task data.task='algebra'; known tasks: .*arithmetic"):
+    with pytest.raises(
+        ConfigError, match="unknown task data.task='algebra'; known tasks: .*arithmetic"
+    ):
         make_task("algebra")
     with pytest.raises(ConfigError, match="unknown argument.*depth.*allowed: digits, ops"):
         make_task("arithmetic", depth=2)
@@ -49,7 +51,9 @@ def test_score_is_exact_match_after_whitespace():
     assert task.score("", example) == 0.0
 
 
-@pytest.mark.parametrize("kwargs", [{"digits": 0}, {"digits": 10}, {"ops": "/"}, {"ops": ""}, {"test_fraction": 1.0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"digits": 0}, {"digits": 10}, {"ops": "/"}, {"ops": ""}, {"test_fraction": 1.0}]
+)
 def test_bad_arguments(kwargs):
     with pytest.raises(ConfigError, match="data.task_args"):
         make_task("arithmetic", **kwargs)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ardea.config.fields import check_choice, check_range, option
+from ardea.config.ppo import PPOConfig
 from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -35,6 +36,13 @@ class ModelConfig:
     logprob_chunk_size: int = option(
         1024, "Tokens per chunk when computing log-probs (bounds the float32 logits kept at once)."
     )
+    lora_r: int = option(0, "LoRA rank (peft); 0 trains all weights.")
+    lora_alpha: float = option(16.0, "LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: float = option(0.0, "Dropout on the LoRA input.")
+    lora_target_modules: list[str] = option(
+        help="Module names LoRA adapts.",
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+    )
 
     def __post_init__(self) -> None:
         check_choice("model.arch", self.arch, ARCHS)
@@ -43,6 +51,10 @@ class ModelConfig:
             check_range(f"model.{name}", getattr(self, name), low=1)
         check_range("model.max_position_embeddings", self.max_position_embeddings, low=8)
         check_range("model.logprob_chunk_size", self.logprob_chunk_size, low=1)
+        check_range("model.lora_r", self.lora_r, low=0)
+        check_range("model.lora_dropout", self.lora_dropout, low=0.0, high=1.0, high_open=True)
+        if self.lora_r and not self.lora_target_modules:
+            raise ConfigError("model.lora_target_modules is empty; name the modules LoRA adapts")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} must be divisible by "
@@ -57,7 +69,23 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str = option("arithmetic", "Built-in task by registered name (see `ardea tasks`).")
+    task: str | None = option(
+        "arithmetic",
+        "Built-in task by registered name (see `ardea tasks`): the training data when data.path "
+        "is null, and the held-out accuracy evaluation; null for none.",
+    )
+    path: str | None = option(
+        None,
+        "Training data: a .jsonl/.json/.parquet file or a Hugging Face `datasets` directory; "
+        "null generates it from data.task.",
+    )
+    eval_path: str | None = option(
+        None, "Held-out data in the same format as data.path; its loss is logged as eval/loss."
+    )
+    max_length: int = option(0, "Longest training sequence in tokens (0 = the model's context).")
+    packing: bool = option(
+        False, "Pack several documents into each row (position ids restart per document)."
+    )
     task_args: dict[str, Any] = option(
         help="Keyword arguments of the task, e.g. {digits: 3, ops: '+'}; unknown ones are errors.",
         factory=dict,
@@ -72,15 +100,36 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_range("data.train_size", self.train_size, low=1)
         check_range("data.eval_size", self.eval_size, low=1)
+        check_range("data.max_length", self.max_length, low=0)
+        if self.task is None and self.path is None:
+            raise ConfigError("data.task and data.path are both null; name a task or a data file")
 
 
 @dataclass
 class AlgoConfig:
-    name: str = option("sft", "Training strategy by registered name.")
+    name: str = option("sft", "Training strategy by registered name: seq, sft, dpo, grpo, ...")
+    label_smoothing: float = option(0.0, "seq/sft: label smoothing of the cross-entropy.")
+    beta: float = option(0.1, "dpo: inverse temperature of the implicit reward.")
+    dpo_loss: str = option("sigmoid", "dpo: sigmoid (DPO) or ipo.")
+    dpo_reduction: str = option(
+        "sum", "dpo: sequence log-prob as the sum or the mean of its token log-probs."
+    )
+    moe_aux_loss_coef: float = option(
+        0.01, "Weight of a mixture-of-experts model's load-balancing loss (0 = off)."
+    )
+    ppo: PPOConfig = option(
+        help="RL numerics shared by grpo/ppo: clipping, KL, advantages, loss aggregation.",
+        factory=PPOConfig,
+    )
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("algo.name must name a strategy, e.g. algo.name=sft")
+        check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
+        check_range("algo.beta", self.beta, low=0.0, low_open=True)
+        check_choice("algo.dpo_loss", self.dpo_loss, ("sigmoid", "ipo"))
+        check_choice("algo.dpo_reduction", self.dpo_reduction, ("sum", "mean"))
+        check_range("algo.moe_aux_loss_coef", self.moe_aux_loss_coef, low=0.0)
 
 
 @dataclass
@@ -103,7 +152,7 @@ class RolloutConfig:
 class TrainerConfig:
     run_name: str = option("default", "Name of the run; the run directory is runs/<run_name>.")
     output_dir: str | None = option(None, "Run directory; null means runs/<run_name>.")
-    max_steps: int = option(2000, "Optimizer steps to run.")
+    max_steps: int = option(3000, "Optimizer steps to run.")
     batch_size: int = option(64, "Sequences per optimizer step (summed over accumulation).")
     grad_accum_steps: int = option(1, "Micro-batches per optimizer step.")
     lr: float = option(3e-3, "Peak learning rate (AdamW).")
@@ -113,15 +162,25 @@ class TrainerConfig:
     warmup_steps: int = option(100, "Linear warm-up steps from 0 to the peak learning rate.")
     min_lr_ratio: float = option(0.1, "Final learning rate as a fraction of the peak.")
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = off).")
-    eval_every: int = option(250, "Evaluate every N steps (0 = only at the end).")
+    eval_every: int = option(500, "Evaluate every N steps (0 = only at the end).")
     save_every: int = option(1000, "Save a checkpoint every N steps (0 = only at the end).")
     keep_last: int = option(2, "Checkpoints kept on disk (older ones are deleted).")
     seed: int = option(0, "Seed for model init, data order and sampling.")
     device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available).")
     num_threads: int = option(0, "CPU threads for torch (0 = torch's default).")
+    resume: str = option(
+        "never",
+        "never (refuse a run directory with checkpoints), auto (continue from the last "
+        "complete checkpoint, or start fresh) or a checkpoint directory.",
+    )
+    max_nonfinite_steps: int = option(
+        5,
+        "Stop after this many consecutive steps with a NaN/Inf loss or gradient (each is skipped).",
+    )
 
     def __post_init__(self) -> None:
         check_range("trainer.max_steps", self.max_steps, low=1)
+        check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, low=1)
         check_range("trainer.batch_size", self.batch_size, low=1)
         check_range("trainer.grad_accum_steps", self.grad_accum_steps, low=1)
         if self.batch_size % self.grad_accum_steps:
@@ -159,9 +218,17 @@ class LoggingConfig:
     tensorboard: bool = option(True, "Write TensorBoard events into the run directory.")
     log_every: int = option(10, "Write training metrics every N steps.")
     progress: bool = option(True, "Show a progress bar.")
+    samples_every: int = option(
+        0, "Append a few decoded samples to samples.jsonl every N steps (0 = at evaluations)."
+    )
+    wandb: bool = option(False, "Log to Weights & Biases as well.")
+    wandb_project: str = option("ardea", "Weights & Biases project.")
+    wandb_mode: str = option("offline", "Weights & Biases mode: offline (no network) or online.")
 
     def __post_init__(self) -> None:
         check_range("logging.log_every", self.log_every, low=1)
+        check_range("logging.samples_every", self.samples_every, low=0)
+        check_choice("logging.wandb_mode", self.wandb_mode, ("offline", "online"))
 
 
 @dataclass

@@ -1,18 +1,48 @@
-"""Datasets, collation and built-in tasks."""
+"""Datasets, collation and built-in tasks.
 
+Training data files are read into :class:`Record`s (:mod:`ardea.data.records`), whose shape
+is detected from their keys (:mod:`ardea.data.shapes`), and tokenized into the samples of
+one kind (:mod:`ardea.data.load`): ``text`` and ``sft`` → :class:`SFTSample` (optionally
+packed, :mod:`ardea.data.packing`), ``preference`` → :class:`PreferenceSample`, ``group``
+→ :class:`GroupSample`. Each sample type has its ``collate_*`` function producing
+right-padded ``[N, S]`` tensors whose masks are 1 where a token counts.
+"""
+
+from ardea.data.chat import chat_tokens
+from ardea.data.groups import GroupSample, collate_groups
+from ardea.data.load import Sample, load_samples, tokenize_records
+from ardea.data.packing import PackedSample, collate_packed, pack_samples
+from ardea.data.preference import PreferenceSample, collate_preference
 from ardea.data.prompts import encode_answer, encode_prompt
+from ardea.data.records import Record, read_records
 from ardea.data.sft import SFTSample, collate_sft, tokenize_examples
+from ardea.data.shapes import KIND_SHAPES, detect_format
 from ardea.data.tasks import Example, Task, make_task, register_task, task_names
 
 __all__ = [
+    "KIND_SHAPES",
     "Example",
+    "GroupSample",
+    "PackedSample",
+    "PreferenceSample",
+    "Record",
     "SFTSample",
+    "Sample",
     "Task",
+    "chat_tokens",
+    "collate_groups",
+    "collate_packed",
+    "collate_preference",
     "collate_sft",
+    "detect_format",
     "encode_answer",
     "encode_prompt",
+    "load_samples",
     "make_task",
+    "pack_samples",
+    "read_records",
     "register_task",
     "task_names",
     "tokenize_examples",
+    "tokenize_records",
 ]

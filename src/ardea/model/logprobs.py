@@ -22,6 +22,12 @@ Models whose logits are not ``lm_head(last_hidden_state)`` (see
 :func:`ardea.model.backbone.split_causal_lm`, e.g. Gemma 2's soft-capping) take the full
 forward instead: their ``[N, S, V]`` logits exist once in the model dtype, and only the
 float32 log-softmax is chunked.
+
+Mixture-of-experts models (:func:`ardea.model.backbone.moe_routing`) also return their
+router logits, one ``(N * S, E)`` tensor per MoE layer, and the family's load-balancing
+loss over the attended tokens (``aux_loss``, differentiable in the router weights).
+:func:`sequence_logits` is the full-vocabulary forward for losses that need every logit
+(e.g. label-smoothed cross-entropy); it returns the same MoE outputs.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ardea.model.backbone import (
+    backbone_forward,
     check_input_ids,
-    last_hidden_states,
+    load_balancing_loss,
+    moe_routing,
     resolve_position_ids,
     split_causal_lm,
 )
@@ -48,13 +56,25 @@ class LogprobOutput:
     Attributes:
         logprobs: ``(N, S)`` float32 next-token log-probs (see module docstring).
         entropy: ``(N, S)`` float32 next-token entropies, or ``None`` unless requested.
-        aux_loss: reserved for a mixture-of-experts router load-balancing loss (scalar);
-            always ``None`` for now.
+        aux_loss: a mixture-of-experts model's load-balancing loss (0-d), else ``None``.
+        router_logits: an MoE model's router logits, one ``(N * S, E)`` tensor per MoE
+            layer (rows in ``input_ids`` order, padding included), else ``None``.
     """
 
     logprobs: Tensor
     entropy: Tensor | None = None
     aux_loss: Tensor | None = None
+    router_logits: tuple[Tensor, ...] | None = None
+
+
+@dataclass(frozen=True)
+class LogitsOutput:
+    """Result of :func:`sequence_logits`: ``logits (N, S, V)`` in the model dtype
+    (``logits[:, t]`` predicts token ``t + 1``) and the MoE outputs of :class:`LogprobOutput`."""
+
+    logits: Tensor
+    aux_loss: Tensor | None = None
+    router_logits: tuple[Tensor, ...] | None = None
 
 
 def _at_least_float32(logits: Tensor) -> Tensor:
@@ -150,6 +170,46 @@ def _scatter(values: Tensor, scored: Tensor) -> Tensor:
     return out.index_put((*scored.nonzero(as_tuple=True),), values)  # differentiable
 
 
+def _moe_outputs(
+    model: nn.Module, outputs: object, attention_mask: Tensor | None
+) -> tuple[Tensor | None, tuple[Tensor, ...] | None]:
+    """``(aux_loss, router_logits)`` from a forward run with ``output_router_logits``."""
+    router = getattr(outputs, "router_logits", None)
+    if not router:
+        return None, None
+    router = tuple(router)
+    return load_balancing_loss(model, router, attention_mask), router
+
+
+def _moe_kwargs(model: nn.Module) -> dict[str, bool]:
+    return {"output_router_logits": True} if moe_routing(model) is not None else {}
+
+
+def sequence_logits(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    position_ids: Tensor | None = None,
+) -> LogitsOutput:
+    """Full-vocabulary logits of ``input_ids`` (one ``(N, S, V)`` tensor in the model dtype).
+
+    Prefer :func:`sequence_logprobs` when only the sampled tokens' log-probs are needed.
+    Arguments as in :func:`sequence_logprobs`; MoE models also give ``aux_loss`` and
+    ``router_logits``.
+    """
+    check_input_ids(input_ids, "logits")
+    outputs = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=resolve_position_ids(attention_mask, position_ids),
+        use_cache=False,
+        **_moe_kwargs(model),
+    )
+    aux_loss, router = _moe_outputs(model, outputs, attention_mask)
+    return LogitsOutput(logits=outputs.logits, aux_loss=aux_loss, router_logits=router)
+
+
 def sequence_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -177,7 +237,8 @@ def sequence_logprobs(
 
     Returns:
         :class:`LogprobOutput` with ``logprobs (N, S)`` float32 — ``logprobs[:, t]`` scores
-        token ``t + 1`` — and ``entropy (N, S)`` or ``None``; zeros where not scored.
+        token ``t + 1`` — and ``entropy (N, S)`` or ``None``; zeros where not scored. MoE
+        models also give ``aux_loss`` and ``router_logits`` (``None`` otherwise).
     """
     check_input_ids(input_ids, "log-prob")
     if temperature <= 0:
@@ -189,19 +250,21 @@ def sequence_logprobs(
     parts = split_causal_lm(model)
     if parts is not None:
         backbone, head = parts
-        hidden = last_hidden_states(backbone, input_ids, attention_mask, position_ids)
+        outputs = backbone_forward(
+            backbone, input_ids, attention_mask, position_ids, **_moe_kwargs(model)
+        )
+        aux_loss, router = _moe_outputs(model, outputs, attention_mask)
+        hidden = outputs.last_hidden_state  # (N, S, H)
         inputs, to_logits = hidden[:, :-1][scored], head  # (T, H)
     else:
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=resolve_position_ids(attention_mask, position_ids),
-            use_cache=False,
-        ).logits  # (N, S, V) in the model dtype
-        inputs, to_logits = logits[:, :-1][scored], nn.Identity()  # (T, V)
+        full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
+        aux_loss, router = full.aux_loss, full.router_logits
+        inputs, to_logits = full.logits[:, :-1][scored], nn.Identity()  # (T, V)
     score = _chunk_scores(to_logits, temperature, with_entropy)
     logprobs, entropy = _run_chunks(score, inputs, labels, chunk_size)
     return LogprobOutput(
         logprobs=_scatter(logprobs, scored),
         entropy=_scatter(entropy, scored) if with_entropy else None,
+        aux_loss=aux_loss,
+        router_logits=router,
     )

@@ -1,0 +1,143 @@
+"""Write the small example datasets of this directory (deterministic: same files every run).
+
+    python examples/data/make_examples.py
+
+- ``chat.jsonl``        200 short multi-turn ChatML conversations (``{"messages": [...]}``)
+                        with a system message in about a third: arithmetic and small facts.
+- ``text.jsonl``        200 lines of plain text (``{"text": ...}``).
+- ``preference.jsonl``  300 arithmetic prompts with a correct (chosen) and a wrong
+                        (rejected) answer (``{"prompt", "chosen", "rejected"}``).
+- ``groups.jsonl``      200 arithmetic prompts with 4 completions each and 0/1 rewards
+                        (``{"prompt", "completions", "rewards"}``).
+
+Prompts use the built-in arithmetic task's format (``"23+58="``), answers are bare numbers,
+so a tiny character-level model learns them quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+SYSTEMS = ("You are a tiny helpful assistant.", "Answer briefly.", "You do sums.")
+FACTS = (
+    ("What color is the sky?", "Blue."),
+    ("What color is grass?", "Green."),
+    ("How many legs does a cat have?", "Four."),
+    ("How many days are in a week?", "Seven."),
+    ("What is the capital of France?", "Paris."),
+    ("What is the capital of Italy?", "Rome."),
+    ("What do bees make?", "Honey."),
+    ("Is ice cold or hot?", "Cold."),
+    ("What comes after Monday?", "Tuesday."),
+    ("How many hours are in a day?", "24."),
+)
+GREETINGS = (("Hi!", "Hello! Ask me a sum."), ("Thanks!", "You are welcome."))
+SUBJECTS = ("The cat", "A small dog", "The old man", "My sister", "The teacher", "A bird")
+VERBS = ("sees", "likes", "finds", "draws", "counts", "carries")
+OBJECTS = ("a red ball", "three apples", "the blue door", "a long road", "two stones", "the moon")
+ENDINGS = (
+    "in the morning.",
+    "after lunch.",
+    "every day.",
+    "at night.",
+    "near the river.",
+    "again.",
+)
+
+
+def _sum(rng: random.Random, digits: int = 2) -> tuple[str, int]:
+    a, b = rng.randrange(10**digits), rng.randrange(10**digits)
+    return f"{a}+{b}=", a + b
+
+
+def _wrong(rng: random.Random, answer: int) -> int:
+    """A plausible wrong answer: off by 1..10 or with its last two digits swapped."""
+    text = str(answer)
+    if len(text) >= 2 and text[-1] != text[-2] and rng.random() < 0.3:
+        return int(text[:-2] + text[-1] + text[-2])
+    wrong = answer + rng.choice([-1, 1]) * rng.randint(1, 10)
+    return wrong if wrong >= 0 else answer + rng.randint(1, 10)
+
+
+def _turn(rng: random.Random) -> tuple[str, str]:
+    kind = rng.random()
+    if kind < 0.55:
+        prompt, answer = _sum(rng)
+        return rng.choice(("What is {}", "{}", "Compute {}")).format(prompt[:-1] + "?"), str(answer)
+    if kind < 0.9:
+        return rng.choice(FACTS)
+    return rng.choice(GREETINGS)
+
+
+def chat(rng: random.Random, n: int = 200) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        messages = []
+        if rng.random() < 0.35:
+            messages.append({"role": "system", "content": rng.choice(SYSTEMS)})
+        for _ in range(rng.choice((1, 2, 2, 3))):
+            question, answer = _turn(rng)
+            messages.append({"role": "user", "content": question})
+            messages.append({"role": "assistant", "content": answer})
+        rows.append({"messages": messages})
+    return rows
+
+
+def text(rng: random.Random, n: int = 200) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        if rng.random() < 0.3:
+            prompt, answer = _sum(rng)
+            rows.append({"text": f"{prompt}{answer}"})
+        else:
+            words = (
+                rng.choice(SUBJECTS),
+                rng.choice(VERBS),
+                rng.choice(OBJECTS),
+                rng.choice(ENDINGS),
+            )
+            rows.append({"text": " ".join(words)})
+    return rows
+
+
+def preference(rng: random.Random, n: int = 300) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        prompt, answer = _sum(rng)
+        rows.append({"prompt": prompt, "chosen": str(answer), "rejected": str(_wrong(rng, answer))})
+    return rows
+
+
+def groups(rng: random.Random, n: int = 200, size: int = 4) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        prompt, answer = _sum(rng)
+        correct = [rng.random() < 0.5 for _ in range(size)]
+        completions = [str(answer) if ok else str(_wrong(rng, answer)) for ok in correct]
+        rewards = [1.0 if ok else 0.0 for ok in correct]
+        rows.append({"prompt": prompt, "completions": completions, "rewards": rewards})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def main() -> None:
+    for name, make, seed in (
+        ("chat", chat, 1),
+        ("text", text, 2),
+        ("preference", preference, 3),
+        ("groups", groups, 4),
+    ):
+        rows = make(random.Random(seed))
+        write_jsonl(HERE / f"{name}.jsonl", rows)
+        print(f"wrote {len(rows)} records to {HERE / f'{name}.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()

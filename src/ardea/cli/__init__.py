@@ -1,0 +1,1 @@
+"""The ardea command line."""

@@ -1,0 +1,163 @@
+"""The work behind each ``ardea`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from ardea.config import ArdeaConfig, config_to_yaml, describe_config, load_config
+from ardea.errors import ArdeaError
+
+console = Console()
+
+
+def train(args: argparse.Namespace) -> int:
+    if args.help_config:
+        print(describe_config())
+        return 0
+    config_path, overrides = _split_config_and_overrides(args.args)
+    config = load_config(config_path, overrides)
+    if args.print_config:
+        print(config_to_yaml(config), end="")
+        return 0
+    from ardea.trainer import Trainer
+
+    Trainer(config).train()
+    return 0
+
+
+def _split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``[config.yaml] key=value ...`` → (config path or None, overrides)."""
+    config_path = None
+    overrides = []
+    for item in items:
+        if "=" in item:
+            overrides.append(item)
+        elif config_path is None:
+            config_path = item
+        else:
+            raise ArdeaError(
+                f"unexpected argument {item!r}: give at most one config file, then key=value overrides"
+            )
+    return config_path, overrides
+
+
+def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
+    """A run, checkpoint or model directory → (model directory, run config.yaml or None)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ArdeaError(f"no such directory: {path}")
+    if (path / "checkpoints").is_dir():
+        from ardea.trainer.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise ArdeaError(f"run directory {path} has no complete checkpoint yet")
+        return latest / "policy", path / "config.yaml"
+    if (path / "policy" / "config.json").is_file():
+        run_config = path.parent.parent / "config.yaml"
+        return path / "policy", run_config if run_config.is_file() else None
+    if (path / "config.json").is_file():
+        return path, None
+    raise ArdeaError(
+        f"{path} is neither a run directory (checkpoints/), a checkpoint (policy/) "
+        "nor a Hugging Face model directory (config.json)"
+    )
+
+
+def _load_for_inference(path: str, overrides: list[str]):
+    from ardea.model import load_model_and_tokenizer
+    from ardea.rollout import InProcessEngine
+    from ardea.trainer.setup import resolve_device, stop_token_ids
+
+    model_dir, run_config = resolve_model_dir(path)
+    config: ArdeaConfig = load_config(run_config, overrides)
+    device = resolve_device(config.trainer.device)
+    model, tokenizer = load_model_and_tokenizer(
+        str(model_dir), dtype=config.model.dtype, device=str(device)
+    )
+    engine = InProcessEngine(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=stop_token_ids(model, tokenizer)
+    )
+    return config, model_dir, tokenizer, engine
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from ardea.data import make_task
+    from ardea.trainer.evaluate import evaluate_task
+
+    config, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
+    task = make_task(config.data.task, seed=config.data.seed, **config.data.task_args)
+    size = (
+        config.data.eval_size
+        if args.split == "test"
+        else min(config.data.eval_size, config.data.train_size)
+    )
+    examples = task.examples(args.split, size)
+    result = evaluate_task(
+        engine,
+        tokenizer,
+        task,
+        examples,
+        max_new_tokens=config.rollout.max_new_tokens,
+        chat_template=config.data.chat_template,
+        batch_size=config.rollout.batch_size,
+        k=args.k,
+        num_samples=args.num_samples,
+        temperature=config.rollout.temperature or 1.0,
+        top_p=config.rollout.top_p,
+        top_k=config.rollout.top_k,
+        seed=config.trainer.seed,
+    )
+    table = Table(title=f"{model_dir} on {task.name}/{args.split} ({len(examples)} prompts)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in result.metrics.items():
+        table.add_row(name, f"{value:.1%}")
+    console.print(table)
+    for prompt, completion, score in result.samples[: args.show]:
+        console.print(f"  {'✓' if score > 0 else '✗'} {prompt!r} → {completion!r}")
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    from ardea.data import encode_prompt
+    from ardea.rollout import SamplingParams
+
+    _, _, tokenizer, engine = _load_for_inference(args.path, [])
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        n=args.num_samples,
+        seed=args.seed,
+    )
+    prompts = [encode_prompt(tokenizer, p, chat_template=args.chat) for p in args.prompt]
+    completions = engine.generate(prompts, params)
+    for i, completion in enumerate(completions):
+        text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        prompt = args.prompt[i // params.n]
+        print(f"{prompt}{text}" if not args.chat else f"{prompt}\n{text}")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from ardea.trainer.report import draw_report
+
+    out = draw_report(args.run_dir)
+    console.print(f"wrote {out}")
+    return 0
+
+
+def tasks(args: argparse.Namespace) -> int:
+    from ardea.data import task_names
+
+    for name in task_names():
+        print(name)
+    return 0

@@ -1,0 +1,93 @@
+"""``ardea`` command line: train, eval, generate, report, tasks.
+
+User errors (bad config, data, model directory) print one line and exit with status 2;
+set ``ARDEA_DEBUG=1`` to see the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from ardea.errors import ArdeaError
+
+EXIT_USER_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ardea", description="Post-train language models with SFT and reinforcement learning."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="run a training recipe (default: the built-in recipe)")
+    train.add_argument("args", nargs="*", help="[CONFIG.yaml] [section.key=value ...]")
+    train.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    train.add_argument(
+        "--help-config", action="store_true", help="list every config field and exit"
+    )
+
+    ev = sub.add_parser(
+        "eval", help="accuracy and pass@k of a run or model directory on a task split"
+    )
+    ev.add_argument(
+        "path", help="run directory, checkpoint directory or Hugging Face model directory"
+    )
+    ev.add_argument("args", nargs="*", help="config overrides, e.g. data.eval_size=1000")
+    ev.add_argument("--split", default="test", choices=["train", "test"])
+    ev.add_argument("--k", type=int, default=1, help="report pass@k from sampled completions")
+    ev.add_argument("--num-samples", type=int, default=None, help="samples per prompt for pass@k")
+    ev.add_argument("--show", type=int, default=5, help="print this many example completions")
+
+    gen = sub.add_parser("generate", help="sample completions of a prompt from a model directory")
+    gen.add_argument("path", help="run, checkpoint or Hugging Face model directory")
+    gen.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--num-samples", type=int, default=1)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+
+    rep = sub.add_parser("report", help="re-draw report.png from a run's metrics.jsonl")
+    rep.add_argument("run_dir")
+
+    sub.add_parser("tasks", help="list the built-in tasks")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local directories only
+    from transformers.utils import logging as hf_logging
+
+    from ardea.cli import commands  # imported late: `ardea --help` stays fast
+
+    hf_logging.disable_progress_bar()  # ardea draws its own progress; no per-shard bars
+
+    handler = {
+        "train": commands.train,
+        "eval": commands.evaluate,
+        "generate": commands.generate,
+        "report": commands.report,
+        "tasks": commands.tasks,
+    }[args.command]
+    try:
+        return handler(args) or 0
+    except (ArdeaError, FileNotFoundError) as exc:
+        if os.environ.get("ARDEA_DEBUG"):
+            raise
+        print(f"ardea {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"ardea {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""LoRA adapters through ``peft``, and exporting them separately or merged.
+
+``apply_lora`` wraps a causal LM in a ``peft`` model whose only trainable weights are
+the low-rank adapters (``W + (alpha / r)·B·A`` on the named modules). ``save_policy``
+writes what other tools load: for a LoRA policy, the merged full model (plain
+``transformers``/vLLM) *and* the adapter alone (``peft``); otherwise the model itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file
+
+from ardea.errors import ArdeaError
+
+ADAPTER_DIR = "adapter"
+POLICY_DIR = "policy"
+
+
+def apply_lora(
+    model: torch.nn.Module, *, r: int, alpha: float, dropout: float, target_modules: list[str]
+) -> PeftModel:
+    """Freeze ``model`` and add rank-``r`` adapters on ``target_modules``."""
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in target_modules if m not in present]
+    if missing:
+        raise ArdeaError(
+            f"model.lora_target_modules names {missing} which the model does not have; "
+            f"linear layers include e.g. {sorted(n for n in present if n.endswith('proj'))}"
+        )
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def is_lora(model: Any) -> bool:
+    return isinstance(model, PeftModel)
+
+
+def save_policy(model: Any, tokenizer: Any, directory: Path) -> None:
+    """Write ``directory/policy`` (full model, safetensors) and, for LoRA, ``directory/adapter``."""
+    directory = Path(directory)
+    if is_lora(model):
+        model.save_pretrained(directory / ADAPTER_DIR)
+        merged = copy.deepcopy(model).merge_and_unload()
+        merged.save_pretrained(directory / POLICY_DIR, safe_serialization=True)
+    else:
+        model.save_pretrained(directory / POLICY_DIR, safe_serialization=True)
+    tokenizer.save_pretrained(directory / POLICY_DIR)
+
+
+def load_policy_weights(model: Any, directory: Path) -> None:
+    """Load the trainable weights saved by :func:`save_policy` into ``model`` in place."""
+    directory = Path(directory)
+    if is_lora(model):
+        state = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors")
+        result = set_peft_model_state_dict(model, state)
+        if getattr(result, "unexpected_keys", None):
+            raise ArdeaError(
+                f"adapter in {directory} does not fit the model: {result.unexpected_keys[:3]}"
+            )
+        return
+    files = sorted((directory / POLICY_DIR).glob("*.safetensors"))
+    if not files:
+        raise ArdeaError(f"no safetensors weights in {directory / POLICY_DIR}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {
+        k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)
+    }
+    if set(missing) - tied or unexpected:
+        raise ArdeaError(
+            f"checkpoint {directory} does not fit the model: missing {sorted(set(missing) - tied)[:3]}, "
+            f"unexpected {unexpected[:3]}"
+        )

@@ -1,0 +1,151 @@
+"""The generation-engine interface: sampling parameters, completions, and the engine contract.
+
+An engine turns token-id prompts into completions carrying the behaviour log-prob of every
+generated token and the policy version of the weights that produced them. Every engine (the
+in-process one, a future vLLM one) implements :class:`GenerationEngine` and validates its
+input with :func:`check_prompts`, so callers never special-case an engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample completions. Validated on construction; errors name the field and range."""
+
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Softmax temperature T: 0 means greedy (argmax); otherwise >= 1e-4."},
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={
+            "help": "Nucleus sampling: keep the smallest top set with mass >= top_p. 1 = off."
+        },
+    )
+    top_k: int = field(default=0, metadata={"help": "Keep only the k most likely tokens. 0 = off."})
+    max_new_tokens: int = field(
+        default=64, metadata={"help": "Most tokens generated per completion (>= 1)."}
+    )
+    stop_token_ids: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Extra stop tokens; the engine's eos ids always stop too."},
+    )
+    seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed for a reproducible call, independent of the global RNG state."},
+    )
+    n: int = field(default=1, metadata={"help": "Completions per prompt, grouped by prompt."})
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            raise ValueError(f"temperature must be a finite number, got {t!r}")
+        if t != 0 and not t >= 1e-4:
+            raise ValueError(f"temperature must be 0 (greedy) or >= 1e-4, got {t!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
+        _check_int("top_k", self.top_k, 0, "0 = off")
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("n", self.n, 1)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, "or None", upper=2**63 - 1)
+        if isinstance(self.stop_token_ids, str | bytes) or not isinstance(
+            self.stop_token_ids, Sequence
+        ):
+            raise ValueError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
+        self.stop_token_ids = list(self.stop_token_ids)
+        for i, tok in enumerate(self.stop_token_ids):
+            _check_int(f"stop_token_ids[{i}]", tok, 0)
+
+
+def _check_int(name: str, value: object, lower: int, note: str = "", upper: int | None = None):
+    """Raise ValueError unless ``lower <= value (<= upper)`` and value is an int (not a bool)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lower
+    ok = ok and (upper is None or value <= upper)
+    if not ok:
+        bound = f">= {lower}" if upper is None else f"in [{lower}, {upper}]"
+        extra = f" ({note})" if note else ""
+        raise ValueError(f"{name} must be an int {bound}{extra}, got {value!r}")
+
+
+@dataclass
+class Completion:
+    """One generated continuation of one prompt.
+
+    ``token_ids`` includes the stop token when one was produced (``finish_reason == "stop"``);
+    ``logprobs[i]`` is the behaviour log-prob of ``token_ids[i]`` (see the engine for how
+    temperature and truncation enter); ``version`` is the policy version of the weights used.
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    version: int
+
+
+class GenerationEngine(abc.ABC):
+    """Token-id prompts + :class:`SamplingParams` → completions with behaviour log-probs.
+
+    Contract: ``update_weights`` loads the new weights and publishes ``version`` as one atomic
+    step, so a ``generate`` call never labels tokens from one set of weights with another
+    version: a call in progress finishes on the weights and version it started with.
+    """
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Return ``len(prompts) * params.n`` completions: prompt 0's n samples, then prompt 1's."""
+
+    @abc.abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        """Load ``state_dict`` (None: the weights were already changed in place) as ``version``."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Policy version of the weights the next ``generate`` call will use."""
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]],
+    *,
+    vocab_size: int,
+    max_new_tokens: int,
+    max_positions: int | None,
+) -> None:
+    """Raise ValueError naming the prompt index for an empty prompt, a token id outside
+    ``[0, vocab_size)``, or ``len(prompt) + max_new_tokens > max_positions``."""
+    if isinstance(prompts, str | bytes | torch.Tensor) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence):
+            raise ValueError(f"prompts[{i}] must be a list of token ids, got {prompt!r:.60}")
+        if len(prompt) == 0:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
+        bad = next((t for t in prompt if not isinstance(t, int)), None)
+        if bad is None:
+            bad = next((t for t in (min(prompt), max(prompt)) if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"prompts[{i}] contains token id {bad!r}; ids must be ints in "
+                f"[0, {vocab_size}) (the model's vocabulary size)"
+            )
+        if max_positions is not None and len(prompt) + max_new_tokens > max_positions:
+            raise ValueError(
+                f"prompts[{i}] has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} "
+                f"that is {len(prompt) + max_new_tokens} positions, beyond the model's "
+                f"max_position_embeddings={max_positions}. Shorten the prompt or lower "
+                "max_new_tokens."
+            )

@@ -1,0 +1,403 @@
+"""The default generation engine: batched KV-cache decoding on a Hugging Face causal LM.
+
+Notation: ``N`` rows in a batch (prompts × n samples), ``P`` padded prompt length, ``T``
+``max_new_tokens``, ``V`` vocabulary.
+
+How a batch is decoded:
+1. Prompts are left-padded to ``P``; ``attention_mask`` is 1 on real tokens and
+   ``position_ids = cumsum(attention_mask) − 1`` (0 on padding), so every row sees exactly the
+   positions it would see alone.
+2. One prefill forward over ``(N, P)`` fills a ``DynamicCache``; then one forward per new
+   token over ``(N, 1)`` with the cache.
+3. Each step samples every row from its last logits (see :mod:`ardea.rollout.sampling`). A row
+   that emits a stop token is finished: later outputs are padding, and once half of the rows
+   are finished they are dropped from the batch and the cache. Decoding stops when every row
+   is finished or after ``T`` tokens.
+
+Log-probs (behaviour log-probs): for ``T > 0`` the log-prob of the sampled token under the
+distribution it was drawn from, ``log_softmax(logits / T)`` renormalised over the top-k /
+top-p kept set. With truncation off (top_k = 0, top_p = 1) they equal what the trainer
+recomputes with ``log_softmax(logits / T)`` on the same tokens and weights; with greedy
+(``T = 0``) they are ``log_softmax(logits)`` (temperature 1).
+
+Concurrency: ``generate`` and ``update_weights`` hold one lock, so a call runs on one set of
+weights and labels its completions with their version; an update waits for a running call.
+During a call the model is in eval mode (each submodule's own mode is restored after), so a
+model shared with the trainer must not be trained from another thread at the same time.
+
+Randomness: row r of a call (prompt r // n, sample r % n) draws its step-t uniform from a
+``(rows, T)`` table made once per call by a ``torch.Generator`` seeded with ``params.seed``
+(the global RNG when seed is None). A row's tokens therefore depend only on its prompt, the
+seed and r, not on ``max_batch_size``, padding or the other prompts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import DynamicCache
+
+from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams, check_prompts
+from ardea.rollout.sampling import next_tokens
+
+_COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
+
+
+class InProcessEngine(GenerationEngine):
+    """Generate with ``model`` in this process (see the module docstring for the algorithm).
+
+    Args:
+        model: a Hugging Face causal LM (``AutoModelForCausalLM``). It may be the very module
+            the trainer optimizes; then call ``update_weights(None, version)`` after each
+            optimizer step: the weights are already in place and only the version is bumped.
+        pad_token_id: id written after a row's stop token and used for left padding.
+        eos_token_ids: the model's end-of-sequence id(s); always stop tokens (may be empty).
+        max_batch_size: most rows (prompts × n) per forward; None = all rows at once. Rows are
+            sorted by prompt length before batching to reduce padding.
+        version: policy version of the initial weights.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        eos_token_ids: int | Sequence[int],
+        max_batch_size: int | None = None,
+        version: int = 0,
+    ) -> None:
+        self._model = model
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
+        for name, tok in [("pad_token_id", pad_token_id)] + [
+            (f"eos_token_ids[{i}]", t) for i, t in enumerate(eos)
+        ]:
+            if not isinstance(tok, int) or not 0 <= tok < self._vocab_size:
+                raise ValueError(f"{name} must be an int in [0, {self._vocab_size}), got {tok!r}")
+        if max_batch_size is not None and (
+            not isinstance(max_batch_size, int) or max_batch_size < 1
+        ):
+            raise ValueError(f"max_batch_size must be None or an int >= 1, got {max_batch_size!r}")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = eos
+        self.max_batch_size = max_batch_size
+        self._version = version
+        self._lock = threading.Lock()
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._keep_last = "logits_to_keep" in params
+        self._mask_dtype = _additive_mask_dtype(model)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        """Load ``state_dict`` and publish ``version`` atomically (waits for a running generate).
+
+        ``state_dict`` must hold every tensor of the model (tied aliases may be omitted) with
+        matching shapes; it is checked before anything is copied, so a bad one leaves weights
+        and version untouched. None means the shared model was already updated in place.
+        ``version`` must be greater than the current one: a version names one set of weights.
+        """
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"version must be an int, got {version!r}")
+        with self._lock:
+            if version <= self._version:
+                raise ValueError(
+                    f"version must increase: got {version}, current version is {self._version}"
+                )
+            if state_dict is not None:
+                _check_state_dict(self._model, state_dict)
+                self._model.load_state_dict(state_dict, strict=False)
+            self._version = version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Complete every prompt ``params.n`` times; see the module docstring.
+
+        Returns ``len(prompts) * n`` completions, prompt-major (prompt 0's n samples first),
+        all tagged with the version of the weights used. An empty ``prompts`` returns [].
+        """
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        check_prompts(
+            prompts,
+            vocab_size=self._vocab_size,
+            max_new_tokens=params.max_new_tokens,
+            max_positions=self._max_positions,
+        )
+        if len(prompts) == 0:
+            return []
+        rows = [list(p) for p in prompts for _ in range(params.n)]
+        with self._lock:
+            version = self._version
+            uniforms = _uniform_table(len(rows), params)
+            with _eval_mode(self._model), torch.inference_mode():
+                tokens, logprobs, lengths = self._generate_rows(rows, params, uniforms)
+        return _to_completions(rows, tokens, logprobs, lengths, version)
+
+    def _generate_rows(
+        self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
+    ) -> tuple[list[list[int]], list[list[float]], list[int | None]]:
+        """Decode all rows in batches of ``max_batch_size``; outputs in the order of ``rows``."""
+        size = self.max_batch_size or len(rows)
+        order = list(range(len(rows)))
+        if size < len(rows):
+            order.sort(key=lambda r: len(rows[r]))  # similar lengths together: less padding
+        tokens: list = [None] * len(rows)
+        logprobs: list = [None] * len(rows)
+        lengths: list = [None] * len(rows)
+        for start in range(0, len(rows), size):
+            idx = order[start : start + size]
+            u = uniforms[idx] if uniforms is not None else None
+            tok, lp, n_stop = self._generate_batch([rows[r] for r in idx], params, u)
+            for j, r in enumerate(idx):
+                tokens[r], logprobs[r], lengths[r] = tok[j], lp[j], n_stop[j]
+        return tokens, logprobs, lengths
+
+    def _generate_batch(
+        self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
+    ) -> tuple[list[list[int]], list[list[float]], list[int | None]]:
+        """Decode one batch. Returns per row its T tokens, T log-probs (padding after a stop)
+        and the number of tokens up to and including its stop token (None: no stop)."""
+        device = next(self._model.parameters()).device
+        n, steps, pad = len(rows), params.max_new_tokens, self.pad_token_id
+        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        if uniforms is not None:
+            uniforms = uniforms.to(device)
+        logits, cache, masks = self._prefill(rows, steps, device)  # (N, V)
+        out = _Outputs(n, steps, pad, device)
+        done = torch.zeros(n, dtype=torch.bool, device=device)  # (N_cur,) finished rows
+        n_done = 0
+        for t in range(steps):
+            u = None if uniforms is None else uniforms[out.index(), t]
+            tok, lp = next_tokens(
+                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                uniforms=u,
+            )  # fmt: skip
+            stopped = torch.isin(tok, stop_ids)  # (N_cur,)
+            if n_done:
+                tok, lp = tok.masked_fill(done, pad), lp.masked_fill(done, 0.0)
+                stopped &= ~done
+            out.write(t, tok, lp, stopped)
+            done |= stopped
+            n_done = int(done.sum())
+            if n_done == len(done) or t == steps - 1:
+                break
+            if n_done * 2 >= len(done) and len(done) >= _COMPACT_MIN_ROWS:
+                keep = (~done).nonzero().squeeze(-1)  # drop finished rows from the batch
+                tok, done, n_done = tok[keep], done[keep], 0
+                out.select(keep)
+                masks.select(keep)
+                cache.batch_select_indices(keep)
+            mask, positions = masks.step(t)
+            logits = self._forward(tok[:, None], mask, positions, cache)
+        return out.to_lists()
+
+    def _prefill(
+        self, rows: list[list[int]], steps: int, device: torch.device
+    ) -> tuple[torch.Tensor, DynamicCache, _Masks]:
+        """Run the left-padded prompts through the model once; identical prompts (the n
+        samples of one prompt) are computed once and their cache rows copied.
+
+        Returns the last-position logits (N, V), the filled cache and the batch's masks.
+        """
+        first: dict[tuple[int, ...], int] = {}
+        inverse = [first.setdefault(tuple(r), len(first)) for r in rows]
+        unique = [list(k) for k in first]
+        lens = torch.tensor([len(r) for r in unique], device=device)  # (N_unique,)
+        width = int(lens.max())
+        pad = self.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in unique], device=device)
+        masks = _Masks(lens, width, steps, self._mask_dtype)
+        mask, positions = masks.prefill()
+        cache = _new_cache(self._model)
+        logits = self._forward(input_ids, mask, positions, cache)  # (N_unique, V)
+        if len(unique) < len(rows):
+            index = torch.tensor(inverse, device=device)
+            cache.batch_select_indices(index)
+            logits = logits[index]
+            masks.select(index)
+        return logits, cache, masks
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """One cached forward; returns the last position's logits (N, V)."""
+        kwargs = {self._cache_kwarg: cache}
+        if self._keep_last:
+            kwargs["logits_to_keep"] = 1
+        out = self._model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[:, -1, :]
+
+
+class _Outputs:
+    """Tokens and log-probs of one batch, written step by step while finished rows leave it."""
+
+    def __init__(self, n: int, steps: int, pad: int, device: torch.device) -> None:
+        self.tokens = torch.full((n, steps), pad, dtype=torch.long, device=device)  # (N, T)
+        self.logprobs = torch.zeros(n, steps, device=device)  # (N, T)
+        self.n_tokens = torch.zeros(n, dtype=torch.long, device=device)  # 0 = no stop yet
+        self.rows: torch.Tensor | None = None  # batch row of each current row; None = all
+
+    def index(self) -> torch.Tensor | slice:
+        return slice(None) if self.rows is None else self.rows
+
+    def write(self, t: int, tok: torch.Tensor, lp: torch.Tensor, stopped: torch.Tensor) -> None:
+        """Record step t for the current rows; ``stopped`` rows end with this token."""
+        rows = self.index()
+        self.tokens[rows, t] = tok
+        self.logprobs[rows, t] = lp
+        self.n_tokens[rows] = torch.where(stopped, t + 1, self.n_tokens[rows])
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.rows = keep if self.rows is None else self.rows[keep]
+
+    def to_lists(self) -> tuple[list[list[int]], list[list[float]], list[int | None]]:
+        n_stop = [k if k > 0 else None for k in self.n_tokens.tolist()]
+        return self.tokens.tolist(), self.logprobs.tolist(), n_stop
+
+
+class _Masks:
+    """Attention masks and position ids of one left-padded batch.
+
+    Prompt row i has ``lens[i]`` real tokens right-aligned in width ``P``; generated token t
+    sits at column ``P + t`` and position ``lens[i] + t``. With ``dtype`` set, masks are
+    prepared 4D additive float masks (0 = attend, dtype's min = masked) that the model uses
+    as-is, which saves building one per step; with None they are the 2D 0/1 masks.
+    """
+
+    def __init__(self, lens: torch.Tensor, width: int, steps: int, dtype: torch.dtype | None):
+        self.lens, self.width, self.dtype = lens, width, dtype
+        cols = torch.arange(width + steps, device=lens.device)
+        self.keys = cols >= (width - lens)[:, None]  # (N, P + T) bool, True = real token
+        if dtype is not None:
+            self.additive = torch.zeros(self.keys.shape, dtype=dtype, device=lens.device)
+            self.additive = self.additive.masked_fill(~self.keys, torch.finfo(dtype).min)
+            self.additive = self.additive[:, None, None, :]  # (N, 1, 1, P + T)
+
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask ((N, 1, P, P) or (N, P)) and positions (N, P) = cumsum(mask) − 1, 0 on padding."""
+        keys = self.keys[:, : self.width]  # (N, P)
+        positions = (keys.long().cumsum(-1) - 1).clamp_min(0)
+        if self.dtype is None:
+            return keys.long(), positions
+        causal = torch.ones(self.width, self.width, dtype=torch.bool, device=keys.device).tril()
+        allowed = causal & keys[:, None, None, :]  # (N, 1, P, P)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=keys.device)
+        return mask.masked_fill(~allowed, torch.finfo(self.dtype).min), positions
+
+    def step(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask over the P + t + 1 keys seen when feeding generated token t; positions (N, 1)."""
+        end = self.width + t + 1
+        mask = self.keys[:, :end].long() if self.dtype is None else self.additive[..., :end]
+        return mask, (self.lens + t)[:, None]
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep (or repeat) the rows in ``index``."""
+        self.lens, self.keys = self.lens[index], self.keys[index]
+        if self.dtype is not None:
+            self.additive = self.additive[index]
+
+
+def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype for prepared 4D masks, or None when the model must build its own: attention
+    other than sdpa / eager (e.g. flash, flex) or any sliding-window layer."""
+    config = model.config
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        full = all(kind == "full_attention" for kind in layer_types)
+    else:
+        full = getattr(config, "sliding_window", None) is None
+    return model.get_input_embeddings().weight.dtype if full else None
+
+
+def _new_cache(model: torch.nn.Module) -> DynamicCache:
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers < 4.56 has no config argument
+        return DynamicCache()
+
+
+def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
+    """(rows, T) float64 uniforms in [0, 1): row r's draw at step t is entry (r, t)."""
+    if params.temperature == 0:
+        return None
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    shape = (n_rows, params.max_new_tokens)
+    return torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
+def _to_completions(
+    rows: list[list[int]],
+    tokens: list[list[int]],
+    logprobs: list[list[float]],
+    lengths: list[int | None],
+    version: int,
+) -> list[Completion]:
+    completions = []
+    for prompt, tok, lp, n_stop in zip(rows, tokens, logprobs, lengths, strict=True):
+        k = len(tok) if n_stop is None else n_stop
+        reason = "length" if n_stop is None else "stop"
+        completions.append(Completion(prompt, tok[:k], lp[:k], reason, version))
+    return completions
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """Put ``model`` in eval mode; restore every submodule's own train/eval flag after."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+def _check_state_dict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Raise ValueError on missing, unexpected or mis-shaped tensors before anything loads.
+
+    A key may be missing only if it aliases (shares storage with) a key that is present,
+    as tied embeddings do.
+    """
+    own = model.state_dict()
+    unexpected = sorted(set(state_dict) - set(own))
+    present = {own[k].data_ptr() for k in state_dict if k in own}
+    missing = sorted(k for k in own if k not in state_dict and own[k].data_ptr() not in present)
+    shapes = [
+        f"{k}: {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state_dict.items()
+        if k in own and tuple(v.shape) != tuple(own[k].shape)
+    ]
+    if unexpected or missing or shapes:
+        raise ValueError(
+            "state_dict does not match the model: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
+        )

@@ -1,0 +1,119 @@
+"""Pure next-token sampling: logits → filtered distribution → token and its log-prob.
+
+Notation: ``N`` rows (sequences being generated), ``V`` vocabulary. All functions take the
+last-position logits ``(N, V)`` and are free of model, cache and RNG state: randomness comes in
+as one uniform number per row, so a row's sample depends only on its own logits and its own
+uniform (which makes batched generation equal to generating each row alone).
+
+The sampled distribution for temperature ``T > 0``, top-k ``k`` and top-p ``p`` is
+
+    z = logits / T
+    K = top-k set of z (all tokens tied with the k-th value kept), then the top-p set of
+        softmax(z restricted to K): the most likely tokens, in order, up to and including
+        the first one at which their cumulative mass reaches p
+    π(v) = exp(z_v) / Σ_{u ∈ K} exp(z_u)   for v ∈ K, 0 otherwise,
+
+and the reported log-prob of the sampled token is ``log π(v)``. With k = 0 and p = 1 this is
+``log_softmax(logits / T)``. Greedy (``T = 0``) picks ``argmax logits`` and reports
+``log_softmax(logits)[argmax]`` (the T = 1 distribution).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``z = logits / T`` in float32. logits: (N, V) → (N, V). T must be > 0."""
+    z = logits.float()
+    return z if temperature == 1.0 else z / temperature
+
+
+def top_k_filter(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Set every entry below the k-th largest of its row to −inf (ties with it are kept).
+
+    z: (N, V) → (N, V). ``k == 0`` or ``k >= V`` leaves z unchanged.
+    """
+    if k <= 0 or k >= z.shape[-1]:
+        return z
+    kth = torch.topk(z, k, dim=-1).values[:, -1:]  # (N, 1)
+    return z.masked_fill(z < kth, float("-inf"))
+
+
+def top_p_filter(z: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep, per row, the smallest prefix of tokens sorted by probability whose mass reaches p.
+
+    A token at sorted position i is kept iff the mass strictly before it, Σ_{j<i} softmax(z)_j,
+    is < p, so the most likely token is always kept. z: (N, V) → (N, V), −inf where dropped.
+    ``p >= 1`` leaves z unchanged.
+    """
+    if p >= 1.0:
+        return z
+    sorted_z, order = torch.sort(z, dim=-1, descending=True)  # (N, V)
+    probs = torch.softmax(sorted_z, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # (N, V)
+    drop_sorted = mass_before >= p
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return z.masked_fill(drop, float("-inf"))
+
+
+def sampling_logits(
+    logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """The logits of the distribution π actually sampled from (module docstring).
+
+    logits: (N, V) → (N, V) float32, equal to ``logits / T`` on the kept set and −inf
+    elsewhere, so that ``log_softmax`` of the result is log π. Requires T > 0.
+    """
+    z = scale_logits(logits, temperature)
+    z = top_k_filter(z, top_k)
+    return top_p_filter(z, top_p)
+
+
+def sample_inverse_cdf(z: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from softmax(z) by inverting its CDF at a given uniform.
+
+    z: (N, V) logits (−inf allowed, at least one finite per row); uniforms: (N,) in [0, 1).
+    Returns tokens (N,) long: the first v with CDF(v) > u · CDF(V−1). The CDF is summed in
+    float64 and the threshold kept strictly below the total, so a token of zero probability
+    is never returned.
+    """
+    probs = torch.softmax(z.float(), dim=-1)  # (N, V)
+    cdf = torch.cumsum(probs.double(), dim=-1)  # (N, V)
+    total = cdf[:, -1:]  # (N, 1)
+    threshold = uniforms.to(device=cdf.device, dtype=torch.float64)[:, None] * total
+    threshold = torch.minimum(threshold, torch.nextafter(total, torch.zeros_like(total)))
+    tokens = torch.searchsorted(cdf, threshold, right=True)  # (N, 1)
+    return tokens.squeeze(-1)
+
+
+def gather_logprobs(z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(z)[n, tokens[n]]``. z: (N, V), tokens: (N,) → (N,) float32."""
+    logp = torch.log_softmax(z.float(), dim=-1)
+    return logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    uniforms: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token of every row and its behaviour log-prob.
+
+    logits: (N, V); uniforms: (N,) in [0, 1), required when ``temperature > 0``.
+    Returns ``(tokens (N,) long, logprobs (N,) float32)``: greedy argmax with
+    ``log_softmax(logits)`` when T = 0, else a draw from π with ``log π`` (module docstring).
+    """
+    if temperature == 0:
+        z = logits.float()
+        tokens = torch.argmax(z, dim=-1)
+        return tokens, gather_logprobs(z, tokens)
+    if uniforms is None:
+        raise ValueError("uniforms are required when temperature > 0")
+    z = sampling_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens = sample_inverse_cdf(z, uniforms)
+    return tokens, gather_logprobs(z, tokens)

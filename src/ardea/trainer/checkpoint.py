@@ -1,0 +1,103 @@
+"""Checkpoints: ``checkpoints/step_XXXXXXX/`` with ``policy/`` (Hugging Face format,
+safetensors; for LoRA the merged model, with the adapter alone in ``adapter/``) and
+``trainer_state.pt`` (optimizer, scheduler, RNG, data position).
+
+A checkpoint is written into a temporary directory, marked complete, then renamed
+into place, so a killed process never leaves a half-written ``step_*`` directory.
+``trainer_state.pt`` holds only tensors and plain containers and is read with
+``torch.load(weights_only=True)``: loading never unpickles arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ardea.model.lora import save_policy
+
+COMPLETE_MARKER = "COMPLETE"
+STATE_FILE = "trainer_state.pt"
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:07d}"
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, *, policy: Any, tokenizer: Any, state: dict[str, Any], keep_last: int
+) -> Path:
+    """Write the checkpoint of ``step`` atomically and prune old ones; return its path."""
+    final = checkpoint_dir(run_dir, step)
+    tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_policy(policy, tokenizer, tmp)
+    torch.save(state, tmp / STATE_FILE)
+    # The marker lists every file with its size: a checkpoint whose files were cut short
+    # or removed afterwards is recognised as damaged and never loaded.
+    (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _file_sizes(tmp)}))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    prune_checkpoints(run_dir, keep_last)
+    return final
+
+
+def _file_sizes(directory: Path) -> dict[str, int]:
+    return {
+        str(f.relative_to(directory)): f.stat().st_size
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f.name != COMPLETE_MARKER
+    }
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete, intact checkpoint (None when it is)."""
+    marker = path / COMPLETE_MARKER
+    if not marker.is_file():
+        return "no COMPLETE marker (the write was interrupted)"
+    try:
+        expected = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return "its COMPLETE marker is unreadable"
+    actual = _file_sizes(path)
+    for name, size in expected.items():
+        if actual.get(name) != size:
+            return f"{name} is missing or has the wrong size"
+    return None
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first; damaged ones are skipped with a warning."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.glob("step_*")):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            found.append(path)
+        else:
+            warnings.warn(f"skipping checkpoint {path}: {problem}", stacklevel=2)
+    return found
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
+    for path in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=True)

@@ -1,0 +1,179 @@
+"""Held-out evaluation: greedy exact-match accuracy and sampled pass@k."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ardea.data import Example, Task, encode_prompt
+from ardea.rollout import GenerationEngine, SamplingParams
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct (Chen et al., 2021, eq. 1).
+
+    ``pass@k = 1 − C(n − c, k) / C(n, k)``; 1 when ``n − c < k``.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    """Scores of one evaluation; ``samples`` holds (prompt, completion, score) triples."""
+
+    metrics: dict[str, float]
+    samples: list[tuple[str, str, float]]
+
+
+def _generate_texts(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    params: SamplingParams,
+    *,
+    chat_template: bool,
+    batch_size: int,
+) -> list[list[str]]:
+    """``params.n`` decoded completions per example, in example order."""
+    prompts = [encode_prompt(tokenizer, e.prompt, chat_template=chat_template) for e in examples]
+    texts: list[list[str]] = []
+    for start in range(0, len(prompts), batch_size):
+        completions = engine.generate(prompts[start : start + batch_size], params)
+        for i in range(0, len(completions), params.n):
+            texts.append(
+                [
+                    tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                    for c in completions[i : i + params.n]
+                ]
+            )
+    return texts
+
+
+def evaluate_task(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    task: Task,
+    examples: Sequence[Example],
+    *,
+    max_new_tokens: int,
+    chat_template: bool = False,
+    batch_size: int = 256,
+    k: int = 1,
+    num_samples: int | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+) -> EvalResult:
+    """Greedy accuracy on ``examples``; with ``k > 1`` also pass@k from sampled completions.
+
+    Returns metrics ``accuracy`` (greedy exact match, fraction) and, for ``k > 1``,
+    ``pass@k`` estimated without bias from ``num_samples`` (default ``k``) samples per
+    prompt at ``temperature``.
+    """
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    texts = _generate_texts(
+        engine, tokenizer, examples, greedy, chat_template=chat_template, batch_size=batch_size
+    )
+    scores = [task.score(t[0], e) for t, e in zip(texts, examples)]
+    metrics = {"accuracy": sum(scores) / len(scores)}
+    samples = [(e.prompt, t[0], s) for e, t, s in zip(examples, texts, scores)]
+    if k > 1:
+        n = num_samples or k
+        sampled = SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            n=n,
+            seed=seed,
+        )
+        groups = _generate_texts(
+            engine,
+            tokenizer,
+            examples,
+            sampled,
+            chat_template=chat_template,
+            batch_size=max(1, batch_size // n),
+        )
+        correct = [sum(task.score(t, e) > 0 for t in g) for g, e in zip(groups, examples)]
+        metrics[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+    return EvalResult(metrics, samples)
+
+
+class Evaluator:
+    """The evaluations of a training run, each optional.
+
+    - ``eval/accuracy``: greedy exact match on the task's held-out split (when a task is set);
+    - ``eval/loss``: the strategy's loss on ``data.eval_path`` samples (when set).
+
+    Each evaluation also appends a few decoded completions to ``samples.jsonl``.
+    """
+
+    def __init__(self, config, task, engine, tokenizer, strategy, held_out_samples) -> None:
+        self.config = config
+        self.task = task
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.strategy = strategy
+        self.held_out_samples = held_out_samples
+        self.examples = task.examples("test", config.data.eval_size) if task is not None else []
+        self.last_samples: list[tuple[str, str, float]] = []
+
+    def run(self, step: int, run_dir) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.examples:
+            result = evaluate_task(
+                self.engine,
+                self.tokenizer,
+                self.task,
+                self.examples,
+                max_new_tokens=self.config.rollout.max_new_tokens,
+                chat_template=self.config.data.chat_template,
+                batch_size=self.config.rollout.batch_size,
+            )
+            metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
+            self.last_samples = result.samples[:SAMPLES_PER_EVAL]
+            _append_samples(run_dir, step, self.last_samples)
+        if self.held_out_samples:
+            metrics["eval/loss"] = self.held_out_loss()
+        return metrics
+
+    @torch.no_grad()
+    def held_out_loss(self) -> float:
+        """The strategy's loss over all held-out samples (token-mean over the whole set)."""
+        size = self.config.trainer.batch_size // self.config.trainer.grad_accum_steps
+        device = next(self.strategy.policy.parameters()).device
+        batches = [
+            {
+                k: v.to(device)
+                for k, v in self.strategy.collate(self.held_out_samples[i : i + size]).items()
+            }
+            for i in range(0, len(self.held_out_samples), size)
+        ]
+        counts = self.strategy.step_counts(batches)
+        was_training = self.strategy.policy.training
+        self.strategy.policy.eval()
+        total = sum(float(self.strategy.loss(b, counts)[0]) for b in batches)
+        self.strategy.policy.train(was_training)
+        return total
+
+
+SAMPLES_PER_EVAL = 5
+
+
+def _append_samples(run_dir, step: int, samples: list[tuple[str, str, float]]) -> None:
+    with (Path(run_dir) / "samples.jsonl").open("a", encoding="utf-8") as handle:
+        for prompt, completion, score in samples:
+            record = {"step": step, "prompt": prompt, "completion": completion, "score": score}
+            handle.write(json.dumps(record) + "\n")

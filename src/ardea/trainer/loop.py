@@ -1,0 +1,313 @@
+"""The training loop: one place that owns optimizer, accumulation, clipping, schedule,
+evaluation, logging, checkpoints and resume, for every strategy.
+
+A step reads top to bottom: ``data`` (next batch) → ``forward_backward`` (per
+micro-batch, loss normalised by the whole step's counts) → ``optimizer`` (clip, step,
+schedule, strategy hook) → ``log``; evaluation and checkpoints follow on their cadence.
+Each phase is timed under its own name (``perf/time_<phase>``). A step whose loss or
+gradient is NaN/Inf is skipped and counted; too many in a row stop the run with the
+last good state saved.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ardea.config import ArdeaConfig, config_to_yaml
+from ardea.data import make_task
+from ardea.data.sampler import EpochSampler
+from ardea.errors import ArdeaError
+from ardea.model.lora import load_policy_weights
+from ardea.rollout import InProcessEngine
+from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
+from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
+from ardea.trainer.evaluate import Evaluator
+from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
+from ardea.trainer.progress import TrainingProgress
+from ardea.trainer.report import draw_report
+from ardea.trainer.results import finish_run
+from ardea.trainer.schedule import build_scheduler
+from ardea.trainer.setup import (
+    build_trainable_policy,
+    context_length,
+    prepare_run_directory,
+    resolve_device,
+    resume_checkpoint,
+    run_directory,
+    seed_everything,
+    stop_token_ids,
+)
+from ardea.trainer.state import restore_rng_state, rng_state
+from ardea.trainer.strategies import strategy_class
+
+
+@dataclass
+class PhaseTimer:
+    """Wall-clock seconds per named phase within one step."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"perf/time_{name}": value for name, value in self.seconds.items()}
+
+
+class Trainer:
+    """Runs ``config`` end to end: ``Trainer(config).train()`` returns the results dict."""
+
+    def __init__(self, config: ArdeaConfig) -> None:
+        self.config = config
+        if config.trainer.num_threads:
+            torch.set_num_threads(config.trainer.num_threads)
+        self.device = resolve_device(config.trainer.device)
+        seed_everything(config.trainer.seed)
+        data = config.data
+        self.task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
+        self.policy, self.tokenizer = build_trainable_policy(config, self.device)
+        self.run_dir = run_directory(config)
+        self.resume_from = resume_checkpoint(self.run_dir, config.trainer.resume)
+        strategy_cls = strategy_class(config.algo.name)
+        max_length = max_sequence_length(config, context_length(self.policy))
+        kind = strategy_cls.sample_kind
+        self.train_samples = training_samples(
+            config, self.tokenizer, kind, self.task, max_length=max_length
+        )
+        held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
+        prepare_run_directory(config)  # only once the inputs are known to be good
+        self.strategy = strategy_cls(
+            self.policy, config, tokenizer=self.tokenizer, make_reference=self._make_reference
+        )
+        for module in self.strategy.frozen_modules():
+            module.to(self.device)
+        self._build_optimizer()
+        self.sampler = EpochSampler(
+            len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
+        )
+        engine = InProcessEngine(
+            self.policy,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=stop_token_ids(self.policy, self.tokenizer),
+        )
+        self.evaluator = Evaluator(
+            config, self.task, engine, self.tokenizer, self.strategy, held_out
+        )
+        self.step = 0
+        self.history: dict[str, list[list[float]]] = {}
+        self.nonfinite = {"consecutive": 0, "total": 0}
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+
+    def _make_reference(self) -> torch.nn.Module:
+        """A frozen copy of the policy the run started from (rebuilt from its source)."""
+        reference, _ = build_trainable_policy(self.config, self.device, lora=False)
+        reference.requires_grad_(False)
+        return reference.eval()
+
+    def _build_optimizer(self) -> None:
+        trainer = self.config.trainer
+        self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.parameters,
+            lr=trainer.lr,
+            betas=tuple(trainer.adam_betas),
+            weight_decay=trainer.weight_decay,
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            kind=trainer.lr_schedule,
+            warmup_steps=trainer.warmup_steps,
+            total_steps=trainer.max_steps,
+            min_ratio=trainer.min_lr_ratio,
+        )
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "history": self.history,
+            "nonfinite": dict(self.nonfinite),
+            "config_yaml": config_to_yaml(self.config),
+        }
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            policy=self.policy,
+            tokenizer=self.tokenizer,
+            state=state,
+            keep_last=self.config.trainer.keep_last,
+        )
+
+    def _restore(self, checkpoint: Path) -> None:
+        state = load_trainer_state(checkpoint)
+        load_policy_weights(self.policy, checkpoint)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        self.history = state["history"]
+        self.nonfinite = dict(state["nonfinite"])
+        restore_rng_state(state["rng"])
+
+    # ----------------------------------------------------------------- phases
+    def _next_micro_batches(self) -> list[dict[str, torch.Tensor]]:
+        indices = self.sampler.next_batch()
+        size = len(indices) // self.config.trainer.grad_accum_steps
+        chunks = [indices[i : i + size] for i in range(0, len(indices), size)]
+        batches = [self.strategy.collate([self.train_samples[i] for i in c]) for c in chunks]
+        return [{k: v.to(self.device) for k, v in b.items()} for b in batches]
+
+    def _forward_backward(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        counts = self.strategy.step_counts(micro_batches)
+        totals: dict[str, float] = {}
+        for batch in micro_batches:
+            loss, metrics = self.strategy.loss(batch, counts)
+            loss.backward()
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
+
+    def _optimizer_step(self, loss: float) -> dict[str, float]:
+        max_norm = self.config.trainer.max_grad_norm or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
+        metrics = {"train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0]}
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)  # skip: weights stay the last good ones
+            self.nonfinite["consecutive"] += 1
+            self.nonfinite["total"] += 1
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.strategy.after_optimizer_step()
+            self.nonfinite["consecutive"] = 0
+        metrics["train/nonfinite_steps"] = float(self.nonfinite["total"])
+        return metrics
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step; returns its metrics."""
+        timer = PhaseTimer()
+        self.policy.train()
+        with timer.phase("data"):
+            micro_batches = self._next_micro_batches()
+        with timer.phase("forward_backward"):
+            metrics = self._forward_backward(micro_batches)
+        with timer.phase("optimizer"):
+            metrics.update(self._optimizer_step(metrics.get("train/loss", 0.0)))
+        tokens = sum(int(_token_count(b)) for b in micro_batches)
+        metrics.update(timer.metrics())
+        metrics["perf/tokens_per_s"] = tokens / max(sum(timer.seconds.values()), 1e-9)
+        return metrics
+
+    # ------------------------------------------------------------------- loop
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.step % every == 0 and self.step < self.config.trainer.max_steps
+
+    def _evaluate(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
+        metrics = self.evaluator.run(self.step, self.run_dir)
+        if not metrics:
+            return
+        logger.log(self.step, metrics)
+        for name, value in metrics.items():
+            self.history.setdefault(name, []).append([self.step, value])
+        progress.print(
+            f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        )
+
+    def _check_nonfinite(self) -> None:
+        limit = self.config.trainer.max_nonfinite_steps
+        if self.nonfinite["consecutive"] >= limit:
+            saved = self.save()
+            raise ArdeaError(
+                f"training stopped at step {self.step}: {limit} consecutive steps had a "
+                f"non-finite loss or gradient (each was skipped); the last good weights are "
+                f"saved in {saved}. Lower trainer.lr or check the data."
+            )
+
+    def _loop(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
+        cfg = self.config
+        while self.step < cfg.trainer.max_steps:
+            metrics = self.train_step()
+            self.step += 1
+            if self.step % cfg.logging.log_every == 0 or self.step == cfg.trainer.max_steps:
+                logger.log(self.step, metrics)
+            self._check_nonfinite()
+            progress.update(
+                self.step,
+                loss=metrics.get("train/loss", float("nan")),
+                tokens_per_s=metrics["perf/tokens_per_s"],
+            )
+            if self._due(cfg.trainer.eval_every):
+                self._evaluate(logger, progress)
+            if self._due(cfg.trainer.save_every):
+                self.save()
+
+    def train(self) -> dict[str, Any]:
+        cfg = self.config
+        start = time.time()
+        logger = MetricsLogger(
+            self.run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=self._wandb_settings(),
+            resume_step=self.step if self.resume_from else None,
+        )
+        samples = self.run_dir / "samples.jsonl"
+        if self.resume_from is not None:  # drop what the killed run wrote after its checkpoint
+            truncate_metrics(samples, self.step)
+        elif samples.exists():
+            samples.unlink()
+        try:
+            with TrainingProgress(
+                cfg.trainer.max_steps, start=self.step, enabled=cfg.logging.progress
+            ) as progress:
+                if self.resume_from is not None:
+                    progress.print(f"resumed from {self.resume_from} at step {self.step}")
+                else:
+                    self._evaluate(logger, progress)
+                finished = self.step >= cfg.trainer.max_steps  # resumed from the final checkpoint
+                self._loop(logger, progress)
+                if not finished:
+                    self._evaluate(logger, progress)
+            checkpoint = self.resume_from if finished else self.save()
+        finally:
+            logger.close()
+        draw_report(self.run_dir)
+        return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
+
+    def _wandb_settings(self) -> dict[str, Any] | None:
+        log = self.config.logging
+        if not log.wandb:
+            return None
+        from omegaconf import OmegaConf
+
+        return {
+            "project": log.wandb_project,
+            "mode": log.wandb_mode,
+            "name": self.config.trainer.run_name,
+            "config": OmegaConf.to_container(OmegaConf.structured(self.config)),
+        }
+
+
+def _token_count(batch: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens in a micro-batch, whatever its layout."""
+    masks = [v for k, v in batch.items() if k.endswith("attention_mask")]
+    if masks:
+        return int(sum(m.sum() for m in masks))
+    return int(batch["input_ids"].numel())

@@ -1,0 +1,59 @@
+"""``report.png``: the curves of a run, drawn from its ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ardea.trainer.metrics_log import read_metrics  # noqa: E402
+
+# (metric name, panel title); a panel is drawn when its metric was logged.
+PANELS = [
+    ("train/loss", "training loss"),
+    ("eval/accuracy", "held-out accuracy (greedy)"),
+    ("rollout/reward_mean", "reward"),
+    ("train/kl", "KL to reference"),
+    ("train/entropy", "entropy"),
+    ("train/grad_norm", "gradient norm"),
+    ("train/lr", "learning rate"),
+    ("perf/tokens_per_s", "training tokens/s"),
+]
+
+
+def draw_report(run_dir: str | Path) -> Path:
+    """Draw every available panel into ``<run_dir>/report.png`` and return its path."""
+    run_dir = Path(run_dir)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}; is it a run directory?")
+    records = read_metrics(metrics_path)
+    series = {}
+    for name, title in PANELS:
+        points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
+        if points:
+            series[name] = (title, points)
+    if not series:
+        raise ValueError(f"{metrics_path} holds no plottable metrics")
+    cols = 2 if len(series) > 1 else 1
+    rows = (len(series) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
+    for ax, (name, (title, points)) in zip(axes.flat, series.items()):
+        steps, values = zip(*points)
+        ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if name == "train/loss" and min(values) > 0:
+            ax.set_yscale("log")
+    for ax in list(axes.flat)[len(series) :]:
+        ax.axis("off")
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    out = run_dir / "report.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,63 @@
+"""The end of a run: ``results.json`` and the printed table of results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
+    path = Path(run_dir) / "results.json"
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def print_results(results: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title="ardea results", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in results.items():
+        if isinstance(value, float) and "accuracy" in name:
+            shown = f"{value:.1%}"
+        elif isinstance(value, float):
+            shown = f"{value:,.2f}"
+        else:
+            shown = str(value)
+        table.add_row(name, shown)
+    console.print(table)
+
+
+def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) -> dict[str, Any]:
+    """Collect the run's figures, write ``results.json``, print the table, return the dict."""
+    results: dict[str, Any] = {
+        "strategy": trainer.config.algo.name,
+        "task": trainer.config.data.task,
+        "data": trainer.config.data.path,
+        "steps": trainer.step,
+        "parameters": sum(p.numel() for p in trainer.policy.parameters()),
+        "trainable_parameters": sum(
+            p.numel() for p in trainer.policy.parameters() if p.requires_grad
+        ),
+    }
+    accuracies = trainer.history.get("eval/accuracy", [])
+    if accuracies:
+        results["accuracy_initial"] = accuracies[0][1]
+        results["accuracy"] = accuracies[-1][1]
+        results["best_accuracy"] = max(a for _, a in accuracies)
+        results["eval_examples"] = len(trainer.evaluator.examples)
+    losses = trainer.history.get("eval/loss", [])
+    if losses:
+        results["eval_loss_initial"] = losses[0][1]
+        results["eval_loss"] = losses[-1][1]
+    results["nonfinite_steps"] = trainer.nonfinite["total"]
+    results["wall_seconds"] = round(wall_seconds, 1)
+    results["checkpoint"] = str(Path(checkpoint) / "policy") if checkpoint else None
+    results["run_dir"] = str(trainer.run_dir)
+    write_results(trainer.run_dir, results)
+    print_results(results)
+    return results

@@ -1,0 +1,46 @@
+"""Learning-rate schedules as a multiplier of the peak rate."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def lr_multiplier(
+    step: int, *, kind: str, warmup_steps: int, total_steps: int, min_ratio: float
+) -> float:
+    """Factor applied to the peak learning rate before optimizer step ``step`` (0-based).
+
+    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then, with
+    ``p = (step - warmup) / max(1, total - warmup)`` in [0, 1]:
+    constant → 1; linear → ``1 - (1 - min_ratio)·p``;
+    cosine → ``min_ratio + (1 - min_ratio)·½(1 + cos(πp))``.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if kind == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if kind == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    if kind == "cosine":
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr schedule {kind!r}; choose constant, cosine or linear")
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    *,
+    kind: str,
+    warmup_steps: int,
+    total_steps: int,
+    min_ratio: float,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` following :func:`lr_multiplier` (its state saves with checkpoints)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_multiplier(
+            step, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_ratio
+        ),
+    )

@@ -1,0 +1,114 @@
+"""Run set-up: device, seeds, the run directory, and the policy named by the config."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ardea.config import ArdeaConfig, ModelConfig, config_to_yaml
+from ardea.errors import ArdeaError
+from ardea.model import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
+from ardea.model.lora import apply_lora
+from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → ``cuda`` when available, else ``cpu``; a missing GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.device={name!r} but no CUDA device is available; use cpu or auto"
+        )
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_directory(config: ArdeaConfig) -> Path:
+    return Path(config.trainer.output_dir or Path("runs") / config.trainer.run_name)
+
+
+def prepare_run_directory(config: ArdeaConfig) -> Path:
+    """Create the run directory and write the fully resolved ``config.yaml`` into it."""
+    run_dir = run_directory(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_to_yaml(config), encoding="utf-8")
+    return run_dir
+
+
+def build_policy(model_config: ModelConfig, *, seed: int, device: torch.device) -> tuple[Any, Any]:
+    """The policy and its tokenizer: loaded from ``model.path`` or the tiny default built in code."""
+    if model_config.path:
+        model, tokenizer = load_model_and_tokenizer(
+            model_config.path, dtype=model_config.dtype, device=str(device)
+        )
+        return model, tokenizer
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(
+        tokenizer,
+        hidden_size=model_config.hidden_size,
+        num_layers=model_config.num_layers,
+        num_heads=model_config.num_heads,
+        num_kv_heads=model_config.num_kv_heads,
+        intermediate_size=model_config.intermediate_size,
+        max_position_embeddings=model_config.max_position_embeddings,
+        seed=seed,
+        arch=model_config.arch,
+    )
+    dtype = getattr(torch, model_config.dtype)
+    return model.to(device=device, dtype=dtype), tokenizer
+
+
+def build_trainable_policy(
+    config: ArdeaConfig, device: torch.device, *, lora: bool = True
+) -> tuple[Any, Any]:
+    """The policy as trained: :func:`build_policy`, wrapped with LoRA adapters when
+    ``model.lora_r > 0`` (``lora=False`` gives the plain initial model, e.g. a reference)."""
+    model, tokenizer = build_policy(config.model, seed=config.trainer.seed, device=device)
+    m = config.model
+    if lora and m.lora_r:
+        model = apply_lora(
+            model,
+            r=m.lora_r,
+            alpha=m.lora_alpha,
+            dropout=m.lora_dropout,
+            target_modules=list(m.lora_target_modules),
+        ).to(device)
+    return model, tokenizer
+
+
+def resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
+    """The checkpoint to continue from, per ``trainer.resume`` (never / auto / a path)."""
+    if resume == "never":
+        if list_checkpoints(run_dir):
+            raise ArdeaError(
+                f"run directory {run_dir} already holds checkpoints; continue it with "
+                "trainer.resume=auto or choose another trainer.output_dir"
+            )
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume)
+    problem = checkpoint_problem(path) if path.is_dir() else "no such directory"
+    if problem is not None:
+        raise ArdeaError(f"trainer.resume={resume!r} cannot be loaded: {problem}")
+    return path
+
+
+def context_length(model: Any) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 2048))
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a completion: the generation config's eos ids, else the tokenizer's."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [i for i in ids if i is not None] or [tokenizer.eos_token_id]
+    return sorted(set(ids))

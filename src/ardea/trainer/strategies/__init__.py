@@ -1,0 +1,15 @@
+"""Strategies by registered name: ``seq``, ``sft``, ``dpo``, ``grpo``."""
+
+from ardea.trainer.strategies import dpo as _dpo  # noqa: F401  (registers "dpo")
+from ardea.trainer.strategies import grpo as _grpo  # noqa: F401  (registers "grpo")
+from ardea.trainer.strategies import seq as _seq  # noqa: F401  (registers "seq")
+from ardea.trainer.strategies import sft as _sft  # noqa: F401  (registers "sft")
+from ardea.trainer.strategies.base import (
+    Strategy,
+    make_strategy,
+    register_strategy,
+    strategy_class,
+    strategy_names,
+)
+
+__all__ = ["Strategy", "make_strategy", "register_strategy", "strategy_class", "strategy_names"]

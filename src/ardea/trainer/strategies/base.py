@@ -1,0 +1,117 @@
+"""Training strategies: what loss a batch gives. The loop owns everything else.
+
+A strategy is created by registered name (``algo.name``). It declares which kind of
+training sample it consumes (``sample_kind``), collates samples into a micro-batch,
+and turns a micro-batch into a scalar loss plus metrics. Optimizer, accumulation,
+clipping, schedule, evaluation and checkpoints belong to the training loop, so every
+strategy runs under the same loop.
+
+Sample kinds (built by :mod:`ardea.data`): ``text`` (every token trained), ``sft``
+(prompt + answer, loss on the answer), ``preference`` (prompt, chosen, rejected) and
+``group`` (a prompt with G scored completions).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from ardea.config import ArdeaConfig
+from ardea.errors import ConfigError
+
+SAMPLE_KINDS = ("text", "sft", "preference", "group")
+
+
+class Strategy(ABC):
+    """Computes the loss of a micro-batch.
+
+    ``loss`` must be normalised by the counts of the *whole* optimizer step passed in
+    ``step_counts`` (e.g. ``{"tokens": ...}``), never by the micro-batch's own, so that
+    summing the gradients of the micro-batches equals the gradient of the full batch.
+    Metrics returned by ``loss`` are likewise normalised so that the loop can sum them
+    over micro-batches.
+
+    Args:
+        policy: the model being trained.
+        config: the run config.
+        tokenizer: the policy's tokenizer (pad id for collation).
+        make_reference: builds a fresh copy of the *initial* policy (same weights the run
+            started from); strategies that need a frozen reference call it once.
+    """
+
+    sample_kind: ClassVar[str] = "sft"
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        config: ArdeaConfig,
+        *,
+        tokenizer: Any,
+        make_reference: Callable[[], torch.nn.Module] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.config = config
+        self.tokenizer = tokenizer
+        self.make_reference = make_reference
+
+    @abstractmethod
+    def collate(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """Samples of ``sample_kind`` → one micro-batch of tensors."""
+
+    @abstractmethod
+    def step_counts(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Normalisers over all micro-batches of one optimizer step."""
+
+    @abstractmethod
+    def loss(
+        self, batch: dict[str, torch.Tensor], step_counts: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scalar loss of ``batch`` and its metrics (values that add up across micro-batches)."""
+
+    def after_optimizer_step(self) -> None:
+        """Hook run after each optimizer step (e.g. syncing an old-policy copy)."""
+        return None
+
+    def frozen_modules(self) -> list[torch.nn.Module]:
+        """Frozen models the strategy holds (moved with the policy, never trained)."""
+        return []
+
+
+_STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
+    """Class decorator: make a :class:`Strategy` available as ``algo.name=<name>``."""
+
+    def decorate(cls: type[Strategy]) -> type[Strategy]:
+        if name in _STRATEGIES:
+            raise ValueError(f"strategy {name!r} is already registered")
+        if cls.sample_kind not in SAMPLE_KINDS:
+            raise ValueError(
+                f"{cls.__name__}.sample_kind={cls.sample_kind!r} not in {SAMPLE_KINDS}"
+            )
+        _STRATEGIES[name] = cls
+        return cls
+
+    return decorate
+
+
+def strategy_names() -> list[str]:
+    return sorted(_STRATEGIES)
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    if name not in _STRATEGIES:
+        raise ConfigError(
+            f"unknown strategy algo.name={name!r}; known strategies: {', '.join(strategy_names())}"
+        )
+    return _STRATEGIES[name]
+
+
+def make_strategy(
+    name: str, policy: torch.nn.Module, config: ArdeaConfig, **kwargs: Any
+) -> Strategy:
+    return strategy_class(name)(policy, config, **kwargs)

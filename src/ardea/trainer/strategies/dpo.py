@@ -1,0 +1,138 @@
+"""Direct preference optimization (``dpo``), with the IPO variant.
+
+Reference: Rafailov et al. 2023, "Direct Preference Optimization", eq. 7 (``algo.dpo_loss =
+sigmoid``); Azar et al. 2023, IPO, eq. 17 (``ipo``); both as implemented once in
+:func:`ardea.algo.dpo_loss` / :func:`ardea.algo.ipo_loss`.
+
+For each pair the sequence log-prob of a response under a model is
+``log pi(y) = sum_t m[t] * logprobs[t]`` (``algo.dpo_reduction = sum``) or that sum divided
+by ``sum_t m[t]`` (``mean``), with ``m`` the response-token loss mask aligned to next-token
+positions. The policy scores chosen and rejected in one concatenated ``[2N, S]`` forward; a
+frozen reference (``make_reference()``, built once, eval mode, no gradients) scores the same
+rows under ``no_grad``. The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
+whole optimizer step, ``l = -log sigmoid(beta * h)`` (DPO) or ``(h - 1 / (2 beta))^2`` (IPO),
+``h = (log pi(y_w) - log pi(y_l)) - (log pi_ref(y_w) - log pi_ref(y_l))``.
+
+Batch (``collate_preference``): ``chosen_input_ids``, ``chosen_attention_mask``,
+``chosen_loss_mask``, ``rejected_input_ids``, ``rejected_attention_mask``,
+``rejected_loss_mask``, each ``[N, S]`` with the same ``S``; loss masks token-aligned.
+
+Metrics (sums over micro-batches give the step value): ``train/loss``, ``train/dpo_loss``
+(or ``train/ipo_loss``), ``train/reward_chosen`` / ``train/reward_rejected`` (mean of
+``beta * (log pi - log pi_ref)``), ``train/reward_margin`` (their difference),
+``train/reward_accuracy`` (fraction of pairs with chosen reward > rejected reward),
+``train/logps_chosen`` / ``train/logps_rejected`` (mean policy sequence log-probs), and the
+MoE metrics for MoE policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ardea import data
+from ardea.algo import dpo_loss, ipo_loss, next_token_align
+from ardea.errors import ConfigError
+from ardea.model import sequence_logprobs
+from ardea.trainer.strategies.base import Strategy, register_strategy
+from ardea.trainer.strategies.moe import MoETerms
+
+PREFERENCE_LOSSES = {"sigmoid": (dpo_loss, "dpo"), "ipo": (ipo_loss, "ipo")}
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode with ``requires_grad=False`` on every parameter."""
+    return model.requires_grad_(False).eval()
+
+
+def frozen_reference(make_reference: Callable[[], nn.Module] | None, who: str) -> nn.Module:
+    """The frozen initial policy from ``make_reference``; an error names ``who`` needs it."""
+    if make_reference is None:
+        raise ConfigError(
+            f"strategy {who!r} needs a frozen reference model: pass make_reference "
+            "(a function building a copy of the initial policy) to make_strategy"
+        )
+    return freeze(make_reference())
+
+
+def sequence_logps(logprobs: Tensor, mask: Tensor, reduction: str) -> Tensor:
+    """``(N,)`` sum (or mean) over ``mask (N, S)`` of next-token ``logprobs (N, S)``."""
+    total = torch.where(mask, logprobs, 0.0).sum(dim=-1)  # (N,)
+    if reduction == "mean":
+        return total / mask.sum(dim=-1).clamp(min=1).to(total.dtype)
+    return total
+
+
+@register_strategy("dpo")
+class DPOStrategy(Strategy):
+    """DPO / IPO against a frozen reference (module docstring)."""
+
+    sample_kind = "preference"
+
+    def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
+        super().__init__(policy, config, **kwargs)
+        algo = config.algo
+        self.loss_fn, self.loss_name = PREFERENCE_LOSSES[algo.dpo_loss]
+        self.beta = float(algo.beta)
+        self.reduction = algo.dpo_reduction
+        self.reference = frozen_reference(self.make_reference, "dpo")
+        self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
+
+    def collate(self, samples: Sequence[Any]) -> dict[str, Tensor]:
+        return data.collate_preference(samples, self.tokenizer.pad_token_id)
+
+    def frozen_modules(self) -> list[nn.Module]:
+        return [self.reference]
+
+    @staticmethod
+    def _rows(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Chosen rows stacked over rejected rows: ``input_ids``, ``attention_mask`` and
+        token-aligned ``loss_mask``, each ``(2N, S)``."""
+        chosen, rejected = batch["chosen_input_ids"], batch["rejected_input_ids"]
+        if chosen.shape != rejected.shape:
+            raise ValueError(
+                f"chosen_input_ids {tuple(chosen.shape)} and rejected_input_ids "
+                f"{tuple(rejected.shape)} must have the same shape (pad both to one length)"
+            )
+        return tuple(
+            torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
+            for key in ("input_ids", "attention_mask", "loss_mask")
+        )
+
+    def step_counts(self, micro_batches: list[dict[str, Tensor]]) -> dict[str, float]:
+        pairs = float(sum(b["chosen_input_ids"].shape[0] for b in micro_batches))
+        forwards = [self._rows(b)[:2] for b in micro_batches]
+        return {"pairs": pairs} | self.moe.step_counts(forwards)
+
+    def loss(
+        self, batch: dict[str, Tensor], step_counts: dict[str, float]
+    ) -> tuple[Tensor, dict[str, float]]:
+        input_ids, attention_mask, loss_mask = self._rows(batch)  # (2N, S)
+        mask = next_token_align(loss_mask.bool(), False)  # (2N, S)
+        chunk = self.config.model.logprob_chunk_size
+        out = sequence_logprobs(self.policy, input_ids, attention_mask, chunk_size=chunk)
+        logps = sequence_logps(out.logprobs, mask, self.reduction)  # (2N,)
+        with torch.no_grad():
+            ref = sequence_logprobs(self.reference, input_ids, attention_mask, chunk_size=chunk)
+            ref_logps = sequence_logps(ref.logprobs, mask, self.reduction)  # (2N,)
+        n = batch["chosen_input_ids"].shape[0]
+        pairs = step_counts["pairs"]
+        loss, parts = self.loss_fn(
+            logps[:n], logps[n:], ref_logps[:n], ref_logps[n:], beta=self.beta, global_pairs=pairs
+        )
+        metrics = {f"train/{self.loss_name}_loss": float(parts[f"loss/{self.loss_name}"])}
+        for name in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy"):
+            metrics[f"train/{name}"] = float(parts[f"loss/{name}"])
+        metrics["train/logps_chosen"] = float(logps[:n].detach().sum()) / max(pairs, 1.0)
+        metrics["train/logps_rejected"] = float(logps[n:].detach().sum()) / max(pairs, 1.0)
+        loss, moe_metrics = self.moe.add(
+            loss,
+            out,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            step_counts=step_counts,
+        )
+        return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}

@@ -1,0 +1,44 @@
+"""Bad input through the real CLI: non-zero exit, one line naming the problem, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "ardea.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "trainer.foo=1"], "unknown config key 'trainer.foo'"),
+        (["train", "trainer.max_steps=abc"], "trainer.max_steps"),
+        (["train", "model.path=/nonexistent/model"], "/nonexistent/model"),
+        (["train", "data.task=nope"], "unknown task data.task='nope'"),
+        (["train", "missing.yaml"], "config file not found: missing.yaml"),
+        (["eval", "/nonexistent/run"], "no such directory: /nonexistent/run"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, needle, tmp_path):
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_print_config_shows_overrides(tmp_path):
+    result = run_cli("train", "--print-config", "trainer.max_steps=12", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "max_steps: 12" in result.stdout
+    assert "task: arithmetic" in result.stdout

@@ -1,0 +1,49 @@
+"""Tiny Hugging Face causal LMs for the rollout tests (built here, independent of ardea.model)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+VOCAB = 96
+PAD = 0
+EOS = 1
+
+
+def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Module:
+    """A 2-layer, hidden-64 fp32 causal LM.
+
+    ``initializer_range=0.1`` (HF default 0.02) spreads the logits over about a nat, so greedy
+    has no near-ties; :func:`sharpen` makes the next-token distribution peaked.
+    """
+    kwargs = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.1,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=None,
+    )
+    kwargs.update(overrides)
+    attn = kwargs.pop("attn_implementation", "sdpa")
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
+    elif arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    else:
+        raise ValueError(arch)
+    model.config._attn_implementation = attn
+    return model.float().eval()
+
+
+def sharpen(model: torch.nn.Module, factor: float = 5.0) -> torch.nn.Module:
+    """Scale the output head so logits spread over several nats (a peaked distribution)."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(factor)
+    return model

@@ -1,0 +1,115 @@
+"""Helpers for the strategy tests: a tiny policy, a config, batches built as tensors, and
+naive reference log-probs (full forward + float64 log-softmax, no ardea code)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ardea.config import ArdeaConfig
+from ardea.model import build_char_tokenizer, build_tiny_model
+from ardea.trainer.strategies import make_strategy
+
+TOKENIZER = build_char_tokenizer()
+PAD = TOKENIZER.pad_token_id
+
+
+def tiny_policy(seed: int = 0) -> torch.nn.Module:
+    return build_tiny_model(
+        TOKENIZER,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        seed=seed,
+    )
+
+
+def make_config(name: str, **algo) -> ArdeaConfig:
+    """``ArdeaConfig()`` with ``algo.name`` and the given ``algo`` fields (``ppo`` fields as
+    ``ppo_<field>``)."""
+    config = ArdeaConfig()
+    config.algo.name = name
+    for key, value in algo.items():
+        if key.startswith("ppo_"):
+            setattr(config.algo.ppo, key[4:], value)
+        else:
+            setattr(config.algo, key, value)
+    return config
+
+
+def build(name: str, policy, reference=None, **algo):
+    """The strategy ``name`` on ``policy``; ``make_reference`` returns a copy of ``reference``
+    (default: of ``policy`` as it is now)."""
+    source = copy.deepcopy(policy if reference is None else reference)
+    return make_strategy(
+        name,
+        policy,
+        make_config(name, **algo),
+        tokenizer=TOKENIZER,
+        make_reference=lambda: copy.deepcopy(source),
+    )
+
+
+def random_rows(lengths: Sequence[int], seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 200, (n,), generator=generator).tolist() for n in lengths]
+
+
+def pad_rows(rows: Sequence[Sequence[float]], value: float = 0, dtype=torch.long) -> torch.Tensor:
+    """Right-pad lists into an ``(N, S)`` tensor."""
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def sft_batch(rows: Sequence[Sequence[int]], prompt_lengths: Sequence[int]) -> dict:
+    """``input_ids``, ``attention_mask`` and ``loss_mask`` (1 after the prompt)."""
+    masks = [[0] * p + [1] * (len(r) - p) for r, p in zip(rows, prompt_lengths)]
+    return {
+        "input_ids": pad_rows(rows, PAD),
+        "attention_mask": pad_rows([[1] * len(r) for r in rows]),
+        "loss_mask": pad_rows(masks, dtype=torch.float32),
+    }
+
+
+def naive_logprobs(model, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+    """``(N, S - 1)``: entry ``t`` is ``log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``."""
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    ).logits
+    log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+    return log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def naive_smoothed_ce(model, batch, counted: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """``F.cross_entropy(label_smoothing=...)`` mean over the ``counted (N, S - 1)`` positions."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return F.cross_entropy(
+        logits[:, :-1][counted].float(),
+        batch["input_ids"][:, 1:][counted],
+        label_smoothing=smoothing,
+    )
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def run_step(strategy, micro_batches) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """The loop's forward/backward: summed metrics and the accumulated gradients."""
+    strategy.policy.zero_grad(set_to_none=True)
+    counts = strategy.step_counts(micro_batches)
+    totals: dict[str, float] = {}
+    for batch in micro_batches:
+        loss, metrics = strategy.loss(batch, counts)
+        loss.backward()
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + value
+    return totals, grads(strategy.policy)
