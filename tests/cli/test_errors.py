@@ -37,6 +37,26 @@ def test_bad_input_is_one_clear_line(args, needle, tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "holds no records"),
+        (b'{"prompt": "1+1=", "completion": "2"}\n{"prompt": "2+2="}\n', "line 2"),
+        (b'{"prompt": "1+1=", "completion": "2"}\n\xff\xfe\n', "line 2 is not valid UTF-8"),
+        (b'{"prompt": "' + b"9" * 400 + b'=", "completion": "2"}\n', "max_length=256"),
+    ],
+    ids=["empty", "missing-field", "non-utf8", "too-long"],
+)
+def test_bad_dataset_is_one_clear_line(content, needle, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(content)
+    result = run_cli("train", "data.task=null", f"data.path={data}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(data) in lines[0] and needle in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_print_config_shows_overrides(tmp_path):
     result = run_cli("train", "--print-config", "trainer.max_steps=12", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -3,7 +3,6 @@ independent spellings of its token ids (id = 6 + byte, ``<|im_start|>`` = 4,
 ``<|im_end|>`` = 5, ``<eos>`` = 2, ``<pad>`` = 0)."""
 
 import pytest
-import torch
 
 from ardea.model import build_char_tokenizer
 
@@ -13,15 +12,6 @@ PAD, EOS, IM_START, IM_END = 0, 2, 4, 5
 def b(text: str) -> list[int]:
     """Character-tokenizer ids of ``text``, written independently of the tokenizer."""
     return [6 + byte for byte in text.encode("utf-8")]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors run fastest on one thread; the machine is shared."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

@@ -6,16 +6,6 @@ import torch
 from ardea.model import build_char_tokenizer, build_tiny_model
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors run fastest on one thread, and two OpenMP threads on a busy 2-core
-    machine can be ~100x slower (spin-waiting on a descheduled thread)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="session")
 def tokenizer():
     """The character tokenizer (tests must not mutate it)."""

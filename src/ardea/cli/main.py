@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ardea.cli import commands  # imported late: `ardea --help` stays fast
 
     hf_logging.disable_progress_bar()  # ardea draws its own progress; no per-shard bars
+    hf_logging.set_verbosity_error()  # ardea checks lengths itself and says so in one line
 
     handler = {
         "train": commands.train,

@@ -2,7 +2,20 @@
 log-probs and policy versions (see ``engine`` for the interface, ``inprocess`` for the default
 engine, ``sampling`` for the pure sampling math)."""
 
-from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams, check_prompts
+from ardea.rollout.engine import (
+    Completion,
+    GenerationEngine,
+    SamplingParams,
+    check_prompts,
+    check_state_dict,
+)
 from ardea.rollout.inprocess import InProcessEngine
 
-__all__ = ["Completion", "GenerationEngine", "InProcessEngine", "SamplingParams", "check_prompts"]
+__all__ = [
+    "Completion",
+    "GenerationEngine",
+    "InProcessEngine",
+    "SamplingParams",
+    "check_prompts",
+    "check_state_dict",
+]

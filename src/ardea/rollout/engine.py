@@ -149,3 +149,24 @@ def check_prompts(
                 f"max_position_embeddings={max_positions}. Shorten the prompt or lower "
                 "max_new_tokens."
             )
+
+
+def check_state_dict(
+    own: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]
+) -> None:
+    """Raise ValueError unless ``state_dict`` can replace ``own`` (a model's state dict)
+    exactly: no missing, unexpected or mis-shaped tensors. A key may be missing only if in
+    ``own`` it aliases (shares storage with) a key that is present, as tied embeddings do."""
+    unexpected = sorted(set(state_dict) - set(own))
+    present = {own[k].data_ptr() for k in state_dict if k in own}
+    missing = sorted(k for k in own if k not in state_dict and own[k].data_ptr() not in present)
+    shapes = [
+        f"{k}: {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state_dict.items()
+        if k in own and tuple(v.shape) != tuple(own[k].shape)
+    ]
+    if unexpected or missing or shapes:
+        raise ValueError(
+            "state_dict does not match the model: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
+        )

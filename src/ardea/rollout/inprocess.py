@@ -7,8 +7,10 @@ How a batch is decoded:
 1. Prompts are left-padded to ``P``; ``attention_mask`` is 1 on real tokens and
    ``position_ids = cumsum(attention_mask) − 1`` (0 on padding), so every row sees exactly the
    positions it would see alone.
-2. One prefill forward over ``(N, P)`` fills a ``DynamicCache``; then one forward per new
-   token over ``(N, 1)`` with the cache.
+2. One prefill forward over ``(N, P)`` fills a ``DynamicCache`` (identical prompts, e.g. the
+   n samples of one prompt, are prefilled once); then one forward per new token over
+   ``(N, 1)`` with the cache, whose layers append into buffers preallocated for ``P + T``
+   positions, and with 4D attention masks prepared once per batch.
 3. Each step samples every row from its last logits (see :mod:`ardea.rollout.sampling`). A row
    that emits a stop token is finished: later outputs are padding, and once half of the rows
    are finished they are dropped from the batch and the cache. Decoding stops when every row
@@ -41,7 +43,18 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams, check_prompts
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # transformers < 4.56: caches hold plain lists of tensors
+    DynamicLayer = None
+
+from ardea.rollout.engine import (
+    Completion,
+    GenerationEngine,
+    SamplingParams,
+    check_prompts,
+    check_state_dict,
+)
 from ardea.rollout.sampling import next_tokens
 
 _COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
@@ -119,7 +132,7 @@ class InProcessEngine(GenerationEngine):
                     f"version must increase: got {version}, current version is {self._version}"
                 )
             if state_dict is not None:
-                _check_state_dict(self._model, state_dict)
+                check_state_dict(self._model.state_dict(), state_dict)
                 self._model.load_state_dict(state_dict, strict=False)
             self._version = version
 
@@ -223,7 +236,7 @@ class InProcessEngine(GenerationEngine):
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in unique], device=device)
         masks = _Masks(lens, width, steps, self._mask_dtype)
         mask, positions = masks.prefill()
-        cache = _new_cache(self._model)
+        cache = _new_cache(self._model, width + steps)
         logits = self._forward(input_ids, mask, positions, cache)  # (N_unique, V)
         if len(unique) < len(rows):
             index = torch.tensor(inverse, device=device)
@@ -336,11 +349,51 @@ def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return model.get_input_embeddings().weight.dtype if full else None
 
 
-def _new_cache(model: torch.nn.Module) -> DynamicCache:
+def _new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` whose plain full-attention layers are :class:`_PreallocatedLayer`s
+    holding ``capacity`` positions; any other layer kind keeps the stock implementation."""
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # transformers < 4.56 has no config argument
         return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is not None and layers and all(type(x) is DynamicLayer for x in layers):
+        cache.layers = [_PreallocatedLayer(capacity) for _ in layers]
+    return cache
+
+
+class _PreallocatedLayer(DynamicLayer or object):
+    """A ``DynamicLayer`` that appends in place: keys and values live in ``(N, H, P + T, D)``
+    buffers and attention gets ``(N, H, length, D)`` views, so a step writes one position
+    instead of copying the whole cache as ``torch.cat`` does."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        n, heads, _, _ = key_states.shape
+        self.device = key_states.device
+        self.key_buffer = key_states.new_zeros(n, heads, self.capacity, key_states.shape[-1])
+        self.value_buffer = value_states.new_zeros(n, heads, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
+        self.key_buffer[:, :, start:end] = key_states
+        self.value_buffer[:, :, start:end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        end = self.length
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
 
 
 def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
@@ -379,25 +432,3 @@ def _eval_mode(model: torch.nn.Module):
     finally:
         for m, training in flags:
             m.training = training
-
-
-def _check_state_dict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Raise ValueError on missing, unexpected or mis-shaped tensors before anything loads.
-
-    A key may be missing only if it aliases (shares storage with) a key that is present,
-    as tied embeddings do.
-    """
-    own = model.state_dict()
-    unexpected = sorted(set(state_dict) - set(own))
-    present = {own[k].data_ptr() for k in state_dict if k in own}
-    missing = sorted(k for k in own if k not in state_dict and own[k].data_ptr() not in present)
-    shapes = [
-        f"{k}: {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in state_dict.items()
-        if k in own and tuple(v.shape) != tuple(own[k].shape)
-    ]
-    if unexpected or missing or shapes:
-        raise ValueError(
-            "state_dict does not match the model: "
-            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
-        )

@@ -1,0 +1,17 @@
+"""Suite-wide set-up: one torch thread per test.
+
+Tiny tensors run fastest on one thread, results do not depend on the thread count, and
+two OpenMP threads on a busy 2-core machine can be ~100x slower (spin-waiting on a
+descheduled thread).
+"""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

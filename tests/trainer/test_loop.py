@@ -1,0 +1,113 @@
+"""The training loop in-process: non-finite steps, LoRA checkpoints and resume, W&B offline."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from ardea.config import load_config
+from ardea.errors import ArdeaError
+from ardea.trainer import Trainer
+
+SMALL = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=32",
+    "data.task_args.digits=2",
+    "data.train_size=64",
+    "data.eval_size=8",
+    "trainer.batch_size=8",
+    "trainer.warmup_steps=1",
+    "trainer.eval_every=0",
+    "trainer.save_every=0",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+
+
+def make(tmp_path, *extra):
+    return Trainer(load_config(None, [*SMALL, f"trainer.output_dir={tmp_path}", *extra]))
+
+
+def poison_steps(trainer, bad_steps):
+    """Make the strategy's loss NaN on the given (1-based) optimizer steps."""
+    original = trainer.strategy.loss
+
+    def loss(batch, counts):
+        value, metrics = original(batch, counts)
+        if trainer.step + 1 in bad_steps:
+            value = value * float("nan")
+            metrics = {**metrics, "train/loss": float("nan")}
+        return value, metrics
+
+    trainer.strategy.loss = loss
+
+
+def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
+    trainer = make(tmp_path, "trainer.max_steps=6", "logging.log_every=1")
+    poison_steps(trainer, {3, 4})
+    snapshots = {}
+    original_step = trainer.train_step
+
+    def recording_step():
+        metrics = original_step()
+        snapshots[trainer.step + 1] = [p.detach().clone() for p in trainer.parameters]
+        return metrics
+
+    trainer.train_step = recording_step
+    results = trainer.train()
+    assert results["nonfinite_steps"] == 2
+    for before, after in zip(snapshots[2], snapshots[4]):  # steps 3 and 4 changed nothing
+        assert torch.equal(before, after)
+    assert not all(torch.equal(a, b) for a, b in zip(snapshots[4], snapshots[5]))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    counts = [r["train/nonfinite_steps"] for r in records if "train/nonfinite_steps" in r]
+    assert counts == [0, 0, 1, 2, 2, 2]
+
+
+def test_too_many_nonfinite_steps_stop_with_the_last_good_state_saved(tmp_path):
+    trainer = make(tmp_path, "trainer.max_steps=20", "trainer.max_nonfinite_steps=3")
+    poison_steps(trainer, {3, 4, 5, 6, 7})
+    with pytest.raises(ArdeaError, match=r"stopped at step 5: 3 consecutive steps .* saved in"):
+        trainer.train()
+    saved = tmp_path / "checkpoints" / "step_0000005" / "policy" / "model.safetensors"
+    weights = load_file(saved)
+    live = {k: v for k, v in trainer.policy.state_dict().items()}
+    assert all(torch.equal(weights[k], live[k]) for k in weights)
+
+
+def test_lora_checkpoint_exports_adapter_and_merged_model_and_resumes(tmp_path):
+    config = ["model.lora_r=4", "model.lora_alpha=8", "trainer.lr=0.05", "trainer.save_every=3"]
+    trainer = make(tmp_path / "a", "trainer.max_steps=6", *config)
+    trainer.train()
+    checkpoint = tmp_path / "a" / "checkpoints" / "step_0000006"
+    assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(checkpoint / "policy")
+    ids = torch.randint(6, 100, (2, 7))
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, trainer.policy(input_ids=ids).logits, atol=1e-5)
+
+    # continue a copy of the run from its step-3 checkpoint: same adapter weights at the end
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_0000006")
+    resumed = make(tmp_path / "b", "trainer.max_steps=6", "trainer.resume=auto", *config)
+    assert resumed.step == 3
+    resumed.train()
+    final_a = load_file(checkpoint / "adapter" / "adapter_model.safetensors")
+    final_b = load_file(
+        tmp_path / "b" / "checkpoints" / "step_0000006" / "adapter" / "adapter_model.safetensors"
+    )
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+
+
+def test_wandb_offline_logs_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    trainer = make(tmp_path, "trainer.max_steps=2", "logging.wandb=true", "logging.log_every=1")
+    trainer.train()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and any(runs[0].glob("*.wandb"))
