@@ -87,7 +87,9 @@ def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
     greedy = mode == "greedy"
     params = SamplingParams(temperature=0.0 if greedy else 1.0, max_new_tokens=new_tokens, seed=0)
     ids, mask = left_pad(prompts)
-    hf_kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0)
+    hf_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)  # full softmax
+    if greedy:
+        hf_kwargs = dict(do_sample=False)
     counts = {"engine": [], "hf": []}
     outputs = {}
 
@@ -99,7 +101,7 @@ def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
         with torch.inference_mode():
             out = model.generate(
                 ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=stops,
-                pad_token_id=PAD, top_k=0, top_p=1.0, **hf_kwargs,
+                pad_token_id=PAD, **hf_kwargs,
             )  # fmt: skip
         rows = out[:, ids.shape[1] :].tolist()
         outputs["hf"] = [_until_stop(r, stops) for r in rows]

@@ -243,7 +243,7 @@ def compute_advantages(batch: Mapping[str, Tensor], config: Any) -> Any:
             static ``gae_lambda``, turn units without ``turn_ids``, unknown estimator.
     """
     _check_config(config)
-    estimator = get_advantage_estimator(config.adv_estimator)
+    estimator = get_advantage_estimator(config.adv_estimator or "gae")
     data = _read_batch(batch)
     mask = data["loss_mask"]
     if config.gae_timestep_unit == "turn" and "turn_ids" not in data:

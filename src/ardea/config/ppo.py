@@ -83,10 +83,11 @@ class PPOConfig:
         "GAE time step: 'token' (one step per generated token) or 'turn' (one step per "
         "assistant turn; needs turn_ids in the rollout data).",
     )
-    adv_estimator: str = option(
-        "gae",
+    adv_estimator: str | None = option(
+        None,
         "Advantage estimator by registered name (gae, grpo, dr_grpo, rloo, reinforce_pp, "
-        "reinforce_pp_baseline) or dotted path.",
+        "reinforce_pp_baseline) or dotted path; null = the strategy's own (gae for the "
+        "critic-based pipeline, grpo for grpo).",
     )
     kl_ctl: float = option(
         0.0, "Coefficient of the per-token KL penalty folded into rewards (0 = off)."
@@ -138,7 +139,9 @@ class PPOConfig:
                 "keyword arguments"
             )
         check_choice("gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
-        if not isinstance(self.adv_estimator, str) or not self.adv_estimator:
+        if self.adv_estimator is not None and (
+            not isinstance(self.adv_estimator, str) or not self.adv_estimator
+        ):
             raise ConfigError("adv_estimator must name an estimator, e.g. adv_estimator=gae")
         _check_finite("kl_ctl", self.kl_ctl)
         check_range("kl_ctl", self.kl_ctl, low=0.0)

@@ -58,6 +58,7 @@ from ardea.rollout.engine import (
 from ardea.rollout.sampling import next_tokens
 
 _COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
+_Result = tuple[list[int], list[float], str]  # a row's token ids, log-probs, finish reason
 
 
 class InProcessEngine(GenerationEngine):
@@ -157,33 +158,29 @@ class InProcessEngine(GenerationEngine):
             version = self._version
             uniforms = _uniform_table(len(rows), params)
             with _eval_mode(self._model), torch.inference_mode():
-                tokens, logprobs, lengths = self._generate_rows(rows, params, uniforms)
-        return _to_completions(rows, tokens, logprobs, lengths, version)
+                results = self._generate_rows(rows, params, uniforms)
+        return [Completion(p, *result, version) for p, result in zip(rows, results, strict=True)]
 
     def _generate_rows(
         self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
-    ) -> tuple[list[list[int]], list[list[float]], list[int | None]]:
-        """Decode all rows in batches of ``max_batch_size``; outputs in the order of ``rows``."""
+    ) -> list[_Result]:
+        """Decode all rows in batches of ``max_batch_size``; results in the order of ``rows``."""
         size = self.max_batch_size or len(rows)
         order = list(range(len(rows)))
         if size < len(rows):
             order.sort(key=lambda r: len(rows[r]))  # similar lengths together: less padding
-        tokens: list = [None] * len(rows)
-        logprobs: list = [None] * len(rows)
-        lengths: list = [None] * len(rows)
+        results: list = [None] * len(rows)
         for start in range(0, len(rows), size):
             idx = order[start : start + size]
             u = uniforms[idx] if uniforms is not None else None
-            tok, lp, n_stop = self._generate_batch([rows[r] for r in idx], params, u)
-            for j, r in enumerate(idx):
-                tokens[r], logprobs[r], lengths[r] = tok[j], lp[j], n_stop[j]
-        return tokens, logprobs, lengths
+            for r, result in zip(idx, self._generate_batch([rows[r] for r in idx], params, u)):
+                results[r] = result
+        return results
 
     def _generate_batch(
         self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
-    ) -> tuple[list[list[int]], list[list[float]], list[int | None]]:
-        """Decode one batch. Returns per row its T tokens, T log-probs (padding after a stop)
-        and the number of tokens up to and including its stop token (None: no stop)."""
+    ) -> list[_Result]:
+        """Decode one batch; per row its tokens, log-probs and finish reason."""
         device = next(self._model.parameters()).device
         n, steps, pad = len(rows), params.max_new_tokens, self.pad_token_id
         stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
@@ -217,7 +214,7 @@ class InProcessEngine(GenerationEngine):
                 cache.batch_select_indices(keep)
             mask, positions = masks.step(t)
             logits = self._forward(tok[:, None], mask, positions, cache)
-        return out.to_lists()
+        return out.results()
 
     def _prefill(
         self, rows: list[list[int]], steps: int, device: torch.device
@@ -245,23 +242,13 @@ class InProcessEngine(GenerationEngine):
             masks.select(index)
         return logits, cache, masks
 
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: DynamicCache,
-    ) -> torch.Tensor:
-        """One cached forward; returns the last position's logits (N, V)."""
-        kwargs = {self._cache_kwarg: cache}
+    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+        """One cached forward of input_ids (N, S); returns the last position's logits (N, V)."""
+        kwargs = {self._cache_kwarg: cache, "use_cache": True}
         if self._keep_last:
             kwargs["logits_to_keep"] = 1
         out = self._model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **kwargs,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
         )
         return out.logits[:, -1, :]
 
@@ -288,9 +275,10 @@ class _Outputs:
     def select(self, keep: torch.Tensor) -> None:
         self.rows = keep if self.rows is None else self.rows[keep]
 
-    def to_lists(self) -> tuple[list[list[int]], list[list[float]], list[int | None]]:
-        n_stop = [k if k > 0 else None for k in self.n_tokens.tolist()]
-        return self.tokens.tolist(), self.logprobs.tolist(), n_stop
+    def results(self) -> list[_Result]:
+        """Per batch row: tokens and log-probs up to its stop token (or all T), finish reason."""
+        rows = zip(self.tokens.tolist(), self.logprobs.tolist(), self.n_tokens.tolist())
+        return [(tok[:k], lp[:k], "stop") if k else (tok, lp, "length") for tok, lp, k in rows]
 
 
 class _Masks:
@@ -405,21 +393,6 @@ def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
         generator = torch.Generator().manual_seed(params.seed)
     shape = (n_rows, params.max_new_tokens)
     return torch.rand(shape, generator=generator, dtype=torch.float64)
-
-
-def _to_completions(
-    rows: list[list[int]],
-    tokens: list[list[int]],
-    logprobs: list[list[float]],
-    lengths: list[int | None],
-    version: int,
-) -> list[Completion]:
-    completions = []
-    for prompt, tok, lp, n_stop in zip(rows, tokens, logprobs, lengths, strict=True):
-        k = len(tok) if n_stop is None else n_stop
-        reason = "length" if n_stop is None else "stop"
-        completions.append(Completion(prompt, tok[:k], lp[:k], reason, version))
-    return completions
 
 
 @contextmanager

@@ -7,6 +7,8 @@ import pytest
 import torch
 from strategy_testing import PAD, build, naive_logprobs, pad_rows, random_rows, tiny_policy
 
+from ardea.errors import ConfigError
+
 EPS = 1e-8
 REWARDS = [1.0, 0.0, 0.5, 0.5, 2.0, 0.0]
 GROUPS = [0, 0, 1, 1, 2, 2]
@@ -75,9 +77,11 @@ def test_ratio_one_surrogate_and_advantages():
         torch.testing.assert_close(got[name], param.grad, atol=1e-6, rtol=1e-5)
 
 
-def test_gae_default_reads_as_grpo_and_dr_grpo_differs():
+def test_null_estimator_means_grpo_gae_is_refused_and_dr_grpo_differs():
     policy = tiny_policy()
-    default = step(build("grpo", policy), group_batch())[1]  # PPOConfig default: gae
+    default = step(build("grpo", policy), group_batch())[1]  # PPOConfig default: null
+    with pytest.raises(ConfigError, match="needs a critic"):
+        step(build("grpo", policy, ppo_adv_estimator="gae"), group_batch())
     grpo = step(build("grpo", policy, ppo_adv_estimator="grpo"), group_batch())[1]
     assert default["train/advantage_mean"] == pytest.approx(grpo["train/advantage_mean"])
     dr = step(build("grpo", policy, ppo_adv_estimator="dr_grpo"), group_batch())[1]

@@ -19,9 +19,9 @@ Three policies (seed 002's roles):
 - the reference for the KL term: ``make_reference()`` (the initial policy), frozen; built
   only when ``algo.ppo.kl_ctl > 0``.
 
-Deviations: ``adv_estimator = gae`` (PPOConfig's default, for the critic-based ``ppo``
-strategy) needs a critic that GRPO does not have, so this strategy reads it as ``grpo``;
-every other registered estimator or dotted path is used as configured. KL is not folded into
+Deviations: ``algo.ppo.adv_estimator`` null means ``grpo``; ``gae`` needs a critic that this
+strategy does not have and is a config error; every other registered estimator or dotted
+path is used as configured. KL is not folded into
 rewards here (``kl_ctl`` weights the loss term). Advantages are computed per micro-batch:
 exact for the group estimators because a micro-batch holds whole groups (one ``GroupSample``
 is a prompt with all its completions), while batch-wide normalizations (``reward_norm`` /
@@ -60,12 +60,13 @@ from ardea.algo import (
     ppo_policy_loss,
 )
 from ardea.config.ppo import PPOConfig
+from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.trainer.strategies.base import Strategy, register_strategy
 from ardea.trainer.strategies.dpo import freeze, frozen_reference
 from ardea.trainer.strategies.moe import MoETerms
 
-CRITIC_ESTIMATORS = {"gae": "grpo"}  # estimators that need a critic -> the critic-free one
+CRITIC_ESTIMATORS = ("gae",)  # estimators that need a critic
 
 
 def check_behaviour_logprobs(logprobs: Tensor, input_ids: Tensor) -> None:
@@ -88,7 +89,13 @@ def advantage_config(ppo: Any) -> SimpleNamespace:
     (GRPO's KL is a loss term) and a critic-free estimator."""
     fields = {f.name: getattr(ppo, f.name) for f in dataclasses.fields(PPOConfig)}
     fields["kl_ctl"] = 0.0
-    fields["adv_estimator"] = CRITIC_ESTIMATORS.get(ppo.adv_estimator, ppo.adv_estimator)
+    estimator = ppo.adv_estimator or "grpo"
+    if estimator in CRITIC_ESTIMATORS:
+        raise ConfigError(
+            f"algo.ppo.adv_estimator={estimator!r} needs a critic, which grpo does not train; "
+            "use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline (or null)"
+        )
+    fields["adv_estimator"] = estimator
     return SimpleNamespace(**fields)
 
 

@@ -1,0 +1,99 @@
+"""Configuration of the reward: which functions, their weights and options, and what a
+failing function does.
+
+:class:`RewardConfig` is an OmegaConf structured config; ``ardea.reward.build_scorer``
+turns it into a ``RewardScorer``. The function names are checked there (the registry
+lives in a layer above config); here the values are checked.
+
+YAML::
+
+    reward:
+      functions:
+        - {name: numeric_match}
+        - {name: format_regex, weight: 0.1, kwargs: {pattern: '#### -?\\d+$'}}
+      timeout_s: 10.0
+      on_error: zero
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ardea.config.fields import check_choice, option
+from ardea.errors import ConfigError
+
+ON_ERROR = ("fail", "zero")
+
+
+def _check_function(where: str, function: Any) -> None:
+    name, weight, kwargs = function.name, function.weight, function.kwargs
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(
+            f"{where}.name={name!r} must name a reward function (e.g. task, numeric_match) "
+            "or a dotted path package.module.function"
+        )
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ConfigError(f"{where}.weight={weight!r} must be a finite number")
+    if not isinstance(kwargs, dict) and not hasattr(kwargs, "keys"):
+        raise ConfigError(f"{where}.kwargs={kwargs!r} must be a mapping of keyword arguments")
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = field(  # required: no default
+        metadata={
+            "help": "Reward function by registered name (task, exact_match, numeric_match, "
+            "math_verify, format_boxed, format_regex) or dotted path package.module.function."
+        }
+    )
+    weight: float = option(1.0, "Weight of this function in the summed reward (may be negative).")
+    kwargs: dict[str, Any] = option(
+        help="Keyword arguments of the function, e.g. {pattern: '...'}; unknown ones are errors.",
+        factory=dict,
+    )
+
+    def __post_init__(self) -> None:
+        _check_function("reward.functions[]", self)
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardFunctionConfig] = option(
+        help="Reward functions summed with their weights; 'task' scores with data.task's "
+        "own verifier.",
+        factory=lambda: [RewardFunctionConfig(name="task")],
+    )
+    timeout_s: float = option(
+        10.0,
+        "Seconds one scoring call waits for the reward functions (they run in threads; a "
+        "call that takes longer is abandoned and handled per on_error).",
+    )
+    on_error: str = option(
+        "fail",
+        "A reward function that raises, times out or returns NaN/a wrong length: 'fail' stops "
+        "the run showing the sample; 'zero' scores it 0 and counts it in reward/* metrics.",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.functions:
+            raise ConfigError(
+                "reward.functions is empty; name at least one, e.g. [{name: task}]"
+            )
+        converted = []
+        for i, function in enumerate(self.functions):
+            if isinstance(function, dict):  # convenience when built in Python
+                function = RewardFunctionConfig(**function)
+            _check_function(f"reward.functions[{i}]", function)
+            converted.append(function)
+        self.functions = converted
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, (int, float))
+            or not 0 < self.timeout_s < math.inf
+        ):
+            raise ConfigError(
+                f"reward.timeout_s={self.timeout_s!r} must be a positive number of seconds"
+            )
+        check_choice("reward.on_error", self.on_error, ON_ERROR)

@@ -1,0 +1,39 @@
+"""Reward functions and the scorer that runs them.
+
+A reward function maps a batch to one value per completion::
+
+    fn(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]
+
+Built-ins (:mod:`ardea.reward.builtins`): ``exact_match``, ``numeric_match``,
+``math_verify``, ``format_boxed``, ``format_regex`` and ``task``; user functions are named
+by dotted path. :class:`RewardScorer` sums them with weights under a per-call timeout and
+a configurable policy for functions that fail (:mod:`ardea.reward.scorer`);
+:func:`build_scorer` makes one from a :class:`~ardea.config.reward.RewardConfig`.
+"""
+
+from ardea.reward.build import build_scorer
+from ardea.reward.builtins import example_row, has_boxed, task_reward
+from ardea.reward.registry import (
+    RewardFn,
+    get_reward,
+    make_reward,
+    register_reward,
+    reward_names,
+)
+from ardea.reward.scorer import COUNT_KEYS, RewardError, RewardScorer, ScoreResult
+
+__all__ = [
+    "COUNT_KEYS",
+    "RewardError",
+    "RewardFn",
+    "RewardScorer",
+    "ScoreResult",
+    "build_scorer",
+    "example_row",
+    "get_reward",
+    "has_boxed",
+    "make_reward",
+    "register_reward",
+    "reward_names",
+    "task_reward",
+]

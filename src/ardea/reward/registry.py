@@ -1,0 +1,141 @@
+"""The reward-function registry: one signature for every entry.
+
+A reward function is called on a batch::
+
+    fn(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]
+
+``rows[i]`` holds the dataset row / example fields of sample ``i`` (at least ``answer``;
+tasks add ``prompt`` and ``meta``, see :func:`ardea.reward.example_row`). It returns one
+number per completion, or ``None`` for "no opinion" (scored 0 and counted as skipped).
+Options are explicit keyword-only arguments after the three lists; :func:`make_reward`
+binds them and rejects unknown or missing ones.
+
+An entry is named by its registered name or by a dotted path ``package.module.function``
+to user code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ardea.errors import ConfigError
+
+RewardFn = Callable[[list[str], list[str], list[dict]], list]
+
+_REWARDS: dict[str, Callable[..., list]] = {}
+_CHECKS: dict[str, Callable[..., None]] = {}
+
+
+def register_reward(
+    name: str, *, check: Callable[..., None] | None = None
+) -> Callable[[Callable[..., list]], Callable[..., list]]:
+    """Decorator: make a reward function available as ``reward.functions=[{name: <name>}]``.
+
+    ``check``, if given, is called with the keyword arguments when the function is bound
+    and raises :class:`ConfigError` for bad values (e.g. a regex that does not compile).
+    """
+
+    def decorate(fn: Callable[..., list]) -> Callable[..., list]:
+        if name in _REWARDS:
+            raise ValueError(f"reward function {name!r} is already registered")
+        _REWARDS[name] = fn
+        if check is not None:
+            _CHECKS[name] = check
+        return fn
+
+    return decorate
+
+
+def reward_names() -> list[str]:
+    return sorted(_REWARDS)
+
+
+def _import_path(path: str) -> Callable[..., list]:
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # ImportError, or anything the user's module raises on import
+        raise ConfigError(
+            f"reward function {path!r}: cannot import module {module_name!r} "
+            f"({type(err).__name__}: {err})"
+        ) from err
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ConfigError(f"reward function {path!r}: module {module_name!r} has no {attr!r}")
+    if not callable(fn):
+        raise ConfigError(f"reward function {path!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def get_reward(name: str) -> Callable[..., list]:
+    """The registered function ``name``, or the function at dotted path ``name``."""
+    if not isinstance(name, str):
+        raise ConfigError(f"a reward function is named by a string, got {name!r}")
+    if name in _REWARDS:
+        return _REWARDS[name]
+    module_name, _, attr = name.rpartition(".")
+    if module_name and attr:
+        return _import_path(name)
+    raise ConfigError(
+        f"unknown reward function {name!r}; known: {', '.join(reward_names())}; "
+        "or give a dotted path package.module.function"
+    )
+
+
+def _options(name: str, fn: Callable[..., list]) -> tuple[list[str], list[str], bool] | None:
+    """(allowed, required) keyword names and whether any keyword is accepted; None when
+    the signature cannot be read. Raises if ``fn`` cannot take the three lists."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise ConfigError(
+            f"reward function {name!r} must take (prompts, completions, rows); "
+            f"its signature is {inspect.signature(fn)}"
+        )
+    extra = positional[3:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
+    allowed = [p.name for p in extra]
+    required = [p.name for p in extra if p.default is p.empty]
+    return allowed, required, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def make_reward(name: str, **kwargs: Any) -> RewardFn:
+    """``name`` (registered or dotted path) with its keyword arguments bound.
+
+    The result takes ``(prompts, completions, rows)`` and is named ``name`` (the last
+    component of a dotted path), which is how the scorer reports it.
+
+    Raises:
+        ConfigError: unknown name, a path that does not import, an unknown or missing
+            keyword argument, or a value the function's check rejects.
+    """
+    fn = get_reward(name)
+    options = _options(name, fn)
+    if options is not None:
+        allowed, required, any_keyword = options
+        unknown = sorted(set(kwargs) - set(allowed))
+        if unknown and not any_keyword:
+            raise ConfigError(
+                f"unknown argument(s) {', '.join(unknown)} for reward function {name!r}; "
+                f"allowed: {', '.join(allowed) or '(none)'}"
+            )
+        missing = [k for k in required if k not in kwargs]
+        if missing:
+            raise ConfigError(
+                f"reward function {name!r} needs the argument(s) {', '.join(missing)} "
+                "(reward.functions[].kwargs)"
+            )
+    if name in _CHECKS:
+        _CHECKS[name](**kwargs)
+
+    def bound(prompts: list[str], completions: list[str], rows: list[dict]) -> list:
+        return fn(prompts, completions, rows, **kwargs)
+
+    bound.__name__ = bound.__qualname__ = name.rpartition(".")[2]
+    bound.__doc__ = fn.__doc__
+    return bound

@@ -1,0 +1,243 @@
+"""Scoring completions with a weighted sum of reward functions, safely.
+
+``RewardScorer.score`` calls every function once on the whole batch and returns
+``rewards[i] = sum_k weight_k * value_k[i]``. A call that raises, outlives ``timeout_s``,
+returns something other than one number (or None) per completion, or returns NaN/inf is
+a *problem*: with ``on_error="fail"`` it raises :class:`RewardError` naming the function,
+the problem and the first offending sample; with ``on_error="zero"`` the affected samples
+score 0 for that function and are counted. ``None`` ("no opinion") always scores 0 and is
+counted as skipped. Counts are numbers of samples:
+
+- ``reward/errors``    samples of calls that raised or returned a wrong length / non-number
+- ``reward/timeouts``  samples of calls that did not return within ``timeout_s``
+- ``reward/nonfinite`` values that were NaN or +-inf
+- ``reward/skipped``   values that were None
+
+Why threads and not processes: each call runs in its own daemon thread, all functions of
+a batch at once, and ``score`` waits at most ``timeout_s`` in total. Threads cost
+microseconds, accept any callable (closures over a task or a model, which a process pool
+would have to pickle), and need no fork of a process that holds torch threads (which can
+deadlock) nor a spawn that re-imports torch (seconds). The price: Python cannot kill a
+thread, so a call that times out is *abandoned* and keeps running (and holding the GIL
+while it computes) until it returns; its result is discarded. Daemon threads never block
+interpreter exit. If more than ``max_abandoned`` abandoned calls are still running, the
+next ``score`` raises :class:`RewardError` whatever ``on_error`` says, because a function
+that hangs every time would otherwise pile up threads. Functions run concurrently, so
+they must not share unsynchronized state with each other.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ardea.config.fields import check_choice
+from ardea.errors import ArdeaError, ConfigError
+from ardea.reward.registry import RewardFn
+
+ON_ERROR = ("fail", "zero")
+COUNT_KEYS = ("reward/errors", "reward/timeouts", "reward/nonfinite", "reward/skipped")
+
+
+class RewardError(ArdeaError):
+    """A reward function failed (raised, timed out, wrong output, NaN) under on_error=fail."""
+
+
+@dataclass
+class ScoreResult:
+    """Scores of one batch.
+
+    Attributes:
+        rewards: weighted sum per sample; problems and None count as 0.
+        per_function: each function's unweighted value per sample, by name.
+        counts: the four ``reward/*`` sample counts of the module docstring.
+    """
+
+    rewards: list[float]
+    per_function: dict[str, list[float]]
+    counts: dict[str, int]
+
+
+@dataclass
+class _Problem:
+    kind: str  # one of COUNT_KEYS' suffixes: errors, timeouts, nonfinite
+    what: str
+    index: int
+    samples: list[int]
+
+
+class _Call:
+    """One reward-function call running in a daemon thread."""
+
+    def __init__(self, name: str, fn: RewardFn, args: tuple) -> None:
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(fn, args), name=f"ardea-reward-{name}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, fn: RewardFn, args: tuple) -> None:
+        try:
+            self.value = fn(*args)
+        except BaseException as err:  # reported to the caller, never lost in the thread
+            self.error = err
+        finally:
+            self.done.set()
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(value: object, limit: int = 160) -> str:
+    """``repr(value)`` cut to ``limit`` characters."""
+    return _clip(repr(value), limit)
+
+
+def _name_of(fn: RewardFn) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+def _unique_names(functions: Sequence[tuple[RewardFn, float]]) -> list[str]:
+    names: list[str] = []
+    for fn, _ in functions:
+        name, k = _name_of(fn), 2
+        while name in names:
+            name, k = f"{_name_of(fn)}_{k}", k + 1
+        names.append(name)
+    return names
+
+
+def _values(
+    call: _Call, finished: bool, n: int, timeout_s: float
+) -> tuple[list[float], list[_Problem], int]:
+    """The call's values (0 where there was a problem), its problems and its None count."""
+    everything = list(range(n))
+    if not finished:
+        what = f"did not return within timeout_s={timeout_s:g} (its thread is abandoned)"
+        return [0.0] * n, [_Problem("timeouts", what, 0, everything)], 0
+    if call.error is not None:
+        err = call.error
+        what = f"raised {type(err).__name__}: {_clip(' '.join(str(err).split()), 300)}"
+        return [0.0] * n, [_Problem("errors", what, 0, everything)], 0
+    out = call.value
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+        what = f"returned a {type(out).__name__}, not a list of {n} numbers"
+        return [0.0] * n, [_Problem("errors", what, 0, everything)], 0
+    if len(out) != n:
+        what = f"returned {len(out)} values for {n} completions"
+        return [0.0] * n, [_Problem("errors", what, 0, everything)], 0
+    values, problems, skipped = [0.0] * n, [], 0
+    for i, raw in enumerate(out):
+        if raw is None:
+            skipped += 1
+            continue
+        try:
+            if isinstance(raw, (str, bytes)):
+                raise TypeError
+            value = float(raw)
+        except (TypeError, ValueError):
+            problems.append(_Problem("errors", f"returned {_short(raw, 60)} at index {i}", i, [i]))
+            continue
+        if not math.isfinite(value):
+            problems.append(_Problem("nonfinite", f"returned {value} at index {i}", i, [i]))
+            continue
+        values[i] = value
+    return values, problems, skipped
+
+
+class RewardScorer:
+    """Weighted sum of reward functions with per-call timeouts (see the module docstring).
+
+    Args:
+        functions: ``(fn, weight)`` pairs; a function's name is its ``__name__`` (names
+            that repeat get ``_2``, ``_3``, ...).
+        timeout_s: how long one ``score`` call waits for the functions (> 0).
+        on_error: ``"fail"`` raises :class:`RewardError`; ``"zero"`` scores 0 and counts.
+        max_abandoned: timed-out calls allowed to still be running before ``score``
+            refuses to go on.
+    """
+
+    def __init__(
+        self,
+        functions: Sequence[tuple[RewardFn, float]],
+        *,
+        timeout_s: float,
+        on_error: str = "fail",
+        max_abandoned: int = 16,
+    ) -> None:
+        if not functions:
+            raise ConfigError("RewardScorer needs at least one (function, weight) pair")
+        for fn, weight in functions:
+            if not callable(fn):
+                raise ConfigError(f"reward function {fn!r} is not callable")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ConfigError(f"weight {weight!r} of {_name_of(fn)!r} must be a number")
+            if not math.isfinite(weight):
+                raise ConfigError(f"weight {weight!r} of {_name_of(fn)!r} must be finite")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
+        check_choice("on_error", on_error, ON_ERROR)
+        self.functions = [(fn, float(w)) for fn, w in functions]
+        self.names = _unique_names(functions)
+        self.timeout_s = float(timeout_s)
+        self.on_error = on_error
+        self.max_abandoned = max_abandoned
+        self._abandoned: list[_Call] = []
+
+    def _check_abandoned(self) -> None:
+        self._abandoned = [c for c in self._abandoned if not c.done.is_set()]
+        if len(self._abandoned) > self.max_abandoned:
+            names = sorted({c.thread.name.removeprefix("ardea-reward-") for c in self._abandoned})
+            raise RewardError(
+                f"{len(self._abandoned)} timed-out reward calls ({', '.join(names)}) are still "
+                f"running in abandoned threads; a reward function hangs: fix it or raise "
+                f"reward.timeout_s (now {self.timeout_s:g})"
+            )
+
+    def _fail(self, name: str, problem: _Problem, prompts, completions) -> RewardError:
+        i = problem.index
+        where = "" if len(problem.samples) == 1 else f" on a batch of {len(problem.samples)};"
+        return RewardError(
+            f"reward function {name!r} {problem.what};{where} first offending sample #{i}: "
+            f"prompt={_short(prompts[i])} completion={_short(completions[i])} "
+            "(reward.on_error=zero scores such samples 0 and counts them instead)"
+        )
+
+    def score(
+        self, prompts: list[str], completions: list[str], rows: list[dict]
+    ) -> ScoreResult:
+        """Score a batch; see the class and module docstrings for problems and counts."""
+        n = len(completions)
+        if len(prompts) != n or len(rows) != n:
+            raise ValueError(
+                f"score() needs one prompt and one row per completion; got {len(prompts)} "
+                f"prompts, {n} completions, {len(rows)} rows"
+            )
+        counts = dict.fromkeys(COUNT_KEYS, 0)
+        if n == 0:
+            return ScoreResult([], {name: [] for name in self.names}, counts)
+        self._check_abandoned()
+        args = (list(prompts), list(completions), list(rows))
+        calls = [_Call(name, fn, args) for name, (fn, _) in zip(self.names, self.functions)]
+        deadline = time.monotonic() + self.timeout_s
+        for call in calls:
+            call.done.wait(max(0.0, deadline - time.monotonic()))
+        finished = [call.done.is_set() for call in calls]  # decided once, at the deadline
+        self._abandoned += [call for call, done in zip(calls, finished) if not done]
+        rewards, per_function = [0.0] * n, {}
+        for name, call, done, (_, weight) in zip(self.names, calls, finished, self.functions):
+            values, problems, skipped = _values(call, done, n, self.timeout_s)
+            if problems and self.on_error == "fail":
+                raise self._fail(name, problems[0], prompts, completions)
+            for problem in problems:
+                counts[f"reward/{problem.kind}"] += len(problem.samples)
+            counts["reward/skipped"] += skipped
+            per_function[name] = values
+            rewards = [r + weight * v for r, v in zip(rewards, values)]
+        return ScoreResult(rewards, per_function, counts)
