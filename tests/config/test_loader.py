@@ -85,3 +85,12 @@ def test_every_field_has_help_text():
 
 def test_structured_config_is_omegaconf_compatible():
     assert OmegaConf.structured(ArdeaConfig).trainer.max_steps == ArdeaConfig().trainer.max_steps
+
+
+def test_errors_inside_list_entries_name_the_entry_type():
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'wieght'.*RewardFunctionConfig: name, weight"
+    ):
+        load_config(None, ["reward.functions=[{name: x, wieght: 2}]"])
+    with pytest.raises(ConfigError, match=r"set a list field as a whole"):
+        load_config(None, ["reward.functions.0.weight=3"])

@@ -110,7 +110,11 @@ def test_task_reward_delegates_to_the_task():
     fn = task_reward(task)
     assert fn.__name__ == "task"
     rows = [example_row(e) for e in examples]
-    assert rows[0] == {"prompt": examples[0].prompt, "answer": examples[0].answer, "meta": examples[0].meta}
+    assert rows[0] == {
+        "prompt": examples[0].prompt,
+        "answer": examples[0].answer,
+        "meta": examples[0].meta,
+    }
     completions = [examples[0].answer, " " + examples[1].answer, examples[2].answer + "1"]
     assert fn([e.prompt for e in examples], completions, rows) == [1.0, 1.0, 0.0]
 
@@ -119,10 +123,14 @@ def test_task_reward_uses_the_prompt_when_the_row_has_only_an_answer():
     task = make_task("countdown", seed=0)
     fn = task_reward(task)
     # no meta: countdown reads its numbers and target from the prompt
-    assert fn(["3 7 25 50 -> 82:", "3 7 25 50 -> 82:"], ["7+3*25", "7+25*3+0"], [
-        {"answer": "7+3*25"},
-        {"answer": "7+3*25"},
-    ]) == [1.0, 0.0]
+    assert fn(
+        ["3 7 25 50 -> 82:", "3 7 25 50 -> 82:"],
+        ["7+3*25", "7+25*3+0"],
+        [
+            {"answer": "7+3*25"},
+            {"answer": "7+3*25"},
+        ],
+    ) == [1.0, 0.0]
     with pytest.raises(ConfigError, match="needs a Task"):
         task_reward("countdown")
 

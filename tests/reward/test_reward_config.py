@@ -53,8 +53,12 @@ def test_yaml_with_a_list_of_functions_round_trips():
     ("kwargs", "pattern"),
     [
         ({"functions": []}, "reward.functions is empty"),
-        ({"functions": [RewardFunctionConfig(name="")]}, r"reward.functions\[\]\.name=''"),
-        ({"functions": [{"name": "task", "weight": float("inf")}]}, r"weight=inf must be finite"),
+        ({"functions": [{"name": "task"}, {"name": ""}]}, r"reward.functions\[1\]\.name=''"),
+        ({"functions": [{"name": "task", "kwargs": [1]}]}, r"kwargs=\[1\] must be a mapping"),
+        (
+            {"functions": [{"name": "task", "weight": float("inf")}]},
+            r"reward.functions\[0\]\.weight=inf must be a finite number",
+        ),
         ({"timeout_s": 0.0}, r"reward.timeout_s=0.0 must be a positive"),
         ({"timeout_s": float("inf")}, r"reward.timeout_s=inf"),
         ({"on_error": "ignore"}, r"reward.on_error='ignore' is not allowed.*'fail', 'zero'"),
@@ -106,7 +110,11 @@ def test_build_scorer_with_weights_kwargs_and_policy():
     ("functions", "task", "pattern"),
     [
         ([{"name": "task"}], None, r"reward.functions\[0\].name='task'.*no task"),
-        ([{"name": "task", "kwargs": {"digits": 2}}], "arithmetic", r"takes no kwargs \(got digits\)"),
+        (
+            [{"name": "task", "kwargs": {"digits": 2}}],
+            "arithmetic",
+            r"takes no kwargs \(got digits\)",
+        ),
         (
             [{"name": "exact_match"}, {"name": "exact"}],
             None,

@@ -97,8 +97,14 @@ def test_failures_zero_the_affected_samples_and_count_them(case):
     fn, kind, count, _ = FAILURES[case]
     good = const("good", [1.0, 1.0, 1.0])
     result = score([(fn, 1.0), (good, 0.5)], "zero")
-    affected = {"raises": [0, 1, 2], "nan": [1, 2], "inf": [0], "short": [0, 1, 2],
-                "string": [1], "scalar": [0, 1, 2]}[case]
+    affected = {
+        "raises": [0, 1, 2],
+        "nan": [1, 2],
+        "inf": [0],
+        "short": [0, 1, 2],
+        "string": [1],
+        "scalar": [0, 1, 2],
+    }[case]
     name = fn.__name__
     assert [i for i, v in enumerate(result.per_function[name]) if v == 0.0] == affected
     assert result.per_function["good"] == [1.0, 1.0, 1.0]
@@ -158,7 +164,9 @@ def test_too_many_abandoned_calls_stop_the_run(hang):
     scorer = RewardScorer([(hang, 1.0)], timeout_s=0.05, on_error="zero", max_abandoned=1)
     scorer.score(PROMPTS, COMPLETIONS, ROWS)  # 1 abandoned
     scorer.score(PROMPTS, COMPLETIONS, ROWS)  # 2 abandoned
-    with pytest.raises(RewardError, match=r"2 timed-out reward calls \(hanging\) are still running"):
+    with pytest.raises(
+        RewardError, match=r"2 timed-out reward calls \(hanging\) are still running"
+    ):
         scorer.score(PROMPTS, COMPLETIONS, ROWS)
 
 
@@ -179,6 +187,7 @@ def test_empty_batch_and_mismatched_inputs():
         ([(raising, "1")], {}, "must be a number"),
         ([(raising, 1.0)], {"timeout_s": 0}, "timeout_s=0"),
         ([(raising, 1.0)], {"on_error": "ignore"}, "on_error='ignore'"),
+        ([(raising, 1.0)], {"max_abandoned": -1}, "max_abandoned=-1"),
     ],
 )
 def test_bad_constructor_arguments(functions, kwargs, pattern):

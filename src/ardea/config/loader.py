@@ -34,11 +34,22 @@ def _section_keys(full_key: str) -> tuple[str, list[str]]:
     return ".".join(parent), allowed
 
 
+def _section_type(dotted: str) -> type | None:
+    node: Any = ArdeaConfig()
+    for part in dotted.split(".") if dotted else []:
+        node = getattr(node, part, None)
+    return type(node) if dataclasses.is_dataclass(node) else None
+
+
 def _translate(exc: OmegaConfBaseException, source: str) -> ConfigError:
     full_key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "?")
     if isinstance(exc, ConfigKeyError):
         parent, allowed = _section_keys(full_key)
         where = f"in '{parent}'" if parent else "at the top level"
+        owner = getattr(exc, "object_type", None)
+        if dataclasses.is_dataclass(owner) and owner is not _section_type(parent):
+            allowed = [f.name for f in dataclasses.fields(owner)]  # e.g. an entry of a list
+            where = f"in {owner.__name__}"
         return ConfigError(
             f"unknown config key '{full_key}' ({source}); allowed keys {where}: {', '.join(allowed)}"
         )
@@ -94,6 +105,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as exc:
             raise _translate(exc, source) from exc
+        except TypeError as exc:  # e.g. `list.0.field=...` against a list of structured configs
+            raise ConfigError(
+                f"cannot apply {source} values: {exc}; set a list field as a whole, "
+                "e.g. reward.functions=[{name: task, weight: 2}]"
+            ) from exc
     try:
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:

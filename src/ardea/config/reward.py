@@ -34,7 +34,11 @@ def _check_function(where: str, function: Any) -> None:
             f"{where}.name={name!r} must name a reward function (e.g. task, numeric_match) "
             "or a dotted path package.module.function"
         )
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+    ):
         raise ConfigError(f"{where}.weight={weight!r} must be a finite number")
     if not isinstance(kwargs, dict) and not hasattr(kwargs, "keys"):
         raise ConfigError(f"{where}.kwargs={kwargs!r} must be a mapping of keyword arguments")
@@ -78,13 +82,15 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         if not self.functions:
-            raise ConfigError(
-                "reward.functions is empty; name at least one, e.g. [{name: task}]"
-            )
+            raise ConfigError("reward.functions is empty; name at least one, e.g. [{name: task}]")
         converted = []
         for i, function in enumerate(self.functions):
             if isinstance(function, dict):  # convenience when built in Python
-                function = RewardFunctionConfig(**function)
+                try:
+                    function = RewardFunctionConfig(**function)
+                except ConfigError as err:
+                    message = str(err).replace("reward.functions[]", f"reward.functions[{i}]")
+                    raise ConfigError(message) from None
             _check_function(f"reward.functions[{i}]", function)
             converted.append(function)
         self.functions = converted

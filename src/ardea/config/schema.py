@@ -13,6 +13,7 @@ from typing import Any
 
 from ardea.config.fields import check_choice, check_range, option
 from ardea.config.ppo import PPOConfig
+from ardea.config.reward import RewardConfig
 from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -139,9 +140,15 @@ class RolloutConfig:
     top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).")
     top_k: int = option(0, "Top-k sampling (0 = off).")
     batch_size: int = option(256, "Prompts generated together in one batch.")
+    group_size: int = option(8, "Online RL: completions sampled per prompt (G).")
+    max_staleness: int = option(
+        0, "Online RL: most policy versions a rollout may lag the live policy (0 = on-policy)."
+    )
 
     def __post_init__(self) -> None:
         check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
+        check_range("rollout.group_size", self.group_size, low=1)
+        check_range("rollout.max_staleness", self.max_staleness, low=0)
         check_range("rollout.temperature", self.temperature, low=0.0)
         check_range("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         check_range("rollout.top_k", self.top_k, low=0)
@@ -237,5 +244,6 @@ class ArdeaConfig:
     data: DataConfig = field(default_factory=DataConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

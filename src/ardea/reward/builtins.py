@@ -45,9 +45,7 @@ def _answer(row: dict) -> Any:
 
 @register_reward("exact_match")
 def exact_match(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float]:
-    return [
-        float(c.strip() == str(_answer(row)).strip()) for c, row in zip(completions, rows)
-    ]
+    return [float(c.strip() == str(_answer(row)).strip()) for c, row in zip(completions, rows)]
 
 
 def _numeric(completion: str, gold: Any) -> float | None:
@@ -70,9 +68,7 @@ def _math(completion: str, gold: Any) -> float | None:
 
 
 @register_reward("math_verify")
-def math_verify(
-    prompts: list[str], completions: list[str], rows: list[dict]
-) -> list[float | None]:
+def math_verify(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]:
     return [_math(c, _answer(row)) for c, row in zip(completions, rows)]
 
 
@@ -109,7 +105,9 @@ def _compile(pattern: str, flags: str) -> re.Pattern:
     try:
         return re.compile(pattern, value)
     except re.error as err:
-        raise ConfigError(f"format_regex: pattern={pattern!r} is not a valid regex: {err}") from None
+        raise ConfigError(
+            f"format_regex: pattern={pattern!r} is not a valid regex: {err}"
+        ) from None
 
 
 def _check_regex(pattern: str, full: bool = False, flags: str = "") -> None:
@@ -142,9 +140,7 @@ def _example(prompt: str, row: dict) -> Example:
 def task_score(
     prompts: list[str], completions: list[str], rows: list[dict], *, task: Task
 ) -> list[float]:
-    return [
-        float(task.score(c, _example(p, row))) for p, c, row in zip(prompts, completions, rows)
-    ]
+    return [float(task.score(c, _example(p, row))) for p, c, row in zip(prompts, completions, rows)]
 
 
 def task_reward(task: Task) -> RewardFn:

@@ -183,6 +183,12 @@ class RewardScorer:
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
             raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
         check_choice("on_error", on_error, ON_ERROR)
+        if (
+            isinstance(max_abandoned, bool)
+            or not isinstance(max_abandoned, int)
+            or max_abandoned < 0
+        ):
+            raise ConfigError(f"max_abandoned={max_abandoned!r} must be an integer >= 0")
         self.functions = [(fn, float(w)) for fn, w in functions]
         self.names = _unique_names(functions)
         self.timeout_s = float(timeout_s)
@@ -209,9 +215,7 @@ class RewardScorer:
             "(reward.on_error=zero scores such samples 0 and counts them instead)"
         )
 
-    def score(
-        self, prompts: list[str], completions: list[str], rows: list[dict]
-    ) -> ScoreResult:
+    def score(self, prompts: list[str], completions: list[str], rows: list[dict]) -> ScoreResult:
         """Score a batch; see the class and module docstrings for problems and counts."""
         n = len(completions)
         if len(prompts) != n or len(rows) != n:
@@ -223,8 +227,10 @@ class RewardScorer:
         if n == 0:
             return ScoreResult([], {name: [] for name in self.names}, counts)
         self._check_abandoned()
-        args = (list(prompts), list(completions), list(rows))
-        calls = [_Call(name, fn, args) for name, (fn, _) in zip(self.names, self.functions)]
+        calls = [  # each call gets its own lists: one function cannot reorder another's
+            _Call(name, fn, (list(prompts), list(completions), list(rows)))
+            for name, (fn, _) in zip(self.names, self.functions)
+        ]
         deadline = time.monotonic() + self.timeout_s
         for call in calls:
             call.done.wait(max(0.0, deadline - time.monotonic()))

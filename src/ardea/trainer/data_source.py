@@ -37,6 +37,8 @@ def training_samples(
         samples = tokenize_examples(
             tokenizer, examples, chat_template=data.chat_template, max_length=max_length
         )
+    elif kind == "prompt" and task is not None:
+        samples = task.examples("train", data.train_size)  # prompts; the runner samples answers
     else:
         raise ConfigError(
             f"algo.name={config.algo.name} trains on {kind!r} samples, which data.task="

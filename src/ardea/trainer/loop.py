@@ -25,7 +25,8 @@ from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model.lora import load_policy_weights
-from ardea.rollout import InProcessEngine
+from ardea.reward import build_scorer
+from ardea.rollout import InProcessEngine, RolloutRunner, SamplingParams
 from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.evaluate import Evaluator
@@ -88,19 +89,24 @@ class Trainer:
         )
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         prepare_run_directory(config)  # only once the inputs are known to be good
+        engine = InProcessEngine(
+            self.policy,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=stop_token_ids(self.policy, self.tokenizer),
+        )
+        runner = self._build_runner(engine) if kind == "prompt" else None
         self.strategy = strategy_cls(
-            self.policy, config, tokenizer=self.tokenizer, make_reference=self._make_reference
+            self.policy,
+            config,
+            tokenizer=self.tokenizer,
+            make_reference=self._make_reference,
+            runner=runner,
         )
         for module in self.strategy.frozen_modules():
             module.to(self.device)
         self._build_optimizer()
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
-        )
-        engine = InProcessEngine(
-            self.policy,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=stop_token_ids(self.policy, self.tokenizer),
         )
         self.evaluator = Evaluator(
             config, self.task, engine, self.tokenizer, self.strategy, held_out
@@ -110,6 +116,24 @@ class Trainer:
         self.nonfinite = {"consecutive": 0, "total": 0}
         if self.resume_from is not None:
             self._restore(self.resume_from)
+
+    def _build_runner(self, engine: InProcessEngine) -> RolloutRunner:
+        rollout = self.config.rollout
+        params = SamplingParams(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+        )
+        return RolloutRunner(
+            engine,
+            self.tokenizer,
+            build_scorer(self.config.reward, self.task),
+            group_size=rollout.group_size,
+            params=params,
+            chat_template=self.config.data.chat_template,
+            seed=self.config.trainer.seed,
+        )
 
     def _make_reference(self) -> torch.nn.Module:
         """A frozen copy of the policy the run started from (rebuilt from its source)."""
@@ -211,6 +235,7 @@ class Trainer:
             metrics = self._forward_backward(micro_batches)
         with timer.phase("optimizer"):
             metrics.update(self._optimizer_step(metrics.get("train/loss", 0.0)))
+        metrics.update(self.strategy.step_metrics())
         tokens = sum(int(_token_count(b)) for b in micro_batches)
         metrics.update(timer.metrics())
         metrics["perf/tokens_per_s"] = tokens / max(sum(timer.seconds.values()), 1e-9)

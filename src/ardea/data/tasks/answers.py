@@ -36,10 +36,8 @@ def last_number(text: str) -> Fraction | None:
 
     ``"so 5-3 = 2"`` → 2; ``"It costs -3."`` → -3; ``"1,234 apples"`` → 1234.
     """
-    found = None
-    for found in _NUMBER.finditer(text):
-        pass
-    return _to_fraction(found.group(0)) if found else None
+    found = _NUMBER.findall(text)
+    return _to_fraction(found[-1]) if found else None
 
 
 class _DropTimeoutWarning(logging.Filter):

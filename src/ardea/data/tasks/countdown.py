@@ -212,7 +212,10 @@ class CountdownTask(Task):
     def _draw(self, rng: random.Random) -> tuple[tuple[int, ...], int] | None:
         """One problem: sorted numbers and a target reached by a random expression."""
         numbers = sorted(rng.sample(range(1, self.max_number + 1), self.count))
-        pool = [(n, str(n), _ATOM) for n in rng.sample(numbers, rng.randint(self.min_ops + 1, self.count))]
+        pool = [
+            (n, str(n), _ATOM)
+            for n in rng.sample(numbers, rng.randint(self.min_ops + 1, self.count))
+        ]
         while len(pool) > 1:
             a = pool.pop(rng.randrange(len(pool)))
             b = pool.pop(rng.randrange(len(pool)))
@@ -233,12 +236,13 @@ class CountdownTask(Task):
         rng = random.Random(f"countdown:{self.seed}:{split}")
         seen: set[tuple[tuple[int, ...], int]] = set()
         out: list[Example] = []
-        budget = 10_000 + 2_000 * n
+        misses = 0  # draws since the last accepted problem
         while len(out) < n:
-            budget -= 1
-            if budget < 0:
+            misses += 1
+            if misses > 20_000:
                 raise ConfigError(
-                    f"found only {len(out)} of {n} distinct held-out countdown problems with "
+                    f"found only {len(out)} of {n} "
+                    f"{'distinct held-out' if want_test else 'training'} countdown problems with "
                     f"count={self.count}, max_number={self.max_number}, "
                     f"max_target={self.max_target}; lower data.eval_size or widen the ranges"
                 )
@@ -257,6 +261,7 @@ class CountdownTask(Task):
                 continue
             prompt = f"{' '.join(map(str, numbers))} -> {target}:"
             out.append(Example(prompt, answer, {"numbers": list(numbers), "target": target}))
+            misses = 0
         return out
 
     def score(self, completion: str, example: Example) -> float:

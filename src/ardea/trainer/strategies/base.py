@@ -8,7 +8,8 @@ strategy runs under the same loop.
 
 Sample kinds (built by :mod:`ardea.data`): ``text`` (every token trained), ``sft``
 (prompt + answer, loss on the answer), ``preference`` (prompt, chosen, rejected) and
-``group`` (a prompt with G scored completions).
+``group`` (a prompt with G scored completions) and ``prompt`` (task examples that an
+online strategy turns into groups with the rollout runner).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from ardea.config import ArdeaConfig
 from ardea.errors import ConfigError
 
-SAMPLE_KINDS = ("text", "sft", "preference", "group")
+SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
 
 
 class Strategy(ABC):
@@ -40,6 +41,8 @@ class Strategy(ABC):
         tokenizer: the policy's tokenizer (pad id for collation).
         make_reference: builds a fresh copy of the *initial* policy (same weights the run
             started from); strategies that need a frozen reference call it once.
+        runner: for ``prompt`` samples, the :class:`~ardea.rollout.RolloutRunner` that
+            turns prompts into scored completions from the live policy.
     """
 
     sample_kind: ClassVar[str] = "sft"
@@ -51,11 +54,13 @@ class Strategy(ABC):
         *,
         tokenizer: Any,
         make_reference: Callable[[], torch.nn.Module] | None = None,
+        runner: Any | None = None,
     ) -> None:
         self.policy = policy
         self.config = config
         self.tokenizer = tokenizer
         self.make_reference = make_reference
+        self.runner = runner
 
     @abstractmethod
     def collate(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
@@ -78,6 +83,10 @@ class Strategy(ABC):
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Frozen models the strategy holds (moved with the policy, never trained)."""
         return []
+
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics of the last step that are not sums over micro-batches (e.g. rollout stats)."""
+        return {}
 
 
 _STRATEGIES: dict[str, type[Strategy]] = {}
