@@ -159,7 +159,7 @@ class RolloutConfig:
 class TrainerConfig:
     run_name: str = option("default", "Name of the run; the run directory is runs/<run_name>.")
     output_dir: str | None = option(None, "Run directory; null means runs/<run_name>.")
-    max_steps: int = option(3000, "Optimizer steps to run.")
+    max_steps: int = option(2500, "Optimizer steps to run.")
     batch_size: int = option(64, "Sequences per optimizer step (summed over accumulation).")
     grad_accum_steps: int = option(1, "Micro-batches per optimizer step.")
     lr: float = option(3e-3, "Peak learning rate (AdamW).")
