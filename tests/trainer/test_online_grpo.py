@@ -58,6 +58,10 @@ def test_reward_rises_from_a_random_policy(tmp_path, reward_module):
     staleness = [r["rollout/staleness"] for r in records if "rollout/staleness" in r]
     assert staleness == [0.0] * 30  # synchronous: every rollout comes from the live policy
     assert trainer.strategy.runner.engine.version == 30  # one published version per step
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} >= set(range(1, 31))  # rollouts of every step
+    mid = [s for s in samples if s["step"] == 15]  # 4 rollout samples (evaluations add theirs)
+    assert len(mid) == 4 and all(set(s) == {"step", "prompt", "completion", "score"} for s in mid)
 
 
 def test_staleness_bound():

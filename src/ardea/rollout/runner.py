@@ -28,6 +28,8 @@ from ardea.errors import ArdeaError
 from ardea.reward import RewardScorer, example_row
 from ardea.rollout.engine import GenerationEngine, SamplingParams
 
+SAMPLES_KEPT = 4  # prompts per rollout whose first completion is kept for samples.jsonl
+
 
 class StalenessError(ArdeaError):
     """A rollout is older than the staleness bound, or claims a future policy version."""
@@ -76,6 +78,7 @@ class RolloutRunner:
         self.seed = seed
         self.calls = 0
         self.last_metrics: dict[str, float] = {}
+        self.last_samples: list[tuple[str, str, float]] = []
 
     def rollout(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
         """Generate, score and collate; metrics of the call go to ``last_metrics``."""
@@ -97,6 +100,10 @@ class RolloutRunner:
         )
         scored_at = time.perf_counter()
         batch = self._collate(prompts, completions, scored.rewards)
+        self.last_samples = [  # the first completion of the first few prompts, for samples.jsonl
+            (groups[i].prompt, texts[i], scored.rewards[i])
+            for i in range(0, min(len(groups), SAMPLES_KEPT * self.group_size), self.group_size)
+        ]
         lengths = [len(c.token_ids) for c in completions]
         rewards = torch.tensor(scored.rewards)
         self.last_metrics = {

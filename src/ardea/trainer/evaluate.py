@@ -144,7 +144,7 @@ class Evaluator:
             )
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
             self.last_samples = result.samples[:SAMPLES_PER_EVAL]
-            _append_samples(run_dir, step, self.last_samples)
+            append_samples(run_dir, step, self.last_samples)
         if self.held_out_samples:
             metrics["eval/loss"] = self.held_out_loss()
         return metrics
@@ -172,7 +172,8 @@ class Evaluator:
 SAMPLES_PER_EVAL = 5
 
 
-def _append_samples(run_dir, step: int, samples: list[tuple[str, str, float]]) -> None:
+def append_samples(run_dir, step: int, samples: list[tuple[str, str, float]]) -> None:
+    """Append ``(prompt, completion, score)`` records of ``step`` to ``samples.jsonl``."""
     with (Path(run_dir) / "samples.jsonl").open("a", encoding="utf-8") as handle:
         for prompt, completion, score in samples:
             record = {"step": step, "prompt": prompt, "completion": completion, "score": score}

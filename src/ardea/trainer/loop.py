@@ -29,7 +29,7 @@ from ardea.reward import build_scorer
 from ardea.rollout import InProcessEngine, RolloutRunner, SamplingParams
 from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
-from ardea.trainer.evaluate import Evaluator
+from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
@@ -271,8 +271,11 @@ class Trainer:
         while self.step < cfg.trainer.max_steps:
             metrics = self.train_step()
             self.step += 1
+            samples = self.strategy.step_samples()
             if self.step % cfg.logging.log_every == 0 or self.step == cfg.trainer.max_steps:
                 logger.log(self.step, metrics)
+                if samples:
+                    append_samples(self.run_dir, self.step, samples)
             self._check_nonfinite()
             progress.update(
                 self.step,

@@ -88,6 +88,10 @@ class Strategy(ABC):
         """Metrics of the last step that are not sums over micro-batches (e.g. rollout stats)."""
         return {}
 
+    def step_samples(self) -> list[tuple[str, str, float]]:
+        """(prompt, completion, reward) examples generated since the last call."""
+        return []
+
 
 _STRATEGIES: dict[str, type[Strategy]] = {}
 

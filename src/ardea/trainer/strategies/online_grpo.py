@@ -31,6 +31,7 @@ class OnlineGRPOStrategy(GRPOStrategy):
             raise ValueError("online_grpo needs a rollout runner (the trainer passes one)")
         self.old_policy = None  # behaviour log-probs come with every rollout
         self._rollout_metrics: list[dict[str, float]] = []
+        self._samples: list[tuple[str, str, float]] = []
 
     def collate(self, samples: Sequence[Example]) -> dict[str, Tensor]:
         batch = self.runner.rollout(samples)
@@ -38,12 +39,17 @@ class OnlineGRPOStrategy(GRPOStrategy):
             batch["versions"], self.runner.engine.version, self.config.rollout.max_staleness
         )
         self._rollout_metrics.append({**self.runner.last_metrics, "rollout/staleness": lag})
+        self._samples.extend(self.runner.last_samples)
         return batch
 
     def after_optimizer_step(self) -> None:
         """Publish the updated weights (shared with the engine) as the next version."""
         engine = self.runner.engine
         engine.update_weights(None, engine.version + 1)
+
+    def step_samples(self) -> list[tuple[str, str, float]]:
+        samples, self._samples = self._samples, []
+        return samples
 
     def step_metrics(self) -> dict[str, float]:
         collected, self._rollout_metrics = self._rollout_metrics, []
