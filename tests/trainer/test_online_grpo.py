@@ -1,10 +1,12 @@
 """Online GRPO through the trainer: rollouts from the live policy, rising reward, staleness."""
 
 import json
+import shutil
 import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ardea.config import load_config
 from ardea.rollout import StalenessError, check_staleness
@@ -90,3 +92,18 @@ def test_a_stale_rollout_never_reaches_the_loss(tmp_path, reward_module):
     with pytest.raises(StalenessError, match="version 0 is 1 versions behind"):
         trainer.train_step()
     assert not called
+
+
+def test_online_run_resumes_to_the_same_weights(tmp_path, reward_module):
+    short = [*RUN, "trainer.max_steps=6", "trainer.save_every=3"]
+    Trainer(load_config(None, [*short, f"trainer.output_dir={tmp_path / 'a'}"])).train()
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_0000006")
+    resumed = Trainer(
+        load_config(None, [*short, f"trainer.output_dir={tmp_path / 'b'}", "trainer.resume=auto"])
+    )
+    assert resumed.step == 3 and resumed.strategy.runner.engine.version == 3
+    resumed.train()
+    final = "checkpoints/step_0000006/policy/model.safetensors"
+    a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -168,6 +168,7 @@ class Trainer:
             "rng": rng_state(),
             "history": self.history,
             "nonfinite": dict(self.nonfinite),
+            "strategy": self.strategy.state_dict(),
             "config_yaml": config_to_yaml(self.config),
         }
         return save_checkpoint(
@@ -188,6 +189,7 @@ class Trainer:
         self.step = int(state["step"])
         self.history = state["history"]
         self.nonfinite = dict(state["nonfinite"])
+        self.strategy.load_state_dict(state["strategy"])
         restore_rng_state(state["rng"])
 
     # ----------------------------------------------------------------- phases

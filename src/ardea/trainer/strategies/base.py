@@ -88,6 +88,14 @@ class Strategy(ABC):
         """Metrics of the last step that are not sums over micro-batches (e.g. rollout stats)."""
         return {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold for this strategy beyond the policy and optimizer."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` when resuming."""
+        return None
+
     def step_samples(self) -> list[tuple[str, str, float]]:
         """(prompt, completion, reward) examples generated since the last call."""
         return []

@@ -47,6 +47,15 @@ class OnlineGRPOStrategy(GRPOStrategy):
         engine = self.runner.engine
         engine.update_weights(None, engine.version + 1)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's policy version and the runner's call count (which seeds sampling)."""
+        return {"version": self.runner.engine.version, "rollout_calls": self.runner.calls}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["version"] != self.runner.engine.version:
+            self.runner.engine.update_weights(None, int(state["version"]))
+        self.runner.calls = int(state["rollout_calls"])
+
     def step_samples(self) -> list[tuple[str, str, float]]:
         samples, self._samples = self._samples, []
         return samples
