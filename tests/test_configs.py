@@ -34,6 +34,7 @@ SMOKE = [
 def test_configs_are_shipped():
     names = {p.stem for p in CONFIGS}
     assert {"sft_arithmetic", "sft_chat", "seq_text", "dpo", "grpo_offline", "sft_lora"} <= names
+    assert {"online_grpo", "online_dpo"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

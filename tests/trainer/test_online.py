@@ -1,4 +1,5 @@
-"""Online GRPO through the trainer: rollouts from the live policy, rising reward, staleness."""
+"""Online GRPO and online DPO through the trainer: rollouts from the live policy, rising
+reward, staleness, best/worst pairs, exact resume."""
 
 import json
 import shutil
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 from ardea.config import load_config
 from ardea.rollout import StalenessError, check_staleness
 from ardea.trainer import Trainer
+from ardea.trainer.strategies.online_dpo import best_worst_pairs
 
 REWARD_MODULE = '''
 def digit_fraction(prompts, completions, rows):
@@ -49,8 +51,10 @@ def reward_module(tmp_path, monkeypatch):
     sys.modules.pop("ardea_test_rewards", None)
 
 
-def test_reward_rises_from_a_random_policy(tmp_path, reward_module):
-    trainer = Trainer(load_config(None, [*RUN, f"trainer.output_dir={tmp_path / 'run'}"]))
+@pytest.mark.parametrize("strategy", ["online_grpo", "online_dpo"])
+def test_reward_rises_from_a_random_policy(strategy, tmp_path, reward_module):
+    overrides = [*RUN, f"algo.name={strategy}", f"trainer.output_dir={tmp_path / 'run'}"]
+    trainer = Trainer(load_config(None, overrides))
     trainer.train()
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
@@ -107,3 +111,17 @@ def test_online_run_resumes_to_the_same_weights(tmp_path, reward_module):
     final = "checkpoints/step_0000006/policy/model.safetensors"
     a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_best_worst_pairs_by_hand():
+    batch = {
+        "input_ids": torch.arange(12).reshape(6, 2),
+        "attention_mask": torch.ones(6, 2, dtype=torch.long),
+        "loss_mask": torch.ones(6, 2),
+        "rewards": torch.tensor([0.2, 0.9, 0.1, 0.5, 0.5, 0.5]),  # group 1 has no spread
+        "group_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
+    }
+    pairs = best_worst_pairs(batch)
+    assert pairs["chosen_input_ids"].tolist() == [[2, 3]]  # row 1: reward 0.9
+    assert pairs["rejected_input_ids"].tolist() == [[4, 5]]  # row 2: reward 0.1
+    assert pairs["chosen_loss_mask"].shape == (1, 2)
