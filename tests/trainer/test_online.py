@@ -125,3 +125,19 @@ def test_best_worst_pairs_by_hand():
     assert pairs["chosen_input_ids"].tolist() == [[2, 3]]  # row 1: reward 0.9
     assert pairs["rejected_input_ids"].tolist() == [[4, 5]]  # row 2: reward 0.1
     assert pairs["chosen_loss_mask"].shape == (1, 2)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_online_grpo_takes_every_critic_free_estimator(estimator, tmp_path, reward_module):
+    overrides = [
+        *RUN,
+        "trainer.max_steps=2",
+        f"algo.ppo.adv_estimator={estimator}",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    trainer.train()
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert len(losses) == 2 and all(isinstance(v, float) for v in losses)
+    assert trainer.strategy.runner.engine.version == 2
