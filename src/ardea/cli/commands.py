@@ -70,8 +70,7 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
 
 def _load_for_inference(path: str, overrides: list[str]):
     from ardea.model import load_model_and_tokenizer
-    from ardea.rollout import InProcessEngine
-    from ardea.trainer.setup import resolve_device, stop_token_ids
+    from ardea.trainer.setup import make_engine, resolve_device
 
     model_dir, run_config = resolve_model_dir(path)
     config: ArdeaConfig = load_config(run_config, overrides)
@@ -79,9 +78,7 @@ def _load_for_inference(path: str, overrides: list[str]):
     model, tokenizer = load_model_and_tokenizer(
         str(model_dir), dtype=config.model.dtype, device=str(device)
     )
-    engine = InProcessEngine(
-        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=stop_token_ids(model, tokenizer)
-    )
+    engine = make_engine(model, tokenizer)
     return config, model_dir, tokenizer, engine
 
 

@@ -225,16 +225,12 @@ class LoggingConfig:
     tensorboard: bool = option(True, "Write TensorBoard events into the run directory.")
     log_every: int = option(10, "Write training metrics every N steps.")
     progress: bool = option(True, "Show a progress bar.")
-    samples_every: int = option(
-        0, "Append a few decoded samples to samples.jsonl every N steps (0 = at evaluations)."
-    )
     wandb: bool = option(False, "Log to Weights & Biases as well.")
     wandb_project: str = option("ardea", "Weights & Biases project.")
     wandb_mode: str = option("offline", "Weights & Biases mode: offline (no network) or online.")
 
     def __post_init__(self) -> None:
         check_range("logging.log_every", self.log_every, low=1)
-        check_range("logging.samples_every", self.samples_every, low=0)
         check_choice("logging.wandb_mode", self.wandb_mode, ("offline", "online"))
 
 

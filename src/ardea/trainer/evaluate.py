@@ -128,7 +128,6 @@ class Evaluator:
         self.strategy = strategy
         self.held_out_samples = held_out_samples
         self.examples = task.examples("test", config.data.eval_size) if task is not None else []
-        self.last_samples: list[tuple[str, str, float]] = []
 
     def run(self, step: int, run_dir) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -143,8 +142,7 @@ class Evaluator:
                 batch_size=self.config.rollout.batch_size,
             )
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
-            self.last_samples = result.samples[:SAMPLES_PER_EVAL]
-            append_samples(run_dir, step, self.last_samples)
+            append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])
         if self.held_out_samples:
             metrics["eval/loss"] = self.held_out_loss()
         return metrics

@@ -38,12 +38,12 @@ from ardea.trainer.schedule import build_scheduler
 from ardea.trainer.setup import (
     build_trainable_policy,
     context_length,
+    make_engine,
     prepare_run_directory,
     resolve_device,
     resume_checkpoint,
     run_directory,
     seed_everything,
-    stop_token_ids,
 )
 from ardea.trainer.state import restore_rng_state, rng_state
 from ardea.trainer.strategies import strategy_class
@@ -89,11 +89,7 @@ class Trainer:
         )
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         prepare_run_directory(config)  # only once the inputs are known to be good
-        engine = InProcessEngine(
-            self.policy,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=stop_token_ids(self.policy, self.tokenizer),
-        )
+        engine = make_engine(self.policy, self.tokenizer)
         runner = self._build_runner(engine) if kind == "prompt" else None
         self.strategy = strategy_cls(
             self.policy,

@@ -12,6 +12,7 @@ from ardea.config import ArdeaConfig, ModelConfig, config_to_yaml
 from ardea.errors import ArdeaError
 from ardea.model import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
 from ardea.model.lora import apply_lora
+from ardea.rollout import InProcessEngine
 from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
 
 
@@ -112,3 +113,13 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     ids = configured if isinstance(configured, list) else [configured]
     ids = [i for i in ids if i is not None] or [tokenizer.eos_token_id]
     return sorted(set(ids))
+
+
+def make_engine(model: Any, tokenizer: Any) -> InProcessEngine:
+    """The in-process generation engine on ``model`` (shared, not copied), stopping at its
+    end-of-sequence ids."""
+    return InProcessEngine(
+        model,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=stop_token_ids(model, tokenizer),
+    )
