@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from ardea.cli.main import main
 from ardea.config import load_config
@@ -34,7 +34,8 @@ SMOKE = [
 def test_configs_are_shipped():
     names = {p.stem for p in CONFIGS}
     assert {"sft_arithmetic", "sft_chat", "seq_text", "dpo", "grpo_offline", "sft_lora"} <= names
-    assert {"online_grpo", "online_dpo"} <= names
+    assert {"online_grpo", "online_dpo", "online_grpo_dapo"} <= names
+    assert {"online_ppo", "online_ppo_adaptive_lambda"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -51,3 +52,8 @@ def test_config_smoke_runs(path, tmp_path, monkeypatch):
     ids = tokenizer("12+34=", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits).all()
+    critic = policy.parent / "critic"
+    assert critic.is_dir() == (config.algo.name == "online_ppo")
+    if critic.is_dir():  # the PPO critic is a plain token-classification checkpoint too
+        values = AutoModelForTokenClassification.from_pretrained(critic)(ids).logits
+        assert values.shape == (1, ids.shape[1], 1) and torch.isfinite(values).all()

@@ -1,14 +1,17 @@
-"""A shortened default recipe through the real ``ardea`` CLI, then eval/generate/report on it."""
+"""A shortened SFT run (configs/sft_arithmetic.yaml) through the real ``ardea`` CLI, then
+eval/generate/report on it."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = pytest.mark.slow
+SFT_CONFIG = Path(__file__).parents[2] / "configs" / "sft_arithmetic.yaml"
 
 SHORT_RUN = [
     "trainer.max_steps=600",
@@ -40,7 +43,7 @@ def ardea(*args, cwd):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    ardea("train", *SHORT_RUN, f"trainer.output_dir={root / 'run'}", cwd=root)
+    ardea("train", str(SFT_CONFIG), *SHORT_RUN, f"trainer.output_dir={root / 'run'}", cwd=root)
     return root / "run"
 
 

@@ -111,3 +111,15 @@ def test_wandb_offline_logs_without_network(tmp_path, monkeypatch):
     trainer.train()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs and any(runs[0].glob("*.wandb"))
+
+
+def test_time_budget_ends_the_run_like_max_steps(tmp_path):
+    trainer = make(tmp_path, "trainer.max_steps=100000", "trainer.max_train_seconds=1.5")
+    results = trainer.train()
+    assert 1 <= results["steps"] < 100000
+    assert 1.5 <= trainer.train_seconds < 1.5 + 2.0  # the step that crossed the budget ends it
+    final = tmp_path / "checkpoints" / f"step_{results['steps']:07d}"
+    assert (final / "policy" / "model.safetensors").is_file()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r["step"] for r in records if "eval/accuracy" in r]
+    assert evaluated == [0, results["steps"]]  # once at the start, once at the end

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from ardea.config import load_config
+from ardea.errors import ArdeaError
 from ardea.rollout import StalenessError, check_staleness
 from ardea.trainer import Trainer
 from ardea.trainer.strategies.online_dpo import best_worst_pairs
@@ -84,10 +85,11 @@ def test_a_stale_rollout_never_reaches_the_loss(tmp_path, reward_module):
     runner = trainer.strategy.runner
     generate = runner.rollout
 
-    def one_version_behind(examples):
-        batch = generate(examples)
-        batch["versions"] = torch.where(batch["versions"] >= 0, batch["versions"] - 1, -1)
-        return batch
+    def one_version_behind(examples, **kwargs):
+        rollout = generate(examples, **kwargs)
+        versions = rollout.batch["versions"]
+        rollout.batch["versions"] = torch.where(versions >= 0, versions - 1, -1)
+        return rollout
 
     runner.rollout = one_version_behind
     runner.engine.update_weights(None, 1)
@@ -141,3 +143,200 @@ def test_online_grpo_takes_every_critic_free_estimator(estimator, tmp_path, rewa
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert len(losses) == 2 and all(isinstance(v, float) for v in losses)
     assert trainer.strategy.runner.engine.version == 2
+
+
+def test_online_ppo_reward_rises_and_critic_learns(tmp_path, reward_module):
+    overrides = [
+        *RUN,
+        "algo.name=online_ppo",
+        "algo.critic_lr=1e-2",
+        "algo.ppo.gae_lambda=0.95",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    trainer.train()
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
+    assert len(rewards) == 30
+    assert sum(rewards[:3]) / 3 < 0.3
+    assert sum(rewards[-3:]) / 3 > 0.6
+    trained = [r for r in records if "train/value_loss" in r]
+    for name in ("critic/explained_variance", "critic/grad_norm", "critic/lr", "train/value_loss"):
+        assert all(name in r for r in trained), name
+    # the critic starts at V = 0 and learns the rising reward
+    assert trained[0]["critic/value_mean"] == 0.0
+    assert trained[-1]["critic/value_mean"] > 0.3
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_0000030"
+    assert (checkpoint / "critic" / "model.safetensors").is_file()
+
+
+def record_losses(trainer):
+    """Wrap the strategy's loss to record (live version, oldest version in the batch)."""
+    seen = []
+    loss = trainer.strategy.loss
+
+    def recording(batch, counts):
+        versions = batch["versions"][batch["versions"] >= 0]
+        seen.append((trainer.strategy.runner.engine.version, int(versions.min())))
+        return loss(batch, counts)
+
+    trainer.strategy.loss = recording
+    return seen
+
+
+@pytest.mark.parametrize("strategy", ["online_grpo", "online_ppo"])
+def test_bounded_staleness_two(strategy, tmp_path, reward_module):
+    """eta = 2: rollouts are generated ahead in a background worker; step s trains on the
+    rollout of version max(0, s - 2) and never on an older one."""
+    overrides = [
+        *RUN,
+        f"algo.name={strategy}",
+        "rollout.max_staleness=2",
+        "trainer.max_steps=8",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    seen = record_losses(trainer)
+    trainer.train()
+    lags = [live - oldest for live, oldest in seen]
+    assert [live for live, _ in seen] == list(range(8))
+    assert lags == [0, 1, 2, 2, 2, 2, 2, 2]
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness"] for r in records if "rollout/staleness" in r] == lags
+    decoupled = [r["train/behav_imp_weight"] for r in records if "train/behav_imp_weight" in r]
+    assert len(decoupled) == 8  # eta > 0 turns decoupled PPO on by default
+    assert trainer.strategy.worker is None  # closed at the end of training
+
+
+def test_background_rollouts_are_reproducible(tmp_path, reward_module):
+    """The worker's version schedule is fixed, so two eta = 1 runs give the same weights."""
+    finals = []
+    for name in ("a", "b"):
+        overrides = [
+            *RUN,
+            "rollout.max_staleness=1",
+            "trainer.max_steps=5",
+            f"trainer.output_dir={tmp_path / name}",
+        ]
+        Trainer(load_config(None, overrides)).train()
+        finals.append(
+            load_file(tmp_path / name / "checkpoints/step_0000005/policy/model.safetensors")
+        )
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_epochs_and_mini_batches_reuse_one_rollout(tmp_path, reward_module, monkeypatch):
+    """2 epochs x 2 mini-batches: 4 optimizer steps per training step on one rollout whose
+    advantages are computed once; one published version per training step."""
+    import ardea.trainer.strategies.online_ppo as online_ppo
+
+    calls = []
+    compute = online_ppo.compute_advantages
+    monkeypatch.setattr(
+        online_ppo, "compute_advantages", lambda *a, **k: calls.append(1) or compute(*a, **k)
+    )
+    overrides = [
+        *RUN,
+        "algo.name=online_ppo",
+        "algo.ppo_epochs=2",
+        "algo.ppo_mini_batches=2",
+        "trainer.max_steps=3",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    steps = []
+    after = trainer.strategy.after_optimizer_step
+    trainer.strategy.after_optimizer_step = lambda: steps.append(1) or after()
+    seen = record_losses(trainer)
+    trainer.train()
+    assert len(calls) == 3  # one advantage computation per rollout
+    assert len(steps) == 12  # 3 steps x 2 epochs x 2 mini-batches
+    assert trainer.strategy.runner.engine.version == 3
+    assert len(seen) == 12 and all(live - oldest == 0 for live, oldest in seen)
+    assert trainer.scheduler.last_epoch == 3  # the schedule advances once per training step
+
+
+def test_evaluation_does_not_disturb_training(tmp_path, reward_module):
+    finals = []
+    for name, every in (("quiet", 0), ("evaluated", 2)):
+        overrides = [
+            *RUN,
+            "trainer.max_steps=6",
+            f"trainer.eval_every={every}",
+            f"trainer.output_dir={tmp_path / name}",
+        ]
+        Trainer(load_config(None, overrides)).train()
+        finals.append(
+            load_file(tmp_path / name / "checkpoints/step_0000006/policy/model.safetensors")
+        )
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monkeypatch):
+    """A reward that is 1 for completions starting with an even-valued byte: groups where
+    every completion agrees are dropped and refilled; every trained group has a spread."""
+    (tmp_path / "parity_reward.py").write_text(
+        "def parity(prompts, completions, rows):\n"
+        "    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [
+        *RUN,
+        "reward.functions=[{name: parity_reward.parity}]",
+        "algo.dynamic_sampling=true",
+        "rollout.group_size=2",
+        "trainer.max_steps=3",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    spreads, groups_per_step = [], []
+    loss = trainer.strategy.loss
+
+    def recording(batch, counts):
+        groups = batch["group_ids"].unique()
+        groups_per_step.append(len(groups))
+        for group in groups:
+            rewards = batch["rewards"][batch["group_ids"] == group]
+            spreads.append(float(rewards.max() - rewards.min()))
+        return loss(batch, counts)
+
+    trainer.strategy.loss = recording
+    trainer.train()
+    sys.modules.pop("parity_reward", None)
+    assert spreads and all(s > 0 for s in spreads)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    kept = [r["rollout/groups_kept"] for r in records if "rollout/groups_kept" in r]
+    rounds = [r["rollout/refill_rounds"] for r in records if "rollout/refill_rounds" in r]
+    assert len(kept) == 3 and all(0 < k < 1 for k in kept)
+    assert all(r >= 1 for r in rounds)
+    assert len(groups_per_step) == 3 and all(1 <= g <= 8 for g in groups_per_step)  # <= B
+
+
+def test_online_ppo_resumes_with_its_critic(tmp_path, reward_module):
+    short = [*RUN, "algo.name=online_ppo", "trainer.max_steps=6", "trainer.save_every=3"]
+    Trainer(load_config(None, [*short, f"trainer.output_dir={tmp_path / 'a'}"])).train()
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_0000006")
+    resumed = Trainer(
+        load_config(None, [*short, f"trainer.output_dir={tmp_path / 'b'}", "trainer.resume=auto"])
+    )
+    assert resumed.step == 3
+    resumed.train()
+    for part in ("policy", "critic"):
+        final = f"checkpoints/step_0000006/{part}/model.safetensors"
+        a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+
+
+def test_online_ppo_refuses_to_resume_without_a_critic(tmp_path, reward_module):
+    grpo = [*RUN, "trainer.max_steps=2", f"trainer.output_dir={tmp_path / 'grpo'}"]
+    Trainer(load_config(None, grpo)).train()
+    checkpoint = tmp_path / "grpo" / "checkpoints" / "step_0000002"
+    overrides = [
+        *RUN,
+        "algo.name=online_ppo",
+        f"trainer.resume={checkpoint}",
+        f"trainer.output_dir={tmp_path / 'ppo'}",
+    ]
+    with pytest.raises(ArdeaError, match=r"has no critic/.*cannot resume"):
+        Trainer(load_config(None, overrides))

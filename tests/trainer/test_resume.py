@@ -13,6 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
+SFT_CONFIG = Path(__file__).parents[2] / "configs" / "sft_arithmetic.yaml"
 
 RUN = [
     "model.hidden_size=32",
@@ -43,6 +44,7 @@ def command(run_dir: Path, *extra: str) -> list[str]:
         "-m",
         "ardea.cli.main",
         "train",
+        str(SFT_CONFIG),
         *RUN,
         f"trainer.output_dir={run_dir}",
         *extra,

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ardea.config import ArdeaConfig, config_to_yaml, describe_config, load_config
+from ardea.config import (
+    DEFAULT_RECIPE,
+    ArdeaConfig,
+    config_to_yaml,
+    describe_config,
+    load_config,
+)
 from ardea.errors import ArdeaError
 
 console = Console()
@@ -19,13 +25,15 @@ def train(args: argparse.Namespace) -> int:
         print(describe_config())
         return 0
     config_path, overrides = _split_config_and_overrides(args.args)
+    if config_path is None:  # the built-in default recipe (SFT, then online RL)
+        config_path = str(DEFAULT_RECIPE)
     config = load_config(config_path, overrides)
     if args.print_config:
         print(config_to_yaml(config), end="")
         return 0
-    from ardea.trainer import Trainer
+    from ardea.trainer import run
 
-    Trainer(config).train()
+    run(config)
     return 0
 
 
@@ -45,11 +53,22 @@ def _split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[
     return config_path, overrides
 
 
+def _last_stage_dir(path: Path) -> Path | None:
+    """The directory of the last stage of a staged run directory (None for other dirs)."""
+    if (path / "checkpoints").is_dir() or not (path / "config.yaml").is_file():
+        return None
+    stages = list(load_config(path / "config.yaml").stages)
+    return path / stages[-1] if stages and (path / stages[-1]).is_dir() else None
+
+
 def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
     """A run, checkpoint or model directory → (model directory, run config.yaml or None)."""
     path = Path(path)
     if not path.is_dir():
         raise ArdeaError(f"no such directory: {path}")
+    last_stage = _last_stage_dir(path)
+    if last_stage is not None:  # a run of several stages: its final model is the last one's
+        return resolve_model_dir(last_stage)
     if (path / "checkpoints").is_dir():
         from ardea.trainer.checkpoint import latest_checkpoint
 

@@ -1,6 +1,12 @@
 """Typed configuration: dataclasses per section, YAML + dotted overrides (OmegaConf)."""
 
-from ardea.config.loader import config_to_yaml, describe_config, load_config
+from ardea.config.loader import (
+    DEFAULT_RECIPE,
+    config_to_yaml,
+    describe_config,
+    load_config,
+    stage_configs,
+)
 from ardea.config.ppo import PPOConfig
 from ardea.config.schema import (
     AlgoConfig,
@@ -13,6 +19,7 @@ from ardea.config.schema import (
 )
 
 __all__ = [
+    "DEFAULT_RECIPE",
     "AlgoConfig",
     "ArdeaConfig",
     "DataConfig",
@@ -24,4 +31,5 @@ __all__ = [
     "config_to_yaml",
     "describe_config",
     "load_config",
+    "stage_configs",
 ]

@@ -19,6 +19,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from ardea.config.schema import ArdeaConfig
 from ardea.errors import ConfigError
 
+#: what ``ardea train`` runs without a config file: SFT on scarce demonstrations, then online RL
+DEFAULT_RECIPE = Path(__file__).with_name("default_recipe.yaml")
+
 
 def _first_line(exc: Exception) -> str:
     return str(getattr(exc, "msg", None) or exc).splitlines()[0]
@@ -118,6 +121,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config
 
 
+def stage_configs(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
+    """The validated config of every stage of ``config.stages``, in order.
+
+    A stage's config is ``config`` without its stages, overridden by the stage's mapping
+    (same precedence rules and error messages as :func:`load_config`, with the source
+    ``stages.<name>``). Output directories and model paths are left to the caller.
+    """
+    base = OmegaConf.structured(config)
+    base.stages = {}
+    out = []
+    for name, overrides in config.stages.items():
+        source = f"stages.{name}"
+        layer = OmegaConf.create(dict(overrides))
+        if "stages" in layer:
+            raise ConfigError(f"{source} sets 'stages'; stages cannot be nested")
+        try:
+            merged = OmegaConf.merge(base, layer)
+            stage = OmegaConf.to_object(merged)
+        except OmegaConfBaseException as exc:
+            raise _translate(exc, source) from exc
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({source})") from exc
+        assert isinstance(stage, ArdeaConfig)
+        out.append((name, stage))
+    return out
+
+
 def config_to_yaml(config: ArdeaConfig) -> str:
     """The fully resolved config as YAML (what ``--print-config`` prints and runs save)."""
     return OmegaConf.to_yaml(OmegaConf.structured(config))
@@ -128,6 +158,9 @@ def describe_config() -> str:
     lines = []
     for section in dataclasses.fields(ArdeaConfig):
         instance = getattr(ArdeaConfig(), section.name)
+        if not dataclasses.is_dataclass(instance):  # a top-level field such as stages
+            lines.append(f"{section.name} = {instance!r}  # {section.metadata.get('help', '')}")
+            continue
         lines.append(f"{section.name}:")
         for f in dataclasses.fields(instance):
             default = getattr(instance, f.name)

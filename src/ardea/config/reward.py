@@ -80,7 +80,34 @@ class RewardConfig:
         "the run showing the sample; 'zero' scores it 0 and counts it in reward/* metrics.",
     )
 
+    overlong_buffer: int = option(
+        0,
+        "DAPO soft overlong penalty: over the last this-many tokens before "
+        "rollout.max_new_tokens a completion loses up to overlong_penalty, linearly "
+        "(0 = off).",
+    )
+    overlong_penalty: float = option(
+        1.0, "Largest overlong penalty, reached by a completion of rollout.max_new_tokens tokens."
+    )
+
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.overlong_buffer, bool)
+            or not isinstance(self.overlong_buffer, int)
+            or self.overlong_buffer < 0
+        ):
+            raise ConfigError(
+                f"reward.overlong_buffer={self.overlong_buffer!r} must be an integer >= 0 "
+                "(tokens; 0 = off)"
+            )
+        if (
+            isinstance(self.overlong_penalty, bool)
+            or not isinstance(self.overlong_penalty, (int, float))
+            or not 0 <= self.overlong_penalty < math.inf
+        ):
+            raise ConfigError(
+                f"reward.overlong_penalty={self.overlong_penalty!r} must be a finite number >= 0"
+            )
         if not self.functions:
             raise ConfigError("reward.functions is empty; name at least one, e.g. [{name: task}]")
         converted = []

@@ -118,6 +118,47 @@ class AlgoConfig:
     moe_aux_loss_coef: float = option(
         0.01, "Weight of a mixture-of-experts model's load-balancing loss (0 = off)."
     )
+    ppo_epochs: int = option(
+        1,
+        "Online RL: passes over each rollout batch; advantages are computed once per rollout "
+        "and reused by every pass.",
+    )
+    ppo_mini_batches: int = option(
+        1,
+        "Online RL: optimizer steps per pass; the rollout's trajectories are shuffled and split "
+        "into this many mini-batches.",
+    )
+    decoupled: bool | None = option(
+        None,
+        "Online RL: decoupled PPO (ratio against proximal log-probs recomputed before the "
+        "update, behaviour weight capped by algo.ppo.behav_imp_weight_cap); null = on exactly "
+        "when rollout.max_staleness > 0.",
+    )
+    dynamic_sampling: bool = option(
+        False,
+        "online_grpo (DAPO): drop groups whose rewards are all equal and refill the batch with "
+        "fresh prompts.",
+    )
+    dynamic_sampling_max_rounds: int = option(
+        3, "online_grpo: most extra generation rounds per step when refilling dropped groups."
+    )
+    critic_path: str | None = option(
+        None,
+        "online_ppo: initial critic, a directory saved by ValueModel.save_pretrained (e.g. a "
+        "checkpoint's critic/); null warm-starts the critic from the policy with a zero head.",
+    )
+    critic_lr: float = option(1e-4, "online_ppo: peak learning rate of the critic (AdamW).")
+    critic_warmup_steps: int = option(
+        0, "online_ppo: linear warm-up steps of the critic's learning rate (same schedule kind)."
+    )
+    critic_max_grad_norm: float = option(
+        1.0, "online_ppo: clip the critic's gradient norm to this (0 = off)."
+    )
+    vf_coef: float = option(
+        0.5,
+        "online_ppo: weight of the value loss in the summed loss (the critic has its own "
+        "optimizer, so this scales its gradient).",
+    )
     ppo: PPOConfig = option(
         help="RL numerics shared by grpo/ppo: clipping, KL, advantages, loss aggregation.",
         factory=PPOConfig,
@@ -131,6 +172,13 @@ class AlgoConfig:
         check_choice("algo.dpo_loss", self.dpo_loss, ("sigmoid", "ipo"))
         check_choice("algo.dpo_reduction", self.dpo_reduction, ("sum", "mean"))
         check_range("algo.moe_aux_loss_coef", self.moe_aux_loss_coef, low=0.0)
+        check_range("algo.ppo_epochs", self.ppo_epochs, low=1)
+        check_range("algo.ppo_mini_batches", self.ppo_mini_batches, low=1)
+        check_range("algo.dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, low=0)
+        check_range("algo.critic_lr", self.critic_lr, low=0.0, low_open=True)
+        check_range("algo.critic_warmup_steps", self.critic_warmup_steps, low=0)
+        check_range("algo.critic_max_grad_norm", self.critic_max_grad_norm, low=0.0)
+        check_range("algo.vf_coef", self.vf_coef, low=0.0)
 
 
 @dataclass
@@ -184,10 +232,16 @@ class TrainerConfig:
         5,
         "Stop after this many consecutive steps with a NaN/Inf loss or gradient (each is skipped).",
     )
+    max_train_seconds: float = option(
+        0.0,
+        "Also stop once training steps have taken this many seconds (evaluations and "
+        "checkpoints not counted), then evaluate and save as at max_steps; 0 = no limit.",
+    )
 
     def __post_init__(self) -> None:
         check_range("trainer.max_steps", self.max_steps, low=1)
         check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, low=1)
+        check_range("trainer.max_train_seconds", self.max_train_seconds, low=0.0)
         check_range("trainer.batch_size", self.batch_size, low=1)
         check_range("trainer.grad_accum_steps", self.grad_accum_steps, low=1)
         if self.batch_size % self.grad_accum_steps:
@@ -243,3 +297,25 @@ class ArdeaConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    stages: dict[str, Any] = option(
+        help="Run these stages one after the other, in order: name -> overrides of the "
+        "sections above (e.g. {sft: {algo: {name: sft}}, rl: {algo: {name: online_grpo}}}); "
+        "each stage starts from the previous stage's final policy unless it sets model.path, "
+        "and runs in <run dir>/<name>. Empty: one run.",
+        factory=dict,
+    )
+
+    def __post_init__(self) -> None:
+        if self.reward.overlong_buffer > self.rollout.max_new_tokens:
+            raise ConfigError(
+                f"reward.overlong_buffer={self.reward.overlong_buffer} exceeds "
+                f"rollout.max_new_tokens={self.rollout.max_new_tokens}"
+            )
+        for name, overrides in self.stages.items():
+            if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+                raise ConfigError(f"stages: {name!r} is not a usable stage name (a directory)")
+            if not hasattr(overrides, "keys"):
+                raise ConfigError(
+                    f"stages.{name} must map sections to overrides, e.g. "
+                    f"{{algo: {{name: sft}}}}; got {overrides!r}"
+                )

@@ -15,6 +15,7 @@ from ardea.data.packing import PackedSample, collate_packed, pack_samples
 from ardea.data.preference import PreferenceSample, collate_preference
 from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.records import Record, read_records
+from ardea.data.rows import batch_rows, concat_rows, select_rows, trim_padding
 from ardea.data.sft import SFTSample, collate_sft, tokenize_examples
 from ardea.data.shapes import KIND_SHAPES, detect_format
 from ardea.data.tasks import Example, Task, make_task, register_task, task_names
@@ -29,11 +30,13 @@ __all__ = [
     "SFTSample",
     "Sample",
     "Task",
+    "batch_rows",
     "chat_tokens",
     "collate_groups",
     "collate_packed",
     "collate_preference",
     "collate_sft",
+    "concat_rows",
     "detect_format",
     "encode_answer",
     "encode_prompt",
@@ -42,7 +45,9 @@ __all__ = [
     "pack_samples",
     "read_records",
     "register_task",
+    "select_rows",
     "task_names",
     "tokenize_examples",
     "tokenize_records",
+    "trim_padding",
 ]

@@ -43,6 +43,15 @@ class EpochSampler:
             self.index += take
         return batch
 
+    def peek(self, batches: int) -> list[list[int]]:
+        """The next ``batches`` batches that :meth:`next_batch` will return, without
+        advancing."""
+        if batches <= 0:
+            return []
+        ahead = EpochSampler(self.size, self.batch_size, self.seed)
+        ahead.epoch, ahead.index, ahead._order = self.epoch, self.index, self._order
+        return [ahead.next_batch() for _ in range(batches)]
+
     def state_dict(self) -> dict[str, int]:
         return {"size": self.size, "seed": self.seed, "epoch": self.epoch, "index": self.index}
 

@@ -21,6 +21,7 @@ from ardea.reward.registry import (
     reward_names,
 )
 from ardea.reward.scorer import COUNT_KEYS, RewardError, RewardScorer, ScoreResult
+from ardea.reward.shaping import overlong_penalty
 
 __all__ = [
     "COUNT_KEYS",
@@ -33,6 +34,7 @@ __all__ = [
     "get_reward",
     "has_boxed",
     "make_reward",
+    "overlong_penalty",
     "register_reward",
     "reward_names",
     "task_reward",

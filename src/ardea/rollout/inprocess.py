@@ -35,6 +35,7 @@ seed and r, not on ``max_batch_size``, padding or the other prompts.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 from collections.abc import Mapping, Sequence
@@ -116,6 +117,20 @@ class InProcessEngine(GenerationEngine):
     @property
     def model(self) -> torch.nn.Module:
         return self._model
+
+    def detached_copy(self) -> InProcessEngine:
+        """An engine with the same settings and version on its own frozen deep copy of the
+        weights (for generating in another thread while the original model trains)."""
+        with self._lock:
+            model = copy.deepcopy(self._model).requires_grad_(False).eval()
+            version = self._version
+        return InProcessEngine(
+            model,
+            pad_token_id=self.pad_token_id,
+            eos_token_ids=self.eos_token_ids,
+            max_batch_size=self.max_batch_size,
+            version=version,
+        )
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None, version: int) -> None:
         """Load ``state_dict`` and publish ``version`` atomically (waits for a running generate).

@@ -6,26 +6,33 @@ One call turns task examples into a trajectory batch in the group layout of
 
 - ``logprobs`` [N, S]: behaviour log-probs from the engine, token-aligned;
 - ``versions`` [N, S]: the policy version that generated each completion token (−1 elsewhere);
+- ``turn_ids`` [N, S]: 0 on completion tokens (a single assistant turn), −1 elsewhere;
 - ``no_eos`` [N]: True where the completion hit ``max_new_tokens`` without a stop token;
-- ``rewards`` [N], ``group_ids`` [N].
+- ``rewards`` [N] (the scorer's weighted sum plus the overlong penalty), ``group_ids`` [N].
 
-A batch is only handed on while ``current_version − min(versions) ≤ max_staleness``;
-a batch from a future version or beyond the bound raises :class:`StalenessError` and is
-never used.
+A batch is only handed on while ``current_version − min(versions) ≤ max_staleness``
+(:func:`check_staleness`): a batch from a future version or beyond the bound raises
+:class:`StalenessError` and is never used.
+
+Randomness: call ``rollout(examples, seed_index=i)`` samples with the engine seed
+``sampling_seed(runner seed, i)``, so the same index gives the same completions whichever
+thread or process makes the call and however many calls came before.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ardea.data import Example, GroupSample, collate_groups, encode_prompt
+from ardea.data import Example, GroupSample, Task, collate_groups, encode_prompt
 from ardea.errors import ArdeaError
-from ardea.reward import RewardScorer, example_row
+from ardea.reward import RewardScorer, example_row, overlong_penalty
 from ardea.rollout.engine import GenerationEngine, SamplingParams
 
 SAMPLES_KEPT = 4  # prompts per rollout whose first completion is kept for samples.jsonl
@@ -55,8 +62,39 @@ def check_staleness(versions: torch.Tensor, current: int, max_staleness: int) ->
     return lag
 
 
+def sampling_seed(seed: int, *indices: int) -> int:
+    """A 63-bit engine seed from the run seed and call indices (a stable hash)."""
+    key = ":".join(str(int(i)) for i in (seed, *indices)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One scored rollout: the trajectory ``batch`` (CPU tensors, module docstring), its
+    ``metrics`` (``rollout/*``, ``reward/*``, ``perf/*``) and a few ``samples``
+    ``(prompt, completion, reward)`` for ``samples.jsonl``."""
+
+    batch: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+    samples: list[tuple[str, str, float]]
+
+
 class RolloutRunner:
-    """Samples ``group_size`` completions per example and scores them."""
+    """Samples ``group_size`` completions per example and scores them.
+
+    Args:
+        engine: the generation engine (its version labels the tokens).
+        tokenizer: encodes prompts, decodes completions for the reward functions.
+        scorer: the reward functions.
+        group_size: G completions per prompt.
+        params: sampling parameters (``n`` and ``seed`` are set per call).
+        chat_template: wrap prompts in the tokenizer's chat template.
+        seed: the run seed (see the module docstring).
+        task: when given, ``rollout/accuracy`` is the share of completions its verifier
+            accepts, whatever the reward functions are.
+        overlong_buffer, overlong_penalty: DAPO's soft overlong penalty
+            (:func:`ardea.reward.overlong_penalty`; buffer 0 = off).
+    """
 
     def __init__(
         self,
@@ -68,7 +106,15 @@ class RolloutRunner:
         params: SamplingParams,
         chat_template: bool = False,
         seed: int = 0,
+        task: Task | None = None,
+        overlong_buffer: int = 0,
+        overlong_penalty: float = 1.0,
     ) -> None:
+        if overlong_buffer > params.max_new_tokens:
+            raise ValueError(
+                f"reward.overlong_buffer={overlong_buffer} exceeds rollout.max_new_tokens="
+                f"{params.max_new_tokens}"
+            )
         self.engine = engine
         self.tokenizer = tokenizer
         self.scorer = scorer
@@ -76,21 +122,34 @@ class RolloutRunner:
         self.params = params
         self.chat_template = chat_template
         self.seed = seed
-        self.calls = 0
-        self.last_metrics: dict[str, float] = {}
-        self.last_samples: list[tuple[str, str, float]] = []
+        self.task = task
+        self.overlong_buffer = overlong_buffer
+        self.overlong_penalty = overlong_penalty
 
-    def rollout(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
-        """Generate, score and collate; metrics of the call go to ``last_metrics``."""
+    def detached_copy(self) -> RolloutRunner:
+        """The same runner on a copy of the engine with its own weights
+        (``engine.detached_copy()``), for generating in a background thread."""
+        copy_engine = getattr(self.engine, "detached_copy", None)
+        if copy_engine is None:
+            raise TypeError(
+                f"{type(self.engine).__name__} cannot make a detached copy of its weights, "
+                "which background rollouts (rollout.max_staleness > 0) need"
+            )
+        other = copy.copy(self)
+        other.engine = copy_engine()
+        return other
+
+    def rollout(self, examples: Sequence[Example], *, seed_index: Sequence[int] | int) -> Rollout:
+        """Generate, score and collate G completions for each of ``examples``."""
         start = time.perf_counter()
         prompts = [
             encode_prompt(self.tokenizer, e.prompt, chat_template=self.chat_template)
             for e in examples
         ]
+        indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         params = dataclasses.replace(
-            self.params, n=self.group_size, seed=self.seed * 1_000_003 + self.calls
+            self.params, n=self.group_size, seed=sampling_seed(self.seed, *indices)
         )
-        self.calls += 1
         completions = self.engine.generate(prompts, params)
         generated = time.perf_counter()
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
@@ -98,25 +157,44 @@ class RolloutRunner:
         scored = self.scorer.score(
             [e.prompt for e in groups], texts, [example_row(e) for e in groups]
         )
+        lengths = [len(c.token_ids) for c in completions]
+        penalties = overlong_penalty(
+            lengths,
+            max_length=self.params.max_new_tokens,
+            buffer=self.overlong_buffer,
+            penalty=self.overlong_penalty,
+        )
+        rewards = [r + p for r, p in zip(scored.rewards, penalties)]
+        metrics = self._metrics(rewards, lengths, completions, texts, groups)
+        if self.overlong_buffer:
+            metrics["rollout/overlong_penalty"] = sum(penalties) / len(penalties)
+        metrics.update({k: float(v) for k, v in scored.counts.items()})
         scored_at = time.perf_counter()
-        batch = self._collate(prompts, completions, scored.rewards)
-        self.last_samples = [  # the first completion of the first few prompts, for samples.jsonl
-            (groups[i].prompt, texts[i], scored.rewards[i])
+        batch = self._collate(prompts, completions, rewards)
+        samples = [  # the first completion of the first few prompts, for samples.jsonl
+            (groups[i].prompt, texts[i], rewards[i])
             for i in range(0, min(len(groups), SAMPLES_KEPT * self.group_size), self.group_size)
         ]
-        lengths = [len(c.token_ids) for c in completions]
-        rewards = torch.tensor(scored.rewards)
-        self.last_metrics = {
-            "rollout/reward_mean": float(rewards.mean()),
-            "rollout/reward_std": float(rewards.std(unbiased=False)),
-            "rollout/response_length": sum(lengths) / len(lengths),
-            "rollout/truncated_fraction": float(batch["no_eos"].float().mean()),
+        metrics |= {
             "perf/generate_tokens_per_s": sum(lengths) / max(generated - start, 1e-9),
             "perf/time_generate": generated - start,
             "perf/time_score": scored_at - generated,
-            **{f"{k}": float(v) for k, v in scored.counts.items()},
         }
-        return batch
+        return Rollout(batch, metrics, samples)
+
+    def _metrics(self, rewards, lengths, completions, texts, groups) -> dict[str, float]:
+        values = torch.tensor(rewards, dtype=torch.float64)
+        metrics = {
+            "rollout/reward_mean": float(values.mean()),
+            "rollout/reward_std": float(values.std(unbiased=False)),
+            "rollout/response_length": sum(lengths) / len(lengths),
+            "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions)
+            / len(completions),
+        }
+        if self.task is not None:
+            correct = [self.task.score(t, e) > 0 for t, e in zip(texts, groups)]
+            metrics["rollout/accuracy"] = sum(correct) / len(correct)
+        return metrics
 
     def _collate(self, prompts, completions, rewards) -> dict[str, torch.Tensor]:
         g = self.group_size
@@ -130,7 +208,9 @@ class RolloutRunner:
             for i, prompt in enumerate(prompts)
         ]
         batch = collate_groups(samples, self.tokenizer.pad_token_id)
+        generated = batch["loss_mask"] > 0  # (N, S)
         version = torch.tensor([c.version for c in completions])  # (N,)
-        batch["versions"] = torch.where(batch["loss_mask"] > 0, version[:, None], -1)  # (N, S)
+        batch["versions"] = torch.where(generated, version[:, None], -1)  # (N, S)
+        batch["turn_ids"] = torch.where(generated, 0, -1)  # (N, S): one assistant turn
         batch["no_eos"] = torch.tensor([c.finish_reason == "length" for c in completions])
         return batch

@@ -2,6 +2,7 @@
 
 from ardea.trainer.loop import Trainer
 from ardea.trainer.report import draw_report
+from ardea.trainer.stages import run, run_stages
 from ardea.trainer.strategies import Strategy, make_strategy, register_strategy, strategy_names
 
 __all__ = [
@@ -10,5 +11,7 @@ __all__ = [
     "draw_report",
     "make_strategy",
     "register_strategy",
+    "run",
+    "run_stages",
     "strategy_names",
 ]

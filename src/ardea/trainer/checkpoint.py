@@ -1,6 +1,7 @@
 """Checkpoints: ``checkpoints/step_XXXXXXX/`` with ``policy/`` (Hugging Face format,
-safetensors; for LoRA the merged model, with the adapter alone in ``adapter/``) and
-``trainer_state.pt`` (optimizer, scheduler, RNG, data position).
+safetensors; for LoRA the merged model, with the adapter alone in ``adapter/``),
+``critic/`` for critic-based PPO (a ``ValueModel`` in Hugging Face token-classification
+format) and ``trainer_state.pt`` (optimizer, scheduler, RNG, data position).
 
 A checkpoint is written into a temporary directory, marked complete, then renamed
 into place, so a killed process never leaves a half-written ``step_*`` directory.
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,19 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, *, policy: Any, tokenizer: Any, state: dict[str, Any], keep_last: int
+    run_dir: Path,
+    step: int,
+    *,
+    policy: Any,
+    tokenizer: Any,
+    state: dict[str, Any],
+    keep_last: int,
+    save_extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune old ones; return its path."""
+    """Write the checkpoint of ``step`` atomically and prune old ones; return its path.
+
+    ``save_extra(directory)`` writes further modules (e.g. a PPO critic into ``critic/``)
+    before the checkpoint is marked complete."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
     if tmp.exists():
@@ -40,6 +52,8 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     save_policy(policy, tokenizer, tmp)
     torch.save(state, tmp / STATE_FILE)
+    if save_extra is not None:
+        save_extra(tmp)
     # The marker lists every file with its size: a checkpoint whose files were cut short
     # or removed afterwards is recognised as damaged and never loaded.
     (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _file_sizes(tmp)}))

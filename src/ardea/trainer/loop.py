@@ -34,7 +34,7 @@ from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
 from ardea.trainer.results import finish_run
-from ardea.trainer.schedule import build_scheduler
+from ardea.trainer.schedule import build_adamw
 from ardea.trainer.setup import (
     build_trainable_policy,
     context_length,
@@ -100,6 +100,7 @@ class Trainer:
         )
         for module in self.strategy.frozen_modules():
             module.to(self.device)
+        self.strategy.bind_data(self.train_samples)
         self._build_optimizer()
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
@@ -108,6 +109,7 @@ class Trainer:
             config, self.task, engine, self.tokenizer, self.strategy, held_out
         )
         self.step = 0
+        self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
         self.nonfinite = {"consecutive": 0, "total": 0}
         if self.resume_from is not None:
@@ -121,14 +123,18 @@ class Trainer:
             top_k=rollout.top_k,
             max_new_tokens=rollout.max_new_tokens,
         )
+        reward = self.config.reward
         return RolloutRunner(
             engine,
             self.tokenizer,
-            build_scorer(self.config.reward, self.task),
+            build_scorer(reward, self.task),
             group_size=rollout.group_size,
             params=params,
             chat_template=self.config.data.chat_template,
             seed=self.config.trainer.seed,
+            task=self.task,
+            overlong_buffer=reward.overlong_buffer,
+            overlong_penalty=reward.overlong_penalty,
         )
 
     def _make_reference(self) -> torch.nn.Module:
@@ -140,24 +146,15 @@ class Trainer:
     def _build_optimizer(self) -> None:
         trainer = self.config.trainer
         self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.parameters,
-            lr=trainer.lr,
-            betas=tuple(trainer.adam_betas),
-            weight_decay=trainer.weight_decay,
-        )
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            kind=trainer.lr_schedule,
-            warmup_steps=trainer.warmup_steps,
-            total_steps=trainer.max_steps,
-            min_ratio=trainer.min_lr_ratio,
+        self.optimizer, self.scheduler = build_adamw(
+            self.parameters, trainer, lr=trainer.lr, warmup_steps=trainer.warmup_steps
         )
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         state = {
             "step": self.step,
+            "train_seconds": self.train_seconds,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
@@ -174,27 +171,38 @@ class Trainer:
             tokenizer=self.tokenizer,
             state=state,
             keep_last=self.config.trainer.keep_last,
+            save_extra=self.strategy.save_modules,
         )
 
     def _restore(self, checkpoint: Path) -> None:
         state = load_trainer_state(checkpoint)
         load_policy_weights(self.policy, checkpoint)
+        self.strategy.load_modules(checkpoint)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
+        self.train_seconds = float(state.get("train_seconds", 0.0))
         self.history = state["history"]
         self.nonfinite = dict(state["nonfinite"])
         self.strategy.load_state_dict(state["strategy"])
         restore_rng_state(state["rng"])
 
     # ----------------------------------------------------------------- phases
-    def _next_micro_batches(self) -> list[dict[str, torch.Tensor]]:
-        indices = self.sampler.next_batch()
-        size = len(indices) // self.config.trainer.grad_accum_steps
-        chunks = [indices[i : i + size] for i in range(0, len(indices), size)]
-        batches = [self.strategy.collate([self.train_samples[i] for i in c]) for c in chunks]
-        return [{k: v.to(self.device) for k, v in b.items()} for b in batches]
+    def _plan(self) -> list[list[dict[str, torch.Tensor]]]:
+        """This step's samples (and the next ``strategy.lookahead`` steps' ones, which stay
+        in the sampler), turned into optimizer updates by the strategy."""
+        samples = [self.train_samples[i] for i in self.sampler.next_batch()]
+        upcoming = [
+            [self.train_samples[i] for i in batch]
+            for batch in self.sampler.peek(self.strategy.lookahead)
+        ]
+        return self.strategy.plan_step(
+            samples,
+            step=self.step,
+            micro_batches=self.config.trainer.grad_accum_steps,
+            upcoming=upcoming,
+        )
 
     def _forward_backward(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         counts = self.strategy.step_counts(micro_batches)
@@ -206,42 +214,62 @@ class Trainer:
                 totals[name] = totals.get(name, 0.0) + value
         return totals
 
-    def _optimizer_step(self, loss: float) -> dict[str, float]:
+    def _optimizer_step(self, loss: float) -> tuple[dict[str, float], bool]:
+        """Clip and step, or skip a non-finite step; returns its metrics and whether it
+        was applied."""
         max_norm = self.config.trainer.max_grad_norm or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
         metrics = {"train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0]}
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        applied = math.isfinite(loss) and math.isfinite(grad_norm)
+        if not applied:
             self.optimizer.zero_grad(set_to_none=True)  # skip: weights stay the last good ones
+            self.strategy.skip_optimizer_step()
             self.nonfinite["consecutive"] += 1
             self.nonfinite["total"] += 1
         else:
             self.optimizer.step()
-            self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.strategy.after_optimizer_step()
             self.nonfinite["consecutive"] = 0
-        metrics["train/nonfinite_steps"] = float(self.nonfinite["total"])
-        return metrics
+        return metrics, applied
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step; returns its metrics."""
+        """One training step (one or more optimizer updates); returns its metrics."""
         timer = PhaseTimer()
         self.policy.train()
         with timer.phase("data"):
-            micro_batches = self._next_micro_batches()
-        with timer.phase("forward_backward"):
-            metrics = self._forward_backward(micro_batches)
-        with timer.phase("optimizer"):
-            metrics.update(self._optimizer_step(metrics.get("train/loss", 0.0)))
+            updates = self._plan()
+        per_update, applied = [], False
+        for micro_batches in updates:
+            with timer.phase("forward_backward"):
+                metrics = self._forward_backward(micro_batches)
+            with timer.phase("optimizer"):
+                step_metrics, ok = self._optimizer_step(metrics.get("train/loss", 0.0))
+            per_update.append(metrics | step_metrics)
+            applied |= ok
+        if applied:
+            self.scheduler.step()
+        self.strategy.after_train_step()
+        metrics = _mean_metrics(per_update)
+        metrics["train/nonfinite_steps"] = float(self.nonfinite["total"])
         metrics.update(self.strategy.step_metrics())
-        tokens = sum(int(_token_count(b)) for b in micro_batches)
+        tokens = sum(_token_count(b) for update in updates for b in update)
         metrics.update(timer.metrics())
         metrics["perf/tokens_per_s"] = tokens / max(sum(timer.seconds.values()), 1e-9)
+        train_seconds = timer.seconds.get("forward_backward", 0.0) + timer.seconds.get(
+            "optimizer", 0.0
+        )
+        metrics["perf/train_tokens_per_s"] = tokens / max(train_seconds, 1e-9)
         return metrics
 
     # ------------------------------------------------------------------- loop
+    def _done(self) -> bool:
+        """max_steps reached, or the trainer.max_train_seconds budget spent."""
+        budget = self.config.trainer.max_train_seconds
+        return self.step >= self.config.trainer.max_steps or 0 < budget <= self.train_seconds
+
     def _due(self, every: int) -> bool:
-        return every > 0 and self.step % every == 0 and self.step < self.config.trainer.max_steps
+        return every > 0 and self.step % every == 0 and not self._done()
 
     def _evaluate(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
         metrics = self.evaluator.run(self.step, self.run_dir)
@@ -266,11 +294,13 @@ class Trainer:
 
     def _loop(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
         cfg = self.config
-        while self.step < cfg.trainer.max_steps:
+        while not self._done():
+            started = time.perf_counter()
             metrics = self.train_step()
+            self.train_seconds += time.perf_counter() - started
             self.step += 1
             samples = self.strategy.step_samples()
-            if self.step % cfg.logging.log_every == 0 or self.step == cfg.trainer.max_steps:
+            if self.step % cfg.logging.log_every == 0 or self._done():
                 logger.log(self.step, metrics)
                 if samples:
                     append_samples(self.run_dir, self.step, samples)
@@ -307,12 +337,13 @@ class Trainer:
                     progress.print(f"resumed from {self.resume_from} at step {self.step}")
                 else:
                     self._evaluate(logger, progress)
-                finished = self.step >= cfg.trainer.max_steps  # resumed from the final checkpoint
+                finished = self._done()  # resumed from the final checkpoint
                 self._loop(logger, progress)
                 if not finished:
                     self._evaluate(logger, progress)
             checkpoint = self.resume_from if finished else self.save()
         finally:
+            self.strategy.close()
             logger.close()
         draw_report(self.run_dir)
         return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
@@ -329,6 +360,16 @@ class Trainer:
             "name": self.config.trainer.run_name,
             "config": OmegaConf.to_container(OmegaConf.structured(self.config)),
         }
+
+
+def _mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric averaged over the optimizer updates of a step that report it."""
+    names = dict.fromkeys(name for metrics in per_update for name in metrics)
+    out = {}
+    for name in names:
+        values = [m[name] for m in per_update if name in m]
+        out[name] = sum(values) / len(values)
+    return out
 
 
 def _token_count(batch: dict[str, torch.Tensor]) -> int:

@@ -55,6 +55,7 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         results["eval_loss_initial"] = losses[0][1]
         results["eval_loss"] = losses[-1][1]
     results["nonfinite_steps"] = trainer.nonfinite["total"]
+    results["train_seconds"] = round(trainer.train_seconds, 1)
     results["wall_seconds"] = round(wall_seconds, 1)
     results["checkpoint"] = str(Path(checkpoint) / "policy") if checkpoint else None
     results["run_dir"] = str(trainer.run_dir)

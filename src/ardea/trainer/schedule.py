@@ -1,8 +1,9 @@
-"""Learning-rate schedules as a multiplier of the peak rate."""
+"""Optimizers and learning-rate schedules (as a multiplier of the peak rate)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -44,3 +45,22 @@ def build_scheduler(
             step, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_ratio
         ),
     )
+
+
+def build_adamw(
+    parameters: list[torch.nn.Parameter], trainer: Any, *, lr: float, warmup_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``parameters`` with ``trainer``'s betas and weight decay, and its schedule
+    (``trainer.lr_schedule`` over ``trainer.max_steps`` steps down to ``min_lr_ratio``),
+    peaking at ``lr`` after ``warmup_steps``: the policy's and the critic's optimizers."""
+    optimizer = torch.optim.AdamW(
+        parameters, lr=lr, betas=tuple(trainer.adam_betas), weight_decay=trainer.weight_decay
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        kind=trainer.lr_schedule,
+        warmup_steps=warmup_steps,
+        total_steps=trainer.max_steps,
+        min_ratio=trainer.min_lr_ratio,
+    )
+    return optimizer, scheduler

@@ -113,3 +113,53 @@ def run_step(strategy, micro_batches) -> tuple[dict[str, float], dict[str, torch
         for name, value in metrics.items():
             totals[name] = totals.get(name, 0.0) + value
     return totals, grads(strategy.policy)
+
+
+def online_strategy(name: str, policy, *, group_size: int = 2, reward=None, **algo):
+    """The online strategy ``name`` on ``policy`` with a real rollout runner (the in-process
+    engine on ``policy``, ``reward(prompts, completions, rows)`` or digit share, T = 1)."""
+    from ardea.reward import RewardScorer
+    from ardea.rollout import RolloutRunner, SamplingParams
+    from ardea.trainer.setup import make_engine
+
+    def digits(prompts, completions, rows):
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+    config = make_config(name, **algo)
+    config.rollout.group_size = group_size
+    scorer = RewardScorer([(reward or digits, 1.0)], timeout_s=10.0)
+    runner = RolloutRunner(
+        make_engine(policy, TOKENIZER),
+        TOKENIZER,
+        scorer,
+        group_size=group_size,
+        params=SamplingParams(temperature=1.0, max_new_tokens=6),
+    )
+    source = copy.deepcopy(policy)
+    return make_strategy(
+        name,
+        policy,
+        config,
+        tokenizer=TOKENIZER,
+        make_reference=lambda: copy.deepcopy(source),
+        runner=runner,
+    )
+
+
+def rollout_batch(lengths, prompt: int, rewards, *, seed: int = 0, no_eos=None) -> dict:
+    """A rollout-layout batch: rows of ``prompt`` prompt tokens then a completion, behaviour
+    log-probs ``-0.5`` on completion tokens, one group per two rows."""
+    rows = random_rows(lengths, seed)
+    n = len(lengths)
+    loss = pad_rows([[0] * prompt + [1] * (k - prompt) for k in lengths], dtype=torch.float32)
+    return {
+        "input_ids": pad_rows(rows, PAD),
+        "attention_mask": pad_rows([[1] * k for k in lengths]),
+        "loss_mask": loss,
+        "logprobs": -0.5 * loss,
+        "rewards": torch.tensor(rewards, dtype=torch.float32),
+        "group_ids": torch.arange(n) // 2,
+        "no_eos": torch.tensor(no_eos if no_eos is not None else [False] * n),
+        "versions": torch.where(loss > 0, 0, -1),
+        "turn_ids": torch.where(loss > 0, 0, -1),
+    }

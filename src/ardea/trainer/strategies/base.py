@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -62,9 +63,40 @@ class Strategy(ABC):
         self.make_reference = make_reference
         self.runner = runner
 
+    #: how many upcoming steps' samples :meth:`plan_step` wants to see (rollouts made ahead)
+    lookahead: int = 0
+
     @abstractmethod
     def collate(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Samples of ``sample_kind`` → one micro-batch of tensors."""
+
+    def plan_step(
+        self,
+        samples: Sequence[Any],
+        *,
+        step: int,
+        micro_batches: int,
+        upcoming: Sequence[Sequence[Any]] = (),
+    ) -> list[list[dict[str, torch.Tensor]]]:
+        """The optimizer updates of one training step, each a list of micro-batches on the
+        policy's device.
+
+        Default: one update; ``samples`` split into ``micro_batches`` collated chunks.
+        Online strategies generate here and may return several updates (PPO epochs and
+        mini-batches over one rollout). ``step`` is the index of the step (0-based);
+        ``upcoming`` holds the samples of the next ``lookahead`` steps.
+        """
+        size = -(-len(samples) // micro_batches)
+        chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
+        return [[self.to_device(self.collate(chunk)) for chunk in chunks]]
+
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        device = next(self.policy.parameters()).device
+        return {k: v.to(device) for k, v in batch.items()}
+
+    def bind_data(self, samples: Sequence[Any]) -> None:
+        """Called once with the whole training set (e.g. to draw refill prompts from it)."""
+        return None
 
     @abstractmethod
     def step_counts(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
@@ -78,6 +110,28 @@ class Strategy(ABC):
 
     def after_optimizer_step(self) -> None:
         """Hook run after each optimizer step (e.g. syncing an old-policy copy)."""
+        return None
+
+    def skip_optimizer_step(self) -> None:
+        """Hook run instead of :meth:`after_optimizer_step` when the loop skips a step with a
+        non-finite loss or gradient (drop any gradients the strategy owns)."""
+        return None
+
+    def after_train_step(self) -> None:
+        """Hook run once per training step, after all its optimizer steps (e.g. publishing
+        the new weights to the generation engine as the next policy version)."""
+        return None
+
+    def close(self) -> None:
+        """Release what the strategy runs in the background (called when training ends)."""
+        return None
+
+    def save_modules(self, directory: Path) -> None:
+        """Write trained modules other than the policy into a checkpoint ``directory``."""
+        return None
+
+    def load_modules(self, directory: Path) -> None:
+        """Read what :meth:`save_modules` wrote; a missing module is an error."""
         return None
 
     def frozen_modules(self) -> list[torch.nn.Module]:

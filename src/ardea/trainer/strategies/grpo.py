@@ -54,6 +54,7 @@ from ardea import data
 from ardea.algo import (
     agg_loss,
     compute_advantages,
+    decoupled_ppo_policy_loss,
     kl_penalty,
     masked_mean,
     next_token_align,
@@ -99,6 +100,70 @@ def advantage_config(ppo: Any) -> SimpleNamespace:
     return SimpleNamespace(**fields)
 
 
+def rl_step_counts(micro_batches: list[dict[str, Tensor]], moe: MoETerms) -> dict[str, float]:
+    """The normalisers of one optimizer step over its micro-batches: completion ``tokens`` and
+    ``seqs`` (next-token aligned), ``rows``, the ``horizon`` (longest row), the population
+    ``reward_std`` of the step's completions, and the MoE routed tokens."""
+    masks = [next_token_align(b["loss_mask"].bool(), False) for b in micro_batches]
+    rewards = torch.cat([b["rewards"].detach().float().reshape(-1) for b in micro_batches])
+    counts = {
+        "tokens": float(sum(m.sum() for m in masks)),
+        "seqs": float(sum(m.any(dim=-1).sum() for m in masks)),
+        "rows": float(rewards.numel()),
+        "horizon": float(max(m.shape[-1] for m in masks)),
+        "reward_std": float(rewards.std(unbiased=False)) if rewards.numel() else 0.0,
+    }
+    forwards = [(b["input_ids"], b.get("attention_mask")) for b in micro_batches]
+    return counts | moe.step_counts(forwards)
+
+
+def policy_objective(
+    ppo: Any,
+    logprobs: Tensor,
+    behaviour: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    counts: dict[str, Any],
+    *,
+    proximal: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The clipped surrogate of ``algo.ppo`` and its ``train/*`` metrics; all ``(N, S)``
+    next-token aligned. With ``proximal`` log-probs it is decoupled PPO (ratio against the
+    proximal policy, behaviour importance weight ``pi_prox / pi_behav`` capped by
+    ``ppo.behav_imp_weight_cap``), else PPO against ``behaviour``."""
+    clip = dict(
+        eps_clip=ppo.eps_clip,
+        eps_clip_higher=ppo.eps_clip_higher,
+        c_clip=ppo.c_clip,
+        loss_agg_mode=ppo.loss_agg_mode,
+        **counts,
+    )
+    advantages = advantages.to(logprobs.dtype)
+    if proximal is None:
+        loss, parts = ppo_policy_loss(logprobs, behaviour, advantages, mask, **clip)
+    else:
+        loss, parts = decoupled_ppo_policy_loss(
+            logprobs,
+            proximal.to(logprobs.dtype),
+            behaviour,
+            advantages,
+            mask,
+            behav_imp_weight_cap=ppo.behav_imp_weight_cap,
+            **clip,
+        )
+    tokens = counts["global_tokens"]
+    metrics = {
+        "train/policy_loss": float(loss.detach()),
+        "train/clip_fraction": float(parts["loss/clip_frac"]),
+        "train/approx_kl": float(parts["loss/approx_kl"]),
+        "train/advantage_mean": float(masked_mean(advantages, mask, global_tokens=tokens)),
+    }
+    if proximal is not None:
+        metrics["train/behav_imp_weight"] = float(parts["loss/behav_imp_weight"])
+        metrics["train/behav_drop_fraction"] = float(parts["loss/behav_drop_frac"])
+    return loss, metrics
+
+
 @register_strategy("grpo")
 class GRPOStrategy(Strategy):
     """GRPO on offline groups with a synced old-policy copy (module docstring)."""
@@ -110,11 +175,14 @@ class GRPOStrategy(Strategy):
         self.ppo = config.algo.ppo
         self.adv_config = advantage_config(self.ppo)
         self.kl_ctl = float(self.ppo.kl_ctl)
-        self.old_policy = freeze(copy.deepcopy(policy))
-        for param in self.old_policy.parameters():
-            param.grad = None
+        self.old_policy = None  # online subclasses get behaviour log-probs with each rollout
+        if self.sample_kind == "group":
+            self.old_policy = freeze(copy.deepcopy(policy))
+            for param in self.old_policy.parameters():
+                param.grad = None
         self.reference = frozen_reference(self.make_reference, "grpo") if self.kl_ctl else None
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
+        self.temperature = 1.0  # the temperature the behaviour log-probs were computed at
 
     def collate(self, samples: Sequence[Any]) -> dict[str, Tensor]:
         return data.collate_groups(samples, self.tokenizer.pad_token_id)
@@ -125,24 +193,18 @@ class GRPOStrategy(Strategy):
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
         """Sync the old policy to the updated policy (seed 002's offline GRPO)."""
-        self.old_policy.load_state_dict(self.policy.state_dict())
+        if self.old_policy is not None:
+            self.old_policy.load_state_dict(self.policy.state_dict())
 
     def step_counts(self, micro_batches: list[dict[str, Tensor]]) -> dict[str, float]:
-        masks = [next_token_align(b["loss_mask"].bool(), False) for b in micro_batches]
-        rewards = torch.cat([b["rewards"].detach().float().reshape(-1) for b in micro_batches])
-        counts = {
-            "tokens": float(sum(m.sum() for m in masks)),
-            "seqs": float(sum(m.any(dim=-1).sum() for m in masks)),
-            "rows": float(rewards.numel()),
-            "horizon": float(max(m.shape[-1] for m in masks)),
-            "reward_std": float(rewards.std(unbiased=False)) if rewards.numel() else 0.0,
-        }
-        forwards = [(b["input_ids"], b.get("attention_mask")) for b in micro_batches]
-        return counts | self.moe.step_counts(forwards)
+        return rl_step_counts(micro_batches, self.moe)
 
     def _advantages(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The advantage pipeline's outputs (next-token aligned): ``advantages``,
-        ``next_loss_mask`` and ``next_logprobs`` (behaviour log-probs, when given)."""
+        ``next_loss_mask`` and ``next_logprobs`` (behaviour log-probs, when given). A batch
+        that already carries them (pinned on a rollout) is returned as it is."""
+        if "advantages" in batch:
+            return batch
         behaviour = batch.get("logprobs")
         if behaviour is None:  # the old policy supplies the ratio's log-probs instead
             behaviour = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
@@ -167,7 +229,14 @@ class GRPOStrategy(Strategy):
         mask = adv["next_loss_mask"]  # (N, S) bool
         ids, attn = batch["input_ids"], batch["attention_mask"]
         chunk = self.config.model.logprob_chunk_size
-        out = sequence_logprobs(self.policy, ids, attn, chunk_size=chunk, with_entropy=True)
+        out = sequence_logprobs(
+            self.policy,
+            ids,
+            attn,
+            chunk_size=chunk,
+            with_entropy=True,
+            temperature=self.temperature,
+        )
         with torch.no_grad():
             if "logprobs" in batch:
                 old_logprobs = adv["next_logprobs"].to(out.logprobs.dtype)  # (N, S)
@@ -179,27 +248,12 @@ class GRPOStrategy(Strategy):
             global_seqs=step_counts["seqs"],
             horizon=int(step_counts["horizon"]),
         )
-        policy_loss, parts = ppo_policy_loss(
-            out.logprobs,
-            old_logprobs,
-            adv["advantages"].to(out.logprobs.dtype),
-            mask,
-            eps_clip=self.ppo.eps_clip,
-            eps_clip_higher=self.ppo.eps_clip_higher,
-            c_clip=self.ppo.c_clip,
-            loss_agg_mode=self.ppo.loss_agg_mode,
-            **counts,
-        )
+        policy_loss, metrics = policy_objective(
+            self.ppo, out.logprobs, old_logprobs, adv["advantages"], mask, counts,
+            proximal=batch.get("proximal_logprobs"),
+        )  # fmt: skip
         tokens = step_counts["tokens"]
-        metrics = {
-            "train/policy_loss": float(policy_loss.detach()),
-            "train/clip_fraction": float(parts["loss/clip_frac"]),
-            "train/approx_kl": float(parts["loss/approx_kl"]),
-            "train/entropy": float(masked_mean(out.entropy, mask, global_tokens=tokens)),
-            "train/advantage_mean": float(
-                masked_mean(adv["advantages"], mask, global_tokens=tokens)
-            ),
-        }
+        metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
         loss = policy_loss + self._kl_term(batch, out.logprobs, mask, counts, metrics)
         metrics |= self._reward_metrics(batch, step_counts)
         loss, moe_metrics = self.moe.add(
@@ -218,7 +272,11 @@ class GRPOStrategy(Strategy):
         chunk = self.config.model.logprob_chunk_size
         with torch.no_grad():
             ref = sequence_logprobs(
-                self.reference, batch["input_ids"], batch["attention_mask"], chunk_size=chunk
+                self.reference,
+                batch["input_ids"],
+                batch["attention_mask"],
+                chunk_size=chunk,
+                temperature=self.temperature,
             ).logprobs  # (N, S)
         kl = kl_penalty(logprobs, ref, self.ppo.kl_estimator)  # (N, S)
         kl_loss = agg_loss(kl, mask, self.ppo.loss_agg_mode, **counts)

@@ -5,7 +5,9 @@ prompt, scored by ``reward.functions``); every group whose rewards are not all e
 one pair (highest reward chosen, lowest rejected; the first in sampling order on ties) and
 the DPO loss of :mod:`ardea.trainer.strategies.dpo` runs on those pairs against the frozen
 reference. Groups without a reward spread carry no preference and are dropped (counted in
-``rollout/pairs``). After each optimizer step the weights are published as the next version.
+``rollout/pairs``); a step without any pair makes no optimizer step. Epochs, mini-batches
+(over pairs), staleness and version publication are those of
+:mod:`ardea.trainer.strategies.online`.
 """
 
 from __future__ import annotations
@@ -52,14 +54,11 @@ class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
         self._init_online()
 
     def collate(self, samples: Sequence[Example]) -> dict[str, Tensor]:
-        pairs = best_worst_pairs(self.rollout(samples))
-        self._rollout_metrics[-1]["rollout/pairs"] = float(len(pairs["chosen_input_ids"]))
-        return pairs
+        raise TypeError("online_dpo builds its batches from rollouts (plan_step)")
 
-    def loss(
-        self, batch: dict[str, Tensor], step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
-        if batch["chosen_input_ids"].shape[0] == 0:  # no group had a preference
-            zero = sum(p.sum() for p in self.policy.parameters() if p.requires_grad) * 0.0
-            return zero, {"train/loss": 0.0}
-        return super().loss(batch, step_counts)
+    def prepare_rollout(
+        self, batch: dict[str, Tensor], *, step: int, metrics: dict[str, float]
+    ) -> dict[str, Tensor]:
+        pairs = best_worst_pairs(batch)
+        metrics["rollout/pairs"] = float(len(pairs["chosen_input_ids"]))
+        return pairs

@@ -1,0 +1,125 @@
+"""Does RL earn its keep? The default recipe's RL stage against more SFT, at equal time.
+
+For each seed, from the same SFT checkpoint (the default recipe's ``sft`` stage: the tiny
+model trained from scratch on its small fixed set of demonstrations):
+
+- **rl**: the default recipe's ``rl`` stage (online GRPO on fresh prompts, scored by the
+  task's verifier), as ``ardea train`` runs it;
+- **sft-continued**: SFT on the *same* demonstrations, for the same training wall-clock time
+  as the RL arm took (``trainer.max_train_seconds``; evaluations not counted on either side),
+  once with the SFT stage's own schedule restarted (peak lr, warm-up, cosine) and once at a
+  constant learning rate equal to where the SFT stage's schedule ended.
+
+Reported per seed and arm: steps, training seconds, held-out exact-match accuracy (greedy,
+the task's held-out split) at the start and the end. The script exits with status 1 when,
+for any seed, the RL arm does not end above every SFT-continued arm.
+
+    python benchmarks/bench_rl_vs_sft.py                      # seeds 0 1 2 (about 10 min each)
+    python benchmarks/bench_rl_vs_sft.py --seeds 0 --out /tmp/rl_vs_sft
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
+from ardea.trainer import Trainer
+
+
+def stages(seed: int, out: Path, extra: list[str]) -> dict:
+    config = load_config(DEFAULT_RECIPE, [f"trainer.seed={seed}", "logging.progress=false", *extra])
+    return dict(stage_configs(config))
+
+
+def run_arm(config, output_dir: Path, **fields) -> dict:
+    config.trainer.output_dir = str(output_dir)
+    config.trainer.resume = "auto"  # a rerun of the benchmark reuses finished arms
+    for dotted, value in fields.items():
+        section, name = dotted.split("__")
+        setattr(getattr(config, section), name, value)
+    return Trainer(config).train()
+
+
+def bench_seed(seed: int, out: Path, extra: list[str]) -> list[dict]:
+    root = out / f"seed_{seed}"
+    sft = run_arm(stages(seed, out, extra)["sft"], root / "sft")
+    start = sft["checkpoint"]
+    rows = []
+    rl = run_arm(stages(seed, out, extra)["rl"], root / "rl", model__path=start)
+    rows.append(("rl", rl))
+    budget = rl["train_seconds"]
+    base = stages(seed, out, extra)["sft"]
+    final_lr = base.trainer.lr * base.trainer.min_lr_ratio
+    variants = {
+        "sft-continued (schedule restarted)": {},
+        f"sft-continued (constant lr {final_lr:g})": {
+            "trainer__lr": final_lr,
+            "trainer__lr_schedule": "constant",
+            "trainer__warmup_steps": 0,
+        },
+    }
+    for i, (name, fields) in enumerate(variants.items()):
+        config = stages(seed, out, extra)["sft"]
+        result = run_arm(
+            config,
+            root / f"sft_continued_{i}",
+            model__path=start,
+            trainer__max_steps=10**7,
+            trainer__max_train_seconds=budget,
+            trainer__eval_every=0,
+            **fields,
+        )
+        rows.append((name, result))
+    return [
+        {
+            "seed": seed,
+            "arm": name,
+            "steps": r["steps"],
+            "train_seconds": r["train_seconds"],
+            "accuracy_start": r["accuracy_initial"],
+            "accuracy_end": r["accuracy"],
+        }
+        for name, r in rows
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_rl_vs_sft"))
+    parser.add_argument("overrides", nargs="*", help="overrides of the default recipe")
+    args = parser.parse_args()
+    rows = [row for seed in args.seeds for row in bench_seed(seed, args.out, args.overrides)]
+    print(f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print("| seed | arm | steps | train s | accuracy start | accuracy end | change |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        change = 100 * (r["accuracy_end"] - r["accuracy_start"])
+        print(
+            f"| {r['seed']} | {r['arm']} | {r['steps']} | {r['train_seconds']:.0f} | "
+            f"{r['accuracy_start']:.1%} | {r['accuracy_end']:.1%} | {change:+.1f} pts |"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    failed = []
+    for seed in args.seeds:
+        arms = [r for r in rows if r["seed"] == seed]
+        rl = next(r for r in arms if r["arm"] == "rl")
+        best_sft = max(r["accuracy_end"] for r in arms if r["arm"] != "rl")
+        if rl["accuracy_end"] <= best_sft:
+            failed.append(seed)
+    if failed:
+        print(f"RL did not beat SFT-continued at equal time for seeds {failed}")
+        return 1
+    print("RL beat every SFT-continued arm at equal training time for every seed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

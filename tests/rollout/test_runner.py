@@ -1,0 +1,121 @@
+"""The rollout runner: trajectory layout, behaviour log-probs equal to the trainer's,
+per-call seeds, reward shaping and metrics."""
+
+import pytest
+import torch
+
+from ardea.algo import next_token_align
+from ardea.data import make_task
+from ardea.model import build_char_tokenizer, build_tiny_model, sequence_logprobs
+from ardea.reward import RewardScorer
+from ardea.rollout import RolloutRunner, SamplingParams, sampling_seed
+from ardea.trainer.setup import make_engine
+
+TOKENIZER = build_char_tokenizer()
+TASK = make_task("arithmetic", digits=2)
+
+
+def length_reward(prompts, completions, rows):
+    return [float(len(c)) for c in completions]
+
+
+def one(prompts, completions, rows):
+    return [1.0 for _ in completions]
+
+
+def make_runner(temperature=1.0, group_size=3, max_new_tokens=6, reward=length_reward, **kwargs):
+    policy = build_tiny_model(
+        TOKENIZER, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+        intermediate_size=64, seed=3,
+    )  # fmt: skip
+    runner = RolloutRunner(
+        make_engine(policy, TOKENIZER),
+        TOKENIZER,
+        RewardScorer([(reward, 1.0)], timeout_s=10.0),
+        group_size=group_size,
+        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        **kwargs,
+    )
+    return runner, policy
+
+
+EXAMPLES = TASK.examples("train", 4)
+
+
+def test_trajectory_layout():
+    runner, _ = make_runner()
+    batch = runner.rollout(EXAMPLES, seed_index=0).batch
+    n, s = batch["input_ids"].shape
+    assert n == 4 * 3
+    assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(3)]
+    generated = batch["loss_mask"] > 0
+    assert torch.equal(batch["versions"] >= 0, generated)
+    assert torch.equal(batch["turn_ids"] == 0, generated) and bool((batch["turn_ids"] >= -1).all())
+    for row in range(n):
+        prompt = len(TOKENIZER(EXAMPLES[row // 3].prompt)["input_ids"])
+        count = int(generated[row].sum())
+        assert not generated[row, :prompt].any()
+        assert bool(generated[row, prompt : prompt + count].all())
+        assert bool(batch["no_eos"][row]) == (
+            count == 6 and batch["input_ids"][row, prompt + count - 1] != TOKENIZER.eos_token_id
+        )
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_the_trainers(temperature):
+    """The engine's log-probs are those the trainer recomputes for the same tokens and
+    weights at the same temperature (fp32, CPU): max abs difference <= 1e-5."""
+    runner, policy = make_runner(temperature=temperature, max_new_tokens=8)
+    batch = runner.rollout(EXAMPLES, seed_index=5).batch
+    trainer = sequence_logprobs(
+        policy, batch["input_ids"], batch["attention_mask"], temperature=temperature
+    ).logprobs  # (N, S) next-token aligned
+    mask = next_token_align(batch["loss_mask"].bool(), False)
+    behaviour = next_token_align(batch["logprobs"])
+    assert int(mask.sum()) > 20
+    assert float((trainer.detach() - behaviour)[mask].abs().max()) <= 1e-5
+
+
+def test_seed_index_fixes_the_completions():
+    runner, _ = make_runner()
+    a = runner.rollout(EXAMPLES, seed_index=3).batch
+    b = runner.rollout(EXAMPLES, seed_index=3).batch
+    c = runner.rollout(EXAMPLES, seed_index=4).batch
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    assert not torch.equal(a["input_ids"], c["input_ids"])
+    assert sampling_seed(0, 3) != sampling_seed(0, 4) != sampling_seed(1, 3)
+    assert sampling_seed(0, 3, 7, 1) == sampling_seed(0, 3, 7, 1) < 2**63
+
+
+def test_overlong_penalty_is_added_to_the_reward():
+    runner, _ = make_runner(
+        group_size=4, max_new_tokens=6, reward=one, overlong_buffer=3, overlong_penalty=0.5
+    )
+    rollout = runner.rollout(EXAMPLES, seed_index=0)
+    lengths = rollout.batch["loss_mask"].sum(dim=-1).tolist()
+    assert max(lengths) > 3  # some completions reach into the buffer
+    for n, reward in zip(lengths, rollout.batch["rewards"].tolist()):
+        penalty = 0.5 * min(0.0, (3 - n) / 3)  # starts after 6 - 3 = 3 tokens
+        assert reward == pytest.approx(1.0 + penalty, abs=1e-6), (n, reward)
+    assert rollout.metrics["rollout/overlong_penalty"] < 0
+
+
+def test_metrics_and_samples():
+    runner, _ = make_runner(task=TASK)
+    rollout = runner.rollout(EXAMPLES, seed_index=0)
+    rewards = rollout.batch["rewards"]
+    assert rollout.metrics["rollout/reward_mean"] == pytest.approx(float(rewards.mean()))
+    assert rollout.metrics["rollout/reward_std"] == pytest.approx(
+        float(rewards.std(unbiased=False))
+    )
+    assert rollout.metrics["rollout/accuracy"] == 0.0  # an untrained model never adds up
+    lengths = rollout.batch["loss_mask"].sum(dim=-1).float()
+    assert rollout.metrics["rollout/response_length"] == pytest.approx(float(lengths.mean()))
+    for name in ("perf/time_generate", "perf/time_score", "perf/generate_tokens_per_s"):
+        assert rollout.metrics[name] > 0
+    assert [s[0] for s in rollout.samples] == [e.prompt for e in EXAMPLES]
+
+
+def test_overlong_buffer_beyond_the_budget_is_refused():
+    with pytest.raises(ValueError, match="overlong_buffer=9 exceeds rollout.max_new_tokens=6"):
+        make_runner(overlong_buffer=9)

@@ -1,0 +1,249 @@
+"""``online_ppo`` (seed 001's PPO strategy cases): the critic, the loss, behaviour log-prob
+validation, GAE pinned on the rollout, KL folded into rewards, the critic's own step."""
+
+import pytest
+import torch
+from strategy_testing import online_strategy, rollout_batch, run_step, tiny_policy
+
+import ardea.trainer.strategies.online_ppo as online_ppo_module
+from ardea.model import LogprobOutput
+from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies.online_ppo import OnlinePPOStrategy
+
+LENGTHS = [7, 9, 6, 8]
+PROMPT = 3
+REWARDS = [1.0, 0.0, 0.5, -1.0]
+
+
+def ppo(**algo):
+    options = {"ppo_kl_ctl": 0.01, "ppo_kl_estimator": "k1", "ppo_gae_lambda": 0.95}
+    return online_strategy("online_ppo", tiny_policy(), **(options | algo))
+
+
+def prepared(strategy, batch=None):
+    batch = batch if batch is not None else rollout_batch(LENGTHS, PROMPT, REWARDS)
+    return strategy.prepare_rollout(batch, step=0, metrics={})
+
+
+def loss_of(strategy, pinned):
+    return strategy.loss(pinned, strategy.step_counts([pinned]))
+
+
+def test_registered_as_online_ppo():
+    assert strategy_class("online_ppo") is OnlinePPOStrategy
+    assert OnlinePPOStrategy.sample_kind == "prompt"
+
+
+def test_critic_warm_starts_from_the_policy_with_a_zero_head():
+    strategy = ppo()
+    policy_backbone = strategy.policy.model.state_dict()
+    critic_backbone = strategy.critic.model.state_dict()
+    assert policy_backbone.keys() == critic_backbone.keys()
+    assert all(torch.equal(policy_backbone[k], critic_backbone[k]) for k in policy_backbone)
+    assert critic_backbone["embed_tokens.weight"].data_ptr() != (
+        policy_backbone["embed_tokens.weight"].data_ptr()
+    )  # a copy, not shared
+    batch = rollout_batch(LENGTHS, PROMPT, REWARDS)
+    with torch.no_grad():
+        values = strategy.critic(batch["input_ids"], batch["attention_mask"])
+    assert values.shape == (4, 9) and torch.count_nonzero(values) == 0
+
+
+def test_loss_is_finite_and_differentiable_for_policy_and_critic():
+    strategy = ppo()
+    pinned = prepared(strategy)
+    loss, metrics = loss_of(strategy, pinned)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in strategy.policy.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in strategy.critic.parameters())
+    for name in ("train/policy_loss", "train/value_loss", "train/entropy", "train/clip_fraction"):
+        assert name in metrics
+
+
+def test_reference_gets_no_gradient():
+    strategy = ppo()
+    loss, _ = loss_of(strategy, prepared(strategy))
+    loss.backward()
+    assert all(p.grad is None and not p.requires_grad for p in strategy.reference.parameters())
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "match"),
+    [
+        (lambda b: b.pop("logprobs"), "logprobs"),
+        (lambda b: b.__setitem__("logprobs", torch.zeros(1)), "shape"),
+        (lambda b: b["logprobs"].__setitem__((0, 4), float("nan")), "finite"),
+    ],
+    ids=["missing", "shape", "nonfinite"],
+)
+def test_bad_behaviour_logprobs_are_rejected(corrupt, match):
+    strategy = ppo()
+    batch = rollout_batch(LENGTHS, PROMPT, REWARDS)
+    corrupt(batch)
+    with pytest.raises((ValueError, KeyError), match=match):
+        prepared(strategy, batch)
+
+
+def test_zero_advantages_returns_and_head_give_zero_loss():
+    """Zero-head critic (V = 0), advantages 0 and returns 0: both terms vanish."""
+    strategy = ppo()
+    pinned = prepared(strategy)
+    pinned["advantages"] = torch.zeros_like(pinned["advantages"])
+    pinned["returns"] = torch.zeros_like(pinned["returns"])
+    loss, metrics = loss_of(strategy, pinned)
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+    assert metrics["train/value_loss"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_all_masked_completion_tokens_give_zero_loss():
+    strategy = ppo()
+    pinned = prepared(strategy)
+    pinned["next_loss_mask"] = torch.zeros_like(pinned["next_loss_mask"])
+    loss, _ = loss_of(strategy, pinned)
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_pinned_advantages_are_not_recomputed_by_the_loss(monkeypatch):
+    strategy = ppo()
+    pinned = prepared(strategy)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the loss must use the advantages pinned on the rollout")
+
+    monkeypatch.setattr(online_ppo_module, "compute_advantages", fail)
+    pinned["advantages"] = torch.ones_like(pinned["advantages"])
+    loss, _ = loss_of(strategy, pinned)
+    assert torch.isfinite(loss)
+
+
+def test_padding_gets_zero_advantages_and_returns():
+    strategy = ppo()
+    pinned = prepared(strategy)
+    off = ~pinned["next_loss_mask"]
+    assert torch.count_nonzero(pinned["advantages"][off]) == 0
+    assert torch.count_nonzero(pinned["returns"][off]) == 0
+    assert torch.count_nonzero(pinned["advantages"][pinned["next_loss_mask"]]) > 0
+
+
+def fixed_critic(values):
+    class Critic(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None):
+            return values.clone()
+
+    return Critic()
+
+
+def test_gae_by_hand_with_fixed_values():
+    """One row: 3 prompt tokens, 3 completion tokens (ending with eos), reward 2, gamma 1,
+    lambda 0.95, critic values 0.1 / 0.2 / 0.3 at the three emitting positions."""
+    strategy = ppo(ppo_kl_ctl=0.0)
+    batch = rollout_batch([6], PROMPT, [2.0])
+    values = torch.tensor([[0.0, 0.0, 0.1, 0.2, 0.3, 0.0]])  # next-token aligned
+    strategy.critic = fixed_critic(values)
+    pinned = prepared(strategy, batch)
+    a4 = 2.0 - 0.3
+    a3 = (0.3 - 0.2) + 0.95 * a4
+    a2 = (0.2 - 0.1) + 0.95 * a3
+    expected = torch.tensor([[0.0, 0.0, a2, a3, a4, 0.0]])
+    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pinned["returns"], expected + values * (expected != 0))
+    torch.testing.assert_close(pinned["old_values"], values)
+
+
+def test_truncated_completion_bootstraps_from_its_last_value():
+    """no_eos: the value after the last token stands in for the unseen rest (gamma 1,
+    lambda 1: every advantage is V_last + r - V_t)."""
+    strategy = ppo(ppo_kl_ctl=0.0, ppo_gae_lambda=1.0)
+    batch = rollout_batch([6], PROMPT, [0.0], no_eos=[True])
+    values = torch.tensor([[0.0, 0.0, 0.1, 0.2, 0.3, 0.7]])
+    strategy.critic = fixed_critic(values)
+    pinned = prepared(strategy, batch)
+    expected = torch.tensor([[0.0, 0.0, 0.7 - 0.1, 0.7 - 0.2, 0.7 - 0.3, 0.0]])
+    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+
+
+def test_kl_penalty_is_folded_into_the_rewards(monkeypatch):
+    """Behaviour log-prob 1 and reference log-prob 0 on both completion tokens: each token's
+    reward loses kl_ctl * (1 - 0) = 0.01 (k1); the last one also gets the outcome 1."""
+    strategy = ppo(ppo_kl_ctl=0.01, ppo_gae_lambda=0.95)
+    batch = rollout_batch([5], PROMPT, [1.0])
+    batch["logprobs"] = batch["loss_mask"].clone()  # +1 on the two completion tokens
+    strategy.critic = fixed_critic(torch.zeros(1, 5))
+    monkeypatch.setattr(
+        online_ppo_module,
+        "sequence_logprobs",
+        lambda model, ids, *args, **kwargs: LogprobOutput(torch.zeros(ids.shape)),
+    )
+    pinned = prepared(strategy, batch)
+    a3 = -0.01 + 1.0
+    a2 = -0.01 + 0.95 * a3
+    torch.testing.assert_close(
+        pinned["advantages"], torch.tensor([[0.0, 0.0, a2, a3, 0.0]]), atol=1e-6, rtol=0
+    )
+
+
+def test_critic_step_updates_the_critic_and_clears_its_gradients():
+    strategy = ppo()
+    loss, _ = loss_of(strategy, prepared(strategy))
+    loss.backward()
+    before = [p.detach().clone() for p in strategy.critic_parameters]
+    strategy.after_optimizer_step()
+    assert any(not torch.equal(p, b) for p, b in zip(strategy.critic_parameters, before))
+    assert all(p.grad is None for p in strategy.critic.parameters())
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.0])
+def test_critic_gradient_is_clipped_to_its_own_norm(max_norm):
+    """Under SGD with lr 1 the critic moves by exactly its (clipped) gradient."""
+    strategy = ppo(critic_max_grad_norm=max_norm)
+    strategy.critic_optimizer = torch.optim.SGD(strategy.critic_parameters, lr=1.0)
+    loss, _ = loss_of(strategy, prepared(strategy))
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in strategy.critic_parameters]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    assert norm > 1e-2  # so that a 1e-3 cap really clips
+    before = [p.detach().clone() for p in strategy.critic_parameters]
+    strategy.after_optimizer_step()
+    moved = [b - p.detach() for p, b in zip(strategy.critic_parameters, before)]
+    moved_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moved]))
+    expected = max_norm if max_norm else float(norm)  # 0 = no clipping
+    assert float(moved_norm) == pytest.approx(expected, rel=1e-4)
+
+
+def test_skipped_step_drops_critic_gradients():
+    strategy = ppo()
+    loss, _ = loss_of(strategy, prepared(strategy))
+    loss.backward()
+    before = [p.detach().clone() for p in strategy.critic_parameters]
+    strategy.skip_optimizer_step()
+    assert all(p.grad is None for p in strategy.critic.parameters())
+    assert all(torch.equal(p, b) for p, b in zip(strategy.critic_parameters, before))
+
+
+def test_micro_batches_sum_to_the_whole_step():
+    strategy = ppo()
+    pinned = prepared(strategy)
+    whole, grads_whole = run_step(strategy, [pinned])
+    halves = [{k: v[:2] for k, v in pinned.items()}, {k: v[2:] for k, v in pinned.items()}]
+    split, grads_split = run_step(strategy, halves)
+    assert split["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-6)
+    for name in grads_whole:
+        torch.testing.assert_close(grads_split[name], grads_whole[name], atol=1e-6, rtol=1e-5)
+
+
+def test_rollout_metrics_explained_variance_by_hand():
+    strategy = ppo(ppo_kl_ctl=0.0, ppo_gae_lambda=1.0)
+    batch = rollout_batch([5, 5], PROMPT, [1.0, 0.0])
+    values = torch.tensor([[0, 0, 0.5, 0.5, 0], [0, 0, 0.25, 0.25, 0]], dtype=torch.float32)
+    strategy.critic = fixed_critic(values)
+    metrics = {}
+    strategy.prepare_rollout(batch, step=0, metrics=metrics)
+    returns = torch.tensor([1.0, 1.0, 0.0, 0.0])  # gamma = lambda = 1: returns = outcome
+    predicted = torch.tensor([0.5, 0.5, 0.25, 0.25])
+    expected = 1 - torch.var(returns - predicted, unbiased=False) / torch.var(
+        returns, unbiased=False
+    )
+    assert metrics["critic/explained_variance"] == pytest.approx(float(expected), abs=1e-6)
+    assert metrics["critic/value_mean"] == pytest.approx(0.375, abs=1e-6)
+    assert metrics["critic/return_mean"] == pytest.approx(0.5, abs=1e-6)

@@ -1,0 +1,95 @@
+"""Staged runs: every stage validated before any work, each stage starting from the
+previous one's final policy, combined results, resume of a staged run."""
+
+import json
+
+import pytest
+
+from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
+from ardea.errors import ConfigError
+from ardea.trainer import run
+
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "data.task_args.digits=2",
+    "data.eval_size=16",
+    "trainer.num_threads=1",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+STAGES = (
+    "stages={sft: {algo: {name: sft}, data: {train_size: 64}, "
+    "trainer: {max_steps: 4, batch_size: 8, eval_every: 0}}, "
+    "rl: {algo: {name: online_grpo}, rollout: {group_size: 2, max_new_tokens: 4}, "
+    "trainer: {max_steps: 3, batch_size: 4, lr: 1e-4, eval_every: 0, save_every: 2}}}"
+)
+
+
+def test_default_recipe_is_sft_then_online_rl():
+    stages = stage_configs(load_config(DEFAULT_RECIPE))
+    assert [(name, config.algo.name) for name, config in stages] == [
+        ("sft", "sft"),
+        ("rl", "online_grpo"),
+    ]
+    sft, rl = stages[0][1], stages[1][1]
+    assert sft.data.train_size <= 2000  # scarce demonstrations
+    assert rl.data.train_size >= 10 * sft.data.train_size  # fresh prompts for RL
+    assert sft.data.task == rl.data.task == "arithmetic"
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("stages.rl.trainer.max_step=3", r"unknown config key 'trainer.max_step' \(stages.rl\)"),
+        ("stages.rl.trainer.lr=-1", r"trainer.lr=-1.*\(stages.rl\)"),
+        ("stages.rl.algo.name=nope", "unknown strategy algo.name='nope'"),
+    ],
+)
+def test_a_bad_later_stage_fails_before_any_work(override, match, tmp_path):
+    config = load_config(None, [*TINY, STAGES, override, f"trainer.output_dir={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match=match):
+        run(config)
+    assert not (tmp_path / "r").exists()
+
+
+def test_stages_chain_and_resume(tmp_path):
+    overrides = [*TINY, STAGES, f"trainer.output_dir={tmp_path / 'run'}"]
+    results = run(load_config(None, overrides))
+    top = tmp_path / "run"
+    saved = json.loads((top / "results.json").read_text())
+    assert saved["stages"] == ["sft", "rl"]
+    sft_final = top / "sft" / "checkpoints" / "step_0000004" / "policy"
+    assert saved["sft"]["checkpoint"] == str(sft_final)
+    rl_config = load_config(top / "rl" / "config.yaml")
+    assert rl_config.model.path == str(sft_final)  # the RL stage starts from the SFT policy
+    # the RL stage's first evaluation is the SFT stage's last one: same weights, same prompts
+    assert saved["accuracy_before_rl"] == saved["sft"]["accuracy"]
+    assert saved["accuracy_after_rl"] == saved["rl"]["accuracy"]
+    assert saved["wall_seconds"] >= saved["sft"]["wall_seconds"] + saved["rl"]["wall_seconds"] - 1
+    assert results["checkpoint"] == str(top / "rl" / "checkpoints" / "step_0000003" / "policy")
+    # resume=auto: a finished run trains nothing again and reports the same figures
+    again = run(load_config(None, [*overrides, "trainer.resume=auto"]))
+    for key in ("accuracy_before_rl", "accuracy_after_rl"):
+        assert again[key] == saved[key]
+    assert again["rl"]["steps"] == 3 and again["sft"]["steps"] == 4
+
+
+def test_an_interrupted_stage_resumes_exactly(tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    overrides = [*TINY, STAGES, f"trainer.output_dir={tmp_path / 'run'}"]
+    run(load_config(None, overrides))
+    final = tmp_path / "run" / "rl" / "checkpoints" / "step_0000003"
+    expected = load_file(final / "policy" / "model.safetensors")
+    shutil.rmtree(final)  # as if killed between the RL stage's checkpoints 2 and 3
+    again = run(load_config(None, [*overrides, "trainer.resume=auto"]))
+    assert again["rl"]["steps"] == 3
+    resumed = load_file(final / "policy" / "model.safetensors")
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected)
