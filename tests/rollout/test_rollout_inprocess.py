@@ -6,7 +6,14 @@ import pytest
 import torch
 from rollout_models import EOS, PAD, VOCAB, make_model, sharpen
 
-from ardea.rollout import Completion, GenerationEngine, InProcessEngine, SamplingParams, inprocess
+from ardea.rollout import (
+    Completion,
+    GenerationEngine,
+    InProcessEngine,
+    SamplingParams,
+    inprocess,
+    kv_cache,
+)
 
 
 def engine_for(model, **kwargs) -> InProcessEngine:
@@ -262,17 +269,15 @@ def test_empirical_distribution_matches(temperature, top_k, top_p):
 def test_fast_paths_equal_stock_cache_and_2d_masks(arch, prompts, monkeypatch):
     model = make_model(arch)
     assert inprocess._additive_mask_dtype(model) == torch.float32
-    cache = inprocess._new_cache(model, capacity=8)
-    assert all(type(layer) is inprocess._PreallocatedLayer for layer in cache.layers)
+    cache = kv_cache.new_cache(model, capacity=8)
+    assert all(type(layer) is kv_cache.PreallocatedLayer for layer in cache.layers)
     params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=2, n=2)
     stops = [EOS, 2, 3, 4]
     fast = engine_for(model, eos_token_ids=stops).generate(prompts, params)
-    monkeypatch.setattr(inprocess, "DynamicLayer", None)
+    monkeypatch.setattr(kv_cache, "DynamicLayer", None)
     monkeypatch.setattr(inprocess, "_additive_mask_dtype", lambda model: None)
     stock = engine_for(model, eos_token_ids=stops).generate(prompts, params)
-    assert (
-        type(inprocess._new_cache(model, capacity=8).layers[0]) is not inprocess._PreallocatedLayer
-    )
+    assert type(kv_cache.new_cache(model, capacity=8).layers[0]) is not kv_cache.PreallocatedLayer
     for a, b in zip(fast, stock, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from ardea.config import load_config
 from ardea.errors import ArdeaError
+from ardea.reward import RewardError
 from ardea.rollout import StalenessError, check_staleness
 from ardea.trainer import Trainer
 from ardea.trainer.strategies.online_dpo import best_worst_pairs
@@ -340,3 +341,58 @@ def test_online_ppo_refuses_to_resume_without_a_critic(tmp_path, reward_module):
     ]
     with pytest.raises(ArdeaError, match=r"has no critic/.*cannot resume"):
         Trainer(load_config(None, overrides))
+
+
+FLAKY_REWARD = '''
+CALLS = {"n": 0}
+
+def flaky(prompts, completions, rows):
+    """Digit share, but the third call raises (a reward server that went down)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 3:
+        raise ConnectionError("reward server down")
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+'''
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(staleness, tmp_path, monkeypatch):
+    (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("flaky_reward", None)
+    overrides = [
+        *RUN,
+        "reward.functions=[{name: flaky_reward.flaky}]",
+        f"rollout.max_staleness={staleness}",
+        "trainer.max_steps=6",
+        "trainer.save_every=1",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    with pytest.raises(RewardError, match=r"flaky.*reward server down.*prompt") as failure:
+        trainer.train()
+    assert "=" in str(failure.value)  # the failing sample (an arithmetic prompt) is shown
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert saved and all(not name.startswith(".tmp") for name in saved)
+    assert trainer.strategy.worker is None  # the background worker was stopped, no hang
+    sys.modules.pop("flaky_reward", None)
+
+
+def test_on_error_zero_scores_the_failure_zero_and_counts_it(tmp_path, monkeypatch):
+    (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("flaky_reward", None)
+    overrides = [
+        *RUN,
+        "reward.functions=[{name: flaky_reward.flaky}]",
+        "reward.on_error=zero",
+        "trainer.max_steps=4",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    Trainer(load_config(None, overrides)).train()
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    errors = [r["reward/errors"] for r in records if "reward/errors" in r]
+    rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
+    assert errors == [0.0, 0.0, 64.0, 0.0]  # the third rollout: all 8 x 8 completions
+    assert rewards[2] == 0.0
+    sys.modules.pop("flaky_reward", None)

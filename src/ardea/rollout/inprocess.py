@@ -44,11 +44,6 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-try:
-    from transformers.cache_utils import DynamicLayer
-except ImportError:  # transformers < 4.56: caches hold plain lists of tensors
-    DynamicLayer = None
-
 from ardea.rollout.engine import (
     Completion,
     GenerationEngine,
@@ -56,6 +51,7 @@ from ardea.rollout.engine import (
     check_prompts,
     check_state_dict,
 )
+from ardea.rollout.kv_cache import new_cache
 from ardea.rollout.sampling import next_tokens
 
 _COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
@@ -248,7 +244,7 @@ class InProcessEngine(GenerationEngine):
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in unique], device=device)
         masks = _Masks(lens, width, steps, self._mask_dtype)
         mask, positions = masks.prefill()
-        cache = _new_cache(self._model, width + steps)
+        cache = new_cache(self._model, width + steps)
         logits = self._forward(input_ids, mask, positions, cache)  # (N_unique, V)
         if len(unique) < len(rows):
             index = torch.tensor(inverse, device=device)
@@ -350,53 +346,6 @@ def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
     else:
         full = getattr(config, "sliding_window", None) is None
     return model.get_input_embeddings().weight.dtype if full else None
-
-
-def _new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` whose plain full-attention layers are :class:`_PreallocatedLayer`s
-    holding ``capacity`` positions; any other layer kind keeps the stock implementation."""
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # transformers < 4.56 has no config argument
-        return DynamicCache()
-    layers = getattr(cache, "layers", None)
-    if DynamicLayer is not None and layers and all(type(x) is DynamicLayer for x in layers):
-        cache.layers = [_PreallocatedLayer(capacity) for _ in layers]
-    return cache
-
-
-class _PreallocatedLayer(DynamicLayer or object):
-    """A ``DynamicLayer`` that appends in place: keys and values live in ``(N, H, P + T, D)``
-    buffers and attention gets ``(N, H, length, D)`` views, so a step writes one position
-    instead of copying the whole cache as ``torch.cat`` does."""
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity, self.length = capacity, 0
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        n, heads, _, _ = key_states.shape
-        self.device = key_states.device
-        self.key_buffer = key_states.new_zeros(n, heads, self.capacity, key_states.shape[-1])
-        self.value_buffer = value_states.new_zeros(n, heads, self.capacity, value_states.shape[-1])
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
-        self.key_buffer[:, :, start:end] = key_states
-        self.value_buffer[:, :, start:end] = value_states
-        self.length = end
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
-        end = self.length
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
 
 
 def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:

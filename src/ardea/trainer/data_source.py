@@ -55,6 +55,11 @@ def eval_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length: 
     """Held-out samples from ``data.eval_path`` (empty when it is not set)."""
     if not config.data.eval_path:
         return []
+    if kind == "prompt":
+        raise ConfigError(
+            f"data.eval_path is not used by online strategies (algo.name={config.algo.name}): "
+            "they are evaluated on data.task's held-out split; unset data.eval_path"
+        )
     return load_samples(
         config.data.eval_path,
         tokenizer,

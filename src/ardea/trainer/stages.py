@@ -46,9 +46,7 @@ def plan_stages(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
         stage.trainer.output_dir = str(top / name)
         stage.trainer.resume = config.trainer.resume
         if index and _sets_model_path(config, name) and not Path(stage.model.path).is_dir():
-            raise ConfigError(
-                f"stages.{name}.model.path={stage.model.path!r} is not a directory"
-            )
+            raise ConfigError(f"stages.{name}.model.path={stage.model.path!r} is not a directory")
     return stages
 
 
