@@ -7,8 +7,9 @@ model trained from scratch on its small fixed set of demonstrations):
   task's verifier), as ``ardea train`` runs it;
 - **sft-continued**: SFT on the *same* demonstrations, for the same training wall-clock time
   as the RL arm took (``trainer.max_train_seconds``; evaluations not counted on either side),
-  once with the SFT stage's own schedule restarted (peak lr, warm-up, cosine) and once at a
-  constant learning rate equal to where the SFT stage's schedule ended.
+  once with the SFT stage's own schedule restarted (peak lr, warm-up, cosine over the steps
+  that fit in that time at the SFT stage's measured pace) and once at a constant learning
+  rate equal to where the SFT stage's schedule ended.
 
 Reported per seed and arm: steps, training seconds, held-out exact-match accuracy (greedy,
 the task's held-out split) at the start and the end. The script exits with status 1 when,
@@ -31,7 +32,7 @@ from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
 from ardea.trainer import Trainer
 
 
-def stages(seed: int, out: Path, extra: list[str]) -> dict:
+def stages(seed: int, extra: list[str]) -> dict:
     config = load_config(DEFAULT_RECIPE, [f"trainer.seed={seed}", "logging.progress=false", *extra])
     return dict(stage_configs(config))
 
@@ -47,13 +48,16 @@ def run_arm(config, output_dir: Path, **fields) -> dict:
 
 def bench_seed(seed: int, out: Path, extra: list[str]) -> list[dict]:
     root = out / f"seed_{seed}"
-    sft = run_arm(stages(seed, out, extra)["sft"], root / "sft")
+    sft = run_arm(stages(seed, extra)["sft"], root / "sft")
     start = sft["checkpoint"]
     rows = []
-    rl = run_arm(stages(seed, out, extra)["rl"], root / "rl", model__path=start)
+    rl = run_arm(stages(seed, extra)["rl"], root / "rl", model__path=start)
     rows.append(("rl", rl))
     budget = rl["train_seconds"]
-    base = stages(seed, out, extra)["sft"]
+    # the SFT stage's own pace sets the horizon of the restarted schedule; the time budget
+    # still ends the arm (whichever comes first)
+    horizon = max(1, int(budget * sft["steps"] / max(sft["train_seconds"], 1e-9)))
+    base = stages(seed, extra)["sft"]
     final_lr = base.trainer.lr * base.trainer.min_lr_ratio
     variants = {
         "sft-continued (schedule restarted)": {},
@@ -64,12 +68,12 @@ def bench_seed(seed: int, out: Path, extra: list[str]) -> list[dict]:
         },
     }
     for i, (name, fields) in enumerate(variants.items()):
-        config = stages(seed, out, extra)["sft"]
+        config = stages(seed, extra)["sft"]
         result = run_arm(
             config,
             root / f"sft_continued_{i}",
             model__path=start,
-            trainer__max_steps=10**7,
+            trainer__max_steps=horizon,
             trainer__max_train_seconds=budget,
             trainer__eval_every=0,
             **fields,

@@ -55,3 +55,6 @@ def test_shortened_default_recipe(tmp_path):
     shown = re.search(r"accuracy\s*│\s*([\d.]+)%", evaluated)
     assert shown is not None, evaluated
     assert float(shown.group(1)) / 100 == pytest.approx(after, abs=1e-9)
+    (run_dir / "report.png").unlink()
+    reported = ardea("report", str(run_dir), cwd=tmp_path).stdout
+    assert reported.count("wrote") == 3 and (run_dir / "report.png").is_file()

@@ -62,6 +62,7 @@ def test_stages_chain_and_resume(tmp_path):
     top = tmp_path / "run"
     saved = json.loads((top / "results.json").read_text())
     assert saved["stages"] == ["sft", "rl"]
+    assert (top / "report.png").is_file() and (top / "rl" / "report.png").is_file()
     sft_final = top / "sft" / "checkpoints" / "step_0000004" / "policy"
     assert saved["sft"]["checkpoint"] == str(sft_final)
     rl_config = load_config(top / "rl" / "config.yaml")

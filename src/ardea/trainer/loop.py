@@ -1,12 +1,17 @@
 """The training loop: one place that owns optimizer, accumulation, clipping, schedule,
 evaluation, logging, checkpoints and resume, for every strategy.
 
-A step reads top to bottom: ``data`` (next batch) → ``forward_backward`` (per
-micro-batch, loss normalised by the whole step's counts) → ``optimizer`` (clip, step,
-schedule, strategy hook) → ``log``; evaluation and checkpoints follow on their cadence.
-Each phase is timed under its own name (``perf/time_<phase>``). A step whose loss or
-gradient is NaN/Inf is skipped and counted; too many in a row stop the run with the
-last good state saved.
+A step reads top to bottom: ``data`` (the step's samples, turned by the strategy into one
+or more optimizer updates: for offline strategies one update of collated micro-batches,
+for online strategies a rollout with its advantages and ``algo.ppo_epochs`` ×
+``algo.ppo_mini_batches`` updates) → per update ``forward_backward`` (per micro-batch, loss
+normalised by the update's counts) and ``optimizer`` (clip, step, strategy hook) → the
+schedule advances once → the strategy's end-of-step hook (online: publish the new policy
+version) → ``log``; evaluation and checkpoints follow on their cadence. Each phase is timed
+under its own name (``perf/time_<phase>``). An update whose loss or gradient is NaN/Inf is
+skipped and counted; too many in a row stop the run with the last good state saved. A run
+ends at ``trainer.max_steps`` or when ``trainer.max_train_seconds`` of training time are
+spent.
 """
 
 from __future__ import annotations
@@ -193,10 +198,8 @@ class Trainer:
         """This step's samples (and the next ``strategy.lookahead`` steps' ones, which stay
         in the sampler), turned into optimizer updates by the strategy."""
         samples = [self.train_samples[i] for i in self.sampler.next_batch()]
-        upcoming = [
-            [self.train_samples[i] for i in batch]
-            for batch in self.sampler.peek(self.strategy.lookahead)
-        ]
+        ahead = min(self.strategy.lookahead, self.config.trainer.max_steps - self.step - 1)
+        upcoming = [[self.train_samples[i] for i in batch] for batch in self.sampler.peek(ahead)]
         return self.strategy.plan_step(
             samples,
             step=self.step,

@@ -16,7 +16,10 @@ PANELS = [
     ("train/loss", "training loss"),
     ("eval/accuracy", "held-out accuracy (greedy)"),
     ("rollout/reward_mean", "reward"),
+    ("rollout/accuracy", "rollout accuracy (sampled)"),
     ("train/kl", "KL to reference"),
+    ("train/value_loss", "critic value loss"),
+    ("critic/explained_variance", "critic explained variance"),
     ("train/entropy", "entropy"),
     ("train/grad_norm", "gradient norm"),
     ("train/lr", "learning rate"),
@@ -51,6 +54,33 @@ def draw_report(run_dir: str | Path) -> Path:
             ax.set_yscale("log")
     for ax in list(axes.flat)[len(series) :]:
         ax.axis("off")
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    out = run_dir / "report.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def draw_stages_report(run_dir: str | Path, stages: list[str]) -> Path:
+    """``<run_dir>/report.png`` of a staged run: held-out accuracy through all the stages
+    (steps counted on from one stage to the next, a dashed line where a stage starts)."""
+    run_dir = Path(run_dir)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    offset = 0
+    for name in stages:
+        records = read_metrics(run_dir / name / "metrics.jsonl")
+        points = [(offset + r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+        if points:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o", markersize=3, label=name)
+        if offset:
+            ax.axvline(offset, color="grey", linestyle="--", linewidth=0.8)
+        offset += max((r["step"] for r in records), default=0)
+    ax.set_title("held-out accuracy (greedy) through the stages")
+    ax.set_xlabel("step (stages one after the other)")
+    ax.grid(alpha=0.3)
+    ax.legend()
     fig.suptitle(run_dir.name)
     fig.tight_layout()
     out = run_dir / "report.png"

@@ -25,6 +25,7 @@ from typing import Any
 from ardea.config import ArdeaConfig, stage_configs
 from ardea.errors import ConfigError
 from ardea.trainer.loop import Trainer
+from ardea.trainer.report import draw_stages_report
 from ardea.trainer.results import print_results, write_results
 from ardea.trainer.setup import prepare_run_directory, run_directory
 from ardea.trainer.strategies import strategy_class
@@ -81,6 +82,7 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     results["checkpoint"] = previous
     results["run_dir"] = str(top)
     write_results(top, results)
+    draw_stages_report(top, results["stages"])
     print_results(_summary(results, stages))
     return results
 

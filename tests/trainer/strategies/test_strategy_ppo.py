@@ -247,3 +247,36 @@ def test_rollout_metrics_explained_variance_by_hand():
     assert metrics["critic/explained_variance"] == pytest.approx(float(expected), abs=1e-6)
     assert metrics["critic/value_mean"] == pytest.approx(0.375, abs=1e-6)
     assert metrics["critic/return_mean"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_turn_level_gae_on_a_single_turn_by_hand():
+    """One assistant turn: one GAE step, A = R - V(first completion token) on every token."""
+    strategy = ppo(ppo_kl_ctl=0.0, ppo_gae_timestep_unit="turn")
+    batch = rollout_batch([6], PROMPT, [2.0])
+    values = torch.tensor([[0.0, 0.0, 0.1, 0.2, 0.3, 0.0]])
+    strategy.critic = fixed_critic(values)
+    pinned = prepared(strategy, batch)
+    expected = torch.tensor([[0.0, 0.0, 1.9, 1.9, 1.9, 0.0]])
+    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+    returns = torch.tensor([[0.0, 0.0, 2.0, 2.0, 2.0, 0.0]])  # A + V_turn on its tokens
+    torch.testing.assert_close(pinned["returns"] * pinned["next_loss_mask"], returns)
+
+
+def test_adaptive_lambda_from_a_dotted_path_by_hand():
+    """VAPO lambda = 1 - 1 / (alpha * L) with alpha 0.5 and L = 4 completion tokens: 0.5."""
+    strategy = ppo(
+        ppo_kl_ctl=0.0,
+        ppo_gae_lambda="ardea.algo.lambda_fn.vapo_length_adaptive_gae",
+        ppo_gae_lambda_kwargs={"alpha": 0.5},
+    )
+    batch = rollout_batch([7], PROMPT, [1.0])
+    values = torch.tensor([[0.0, 0.0, 0.4, 0.3, 0.2, 0.1, 0.0]])
+    strategy.critic = fixed_critic(values)
+    pinned = prepared(strategy, batch)
+    lam = 1 - 1 / (0.5 * 4)
+    a5 = 1.0 - 0.1
+    a4 = (0.1 - 0.2) + lam * a5
+    a3 = (0.2 - 0.3) + lam * a4
+    a2 = (0.3 - 0.4) + lam * a3
+    expected = torch.tensor([[0.0, 0.0, a2, a3, a4, a5, 0.0]])
+    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
