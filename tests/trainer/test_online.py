@@ -273,9 +273,11 @@ def test_evaluation_does_not_disturb_training(tmp_path, reward_module):
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
-def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monkeypatch):
+@pytest.mark.parametrize("max_refill", [1, 3])
+def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monkeypatch, max_refill):
     """A reward that is 1 for completions starting with an even-valued byte: groups where
-    every completion agrees are dropped and refilled; every trained group has a spread."""
+    every completion agrees are dropped and refilled; every trained group has a spread and
+    its own group_size rows (refilled groups never share an id, however large the round)."""
     (tmp_path / "parity_reward.py").write_text(
         "def parity(prompts, completions, rows):\n"
         "    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]\n"
@@ -285,12 +287,13 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monke
         *RUN,
         "reward.functions=[{name: parity_reward.parity}]",
         "algo.dynamic_sampling=true",
+        f"algo.dynamic_sampling_max_refill={max_refill}",
         "rollout.group_size=2",
         "trainer.max_steps=3",
         f"trainer.output_dir={tmp_path / 'run'}",
     ]
     trainer = Trainer(load_config(None, overrides))
-    spreads, groups_per_step = [], []
+    spreads, sizes, groups_per_step = [], [], []
     loss = trainer.strategy.loss
 
     def recording(batch, counts):
@@ -298,19 +301,59 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monke
         groups_per_step.append(len(groups))
         for group in groups:
             rewards = batch["rewards"][batch["group_ids"] == group]
+            sizes.append(rewards.numel())
             spreads.append(float(rewards.max() - rewards.min()))
         return loss(batch, counts)
 
     trainer.strategy.loss = recording
+    # every generation round of a step (the first and the refills) is counted in its
+    # perf/time_generate and perf/time_score
+    spent: dict[int, list[float]] = {}
+    rollout = trainer.strategy.runner.rollout
+
+    def timed(examples, *, seed_index):
+        result = rollout(examples, seed_index=seed_index)
+        step = seed_index if isinstance(seed_index, int) else seed_index[0]
+        totals = spent.setdefault(step, [0.0, 0.0])
+        totals[0] += result.metrics["perf/time_generate"]
+        totals[1] += result.metrics["perf/time_score"]
+        return result
+
+    trainer.strategy.runner.rollout = timed
     trainer.train()
     sys.modules.pop("parity_reward", None)
     assert spreads and all(s > 0 for s in spreads)
+    assert set(sizes) == {2}
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     kept = [r["rollout/groups_kept"] for r in records if "rollout/groups_kept" in r]
     rounds = [r["rollout/refill_rounds"] for r in records if "rollout/refill_rounds" in r]
     assert len(kept) == 3 and all(0 < k < 1 for k in kept)
     assert all(r >= 1 for r in rounds)
     assert len(groups_per_step) == 3 and all(1 <= g <= 8 for g in groups_per_step)  # <= B
+    logged = [r for r in records if "perf/time_generate" in r]
+    assert len(logged) == 3
+    for record in logged:
+        generate, score = spent[record["step"] - 1]
+        assert record["perf/time_generate"] == pytest.approx(generate, rel=1e-9)
+        assert record["perf/time_score"] == pytest.approx(score, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("missing", "kept", "generated", "cap", "expected"),
+    [
+        (28, 4, 32, 8, 7),  # 4 of 32 kept: 28 missing groups need 28 / (1/8) = 224 prompts
+        (28, 4, 32, 4, 4),  # ... capped at 4 batches
+        (10, 12, 96, 8, 3),  # 12 of 96 kept: 10 × 8 = 80 prompts → 2.5 → 3 batches
+        (1, 31, 32, 8, 1),  # nearly full: one batch, never zero
+        (16, 0, 32, 5, 5),  # nothing kept yet: the cap
+    ],
+)
+def test_refill_round_size_follows_the_kept_share(missing, kept, generated, cap, expected):
+    from ardea.trainer.strategies.online_grpo import refill_batches
+
+    assert refill_batches(missing, kept=kept, generated=generated, batch_size=32, cap=cap) == (
+        expected
+    )
 
 
 def test_online_ppo_resumes_with_its_critic(tmp_path, reward_module):

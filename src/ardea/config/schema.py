@@ -142,6 +142,12 @@ class AlgoConfig:
     dynamic_sampling_max_rounds: int = option(
         3, "online_grpo: most extra generation rounds per step when refilling dropped groups."
     )
+    dynamic_sampling_max_refill: int = option(
+        1,
+        "online_grpo: most prompts one refill round generates, in multiples of "
+        "trainer.batch_size; a round asks for the missing groups divided by the share of "
+        "groups kept so far in the step, up to this cap (1 = one batch of prompts per round).",
+    )
     critic_path: str | None = option(
         None,
         "online_ppo: initial critic, a directory saved by ValueModel.save_pretrained (e.g. a "
@@ -175,6 +181,7 @@ class AlgoConfig:
         check_range("algo.ppo_epochs", self.ppo_epochs, low=1)
         check_range("algo.ppo_mini_batches", self.ppo_mini_batches, low=1)
         check_range("algo.dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, low=0)
+        check_range("algo.dynamic_sampling_max_refill", self.dynamic_sampling_max_refill, low=1)
         check_range("algo.critic_lr", self.critic_lr, low=0.0, low_open=True)
         check_range("algo.critic_warmup_steps", self.critic_warmup_steps, low=0)
         check_range("algo.critic_max_grad_norm", self.critic_max_grad_norm, low=0.0)

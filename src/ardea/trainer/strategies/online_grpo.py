@@ -15,10 +15,16 @@ groups at once, and for decoupled PPO the proximal log-probs of the policy befor
 
 DAPO's dynamic sampling (``algo.dynamic_sampling``, Yu et al. 2025, section 3.2): groups
 whose rewards are all equal carry no gradient under group baselines and are dropped; the
-batch is refilled with the groups of fresh prompts (the same number of prompts per round,
-drawn from the training set by a sampler of this strategy whose position is saved with the
-run), generated on the live policy, for at most ``algo.dynamic_sampling_max_rounds``
-rounds; the batch is then cut to the step's number of prompts. Metrics:
+batch is refilled with the groups of fresh prompts (drawn from the training set by a sampler
+of this strategy whose position is saved with the run), generated on the live policy, for at
+most ``algo.dynamic_sampling_max_rounds`` rounds; the batch is then cut to the step's number
+of prompts. A refill round generates ``k`` batches of ``trainer.batch_size`` prompts,
+
+    k = min(algo.dynamic_sampling_max_refill, ceil(missing groups / (kept share × B))),
+
+with the kept share counted over every group generated so far in the step (``k`` = the cap
+when none was kept): late in training, when most groups are solved, one large round replaces
+many small ones, and batched generation makes it the cheaper way to a full batch. Metrics:
 ``rollout/groups_kept`` (fraction of the first round's groups with a reward spread) and
 ``rollout/refill_rounds``. The other DAPO parts are options too: clip-higher
 (``algo.ppo.eps_clip_higher``), token-mean loss (``algo.ppo.loss_agg_mode``) and the
@@ -31,6 +37,7 @@ so the ratio compares the same distributions the engine sampled from.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,16 +110,27 @@ class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
         keep = groups_with_spread(batch)
         metrics["rollout/groups_kept"] = float(keep.float().mean())
         parts = [select_rows(batch, torch.nonzero(keep).squeeze(-1))]
-        have = _groups(parts[0])
+        have, generated = _groups(parts[0]), wanted
+        next_group = int(batch["group_ids"].max()) + 1  # refilled groups get ids past these
         rounds = 0
         while have < wanted and rounds < self.config.algo.dynamic_sampling_max_rounds:
             rounds += 1
-            examples = [self.pool[i] for i in self.refill_sampler.next_batch()]
-            extra = self.to_device(
-                self.runner.rollout(examples, seed_index=(step, REFILL_SEED_STREAM, rounds)).batch
-            )
+            batches = refill_batches(
+                wanted - have, kept=have, generated=generated,
+                batch_size=self.config.trainer.batch_size,
+                cap=self.config.algo.dynamic_sampling_max_refill,
+            )  # fmt: skip
+            indices = [i for _ in range(batches) for i in self.refill_sampler.next_batch()]
+            examples = [self.pool[i] for i in indices]
+            generated += len(examples)
+            refill = self.runner.rollout(examples, seed_index=(step, REFILL_SEED_STREAM, rounds))
+            # refills are generation and scoring, not advantages: count them where they belong
+            for key in ("perf/time_generate", "perf/time_score"):
+                metrics[key] = metrics.get(key, 0.0) + refill.metrics.get(key, 0.0)
+            extra = self.to_device(refill.batch)
+            extra["group_ids"] = extra["group_ids"] + next_group
+            next_group = int(extra["group_ids"].max()) + 1
             extra = select_rows(extra, torch.nonzero(groups_with_spread(extra)).squeeze(-1))
-            extra["group_ids"] = extra["group_ids"] + rounds * (batch["group_ids"].max() + 1)
             parts.append(extra)
             have += _groups(extra)
         metrics["rollout/refill_rounds"] = float(rounds)
@@ -132,6 +150,14 @@ class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
         super().load_state_dict(state)
         if self.refill_sampler is not None and "refill_sampler" in state:
             self.refill_sampler.load_state_dict(state["refill_sampler"])
+
+
+def refill_batches(missing: int, *, kept: int, generated: int, batch_size: int, cap: int) -> int:
+    """Batches of prompts for the next refill round: ``ceil(missing / (share × B))`` with
+    ``share = kept / generated`` groups so far in the step, between 1 and ``cap``."""
+    if kept == 0:
+        return cap
+    return max(1, min(cap, math.ceil(missing * generated / (kept * batch_size))))
 
 
 def _groups(batch: dict[str, Tensor]) -> int:
