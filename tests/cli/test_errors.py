@@ -1,19 +1,7 @@
 """Bad input through the real CLI: non-zero exit, one line naming the problem, no traceback."""
 
-import subprocess
-import sys
-
 import pytest
-
-
-def run_cli(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "ardea.cli.main", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
+from cli_testing import run_cli
 
 
 @pytest.mark.parametrize(

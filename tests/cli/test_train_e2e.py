@@ -2,12 +2,11 @@
 eval/generate/report on it."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_testing import ardea
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = pytest.mark.slow
@@ -26,18 +25,6 @@ SHORT_RUN = [
     "logging.log_every=25",
     "logging.progress=false",
 ]
-
-
-def ardea(*args, cwd):
-    result = subprocess.run(
-        [sys.executable, "-m", "ardea.cli.main", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result
 
 
 @pytest.fixture(scope="module")

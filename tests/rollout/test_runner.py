@@ -1,45 +1,15 @@
 """The rollout runner: trajectory layout, behaviour log-probs equal to the trainer's,
 per-call seeds, reward shaping and metrics."""
 
+import hashlib
+
 import pytest
 import torch
+from runner_testing import EXAMPLES, TASK, TOKENIZER, make_runner, one
 
 from ardea.algo import next_token_align
-from ardea.data import make_task
-from ardea.model import build_char_tokenizer, build_tiny_model, sequence_logprobs
-from ardea.reward import RewardScorer
-from ardea.rollout import RolloutRunner, SamplingParams, sampling_seed
-from ardea.trainer.setup import make_engine
-
-TOKENIZER = build_char_tokenizer()
-TASK = make_task("arithmetic", digits=2)
-
-
-def length_reward(prompts, completions, rows):
-    return [float(len(c)) for c in completions]
-
-
-def one(prompts, completions, rows):
-    return [1.0 for _ in completions]
-
-
-def make_runner(temperature=1.0, group_size=3, max_new_tokens=6, reward=length_reward, **kwargs):
-    policy = build_tiny_model(
-        TOKENIZER, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-        intermediate_size=64, seed=3,
-    )  # fmt: skip
-    runner = RolloutRunner(
-        make_engine(policy, TOKENIZER),
-        TOKENIZER,
-        RewardScorer([(reward, 1.0)], timeout_s=10.0),
-        group_size=group_size,
-        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-        **kwargs,
-    )
-    return runner, policy
-
-
-EXAMPLES = TASK.examples("train", 4)
+from ardea.model import sequence_logprobs
+from ardea.rollout import sampling_seed
 
 
 def test_trajectory_layout():
@@ -83,8 +53,11 @@ def test_seed_index_fixes_the_completions():
     c = runner.rollout(EXAMPLES, seed_index=4).batch
     assert torch.equal(a["input_ids"], b["input_ids"])
     assert not torch.equal(a["input_ids"], c["input_ids"])
-    assert sampling_seed(0, 3) != sampling_seed(0, 4) != sampling_seed(1, 3)
-    assert sampling_seed(0, 3, 7, 1) == sampling_seed(0, 3, 7, 1) < 2**63
+    assert len({sampling_seed(0, 3), sampling_seed(0, 4), sampling_seed(1, 3)}) == 3
+    # a stable hash, the same in every process: the first 8 bytes of blake2b("0:3:7:1"), >> 1
+    digest = hashlib.blake2b(b"0:3:7:1", digest_size=8).digest()
+    assert sampling_seed(0, 3, 7, 1) == int.from_bytes(digest, "big") >> 1
+    assert 0 <= sampling_seed(0, 3, 7, 1) < 2**63
 
 
 def test_overlong_penalty_is_added_to_the_reward():
@@ -94,9 +67,10 @@ def test_overlong_penalty_is_added_to_the_reward():
     rollout = runner.rollout(EXAMPLES, seed_index=0)
     lengths = rollout.batch["loss_mask"].sum(dim=-1).tolist()
     assert max(lengths) > 3  # some completions reach into the buffer
+    # by hand: no penalty up to 6 - 3 = 3 tokens, then 0.5 × (3 - n) / 3 per extra token
+    penalty = {1: 0.0, 2: 0.0, 3: 0.0, 4: -1 / 6, 5: -1 / 3, 6: -0.5}
     for n, reward in zip(lengths, rollout.batch["rewards"].tolist()):
-        penalty = 0.5 * min(0.0, (3 - n) / 3)  # starts after 6 - 3 = 3 tokens
-        assert reward == pytest.approx(1.0 + penalty, abs=1e-6), (n, reward)
+        assert reward == pytest.approx(1.0 + penalty[int(n)], abs=1e-6), (n, reward)
     assert rollout.metrics["rollout/overlong_penalty"] < 0
 
 

@@ -3,7 +3,7 @@ failures reported instead of hangs."""
 
 import pytest
 import torch
-from test_runner import EXAMPLES, make_runner
+from runner_testing import EXAMPLES, make_runner
 
 from ardea.reward import RewardError, RewardScorer
 from ardea.rollout import RolloutWorker, RolloutWorkerError
@@ -29,31 +29,45 @@ def test_detached_copy_has_its_own_weights():
 
 
 def test_version_schedule():
+    """v(s) = v0 + max(0, s - s0 - eta): with eta = 2 and s0 = 5, steps 5..7 use v0 and each
+    later step one version more."""
     worker, _, _ = worker_on_copy(max_staleness=2, start_step=5)
     try:
         assert [worker.version_for(s) for s in range(5, 10)] == [0, 0, 0, 1, 2]
     finally:
         worker.close()
+    runner, _ = make_runner()
+    runner.engine.update_weights(None, 5)  # a resumed run: the worker starts at version 5
+    worker = RolloutWorker(runner.detached_copy(), max_staleness=1, start_step=3)
+    try:
+        assert [worker.version_for(s) for s in range(3, 7)] == [5, 5, 6, 7]
+    finally:
+        worker.close()
 
 
 def test_jobs_wait_for_their_version_and_use_exactly_it():
-    """eta = 1: step 1's rollout must be generated with version 0 even after version 2 is
-    published, and step 2's with version 1; the published copies are the ones used."""
+    """eta = 1: step 1's rollout is generated with version 0 even when version 2 was
+    published before it was submitted, and step 2's with version 1 (published after 2); the
+    published copies are the ones used."""
     worker, runner, policy = worker_on_copy(max_staleness=1)
     try:
-        states = {}
+        states = {0: {k: v.clone() for k, v in policy.state_dict().items()}}
         for version in (1, 2):
             with torch.no_grad():
                 for p in policy.parameters():
                     p.mul_(1.01)
             states[version] = {k: v.clone() for k, v in policy.state_dict().items()}
         worker.submit(0, EXAMPLES)
-        worker.submit(1, EXAMPLES)
         assert worker.result(0).batch["versions"].max() == 0
-        assert worker.result(1).batch["versions"].max() == 0
+        # version 2 is already there when step 1 is generated: step 1 must still use 0
+        worker.publish(states[2], 2)
+        worker.submit(1, EXAMPLES)
+        first = worker.result(1)
+        assert first.batch["versions"].max() == 0
+        model = worker.runner.engine.model.state_dict()
+        assert all(torch.equal(model[k], states[0][k]) for k in model)  # not version 2's
         worker.submit(2, EXAMPLES)
-        worker.publish(states[2], 2)  # published out of order: version 1 is still missing
-        worker.publish(states[1], 1)
+        worker.publish(states[1], 1)  # published out of order: 2 came before 1
         rollout = worker.result(2)
         assert set(rollout.batch["versions"][rollout.batch["versions"] >= 0].tolist()) == {1}
         model = worker.runner.engine.model.state_dict()

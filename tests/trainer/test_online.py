@@ -2,6 +2,8 @@
 reward, staleness, best/worst pairs, exact resume."""
 
 import json
+import math
+import re
 import shutil
 import sys
 
@@ -46,11 +48,25 @@ RUN = [
 
 
 @pytest.fixture
-def reward_module(tmp_path, monkeypatch):
-    (tmp_path / "ardea_test_rewards.py").write_text(REWARD_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield
-    sys.modules.pop("ardea_test_rewards", None)
+def write_reward_module(tmp_path, monkeypatch):
+    """``write(name, source)``: an importable module of reward functions for the test, gone
+    from ``sys.modules`` afterwards (a fresh import, with fresh state, in every test)."""
+    names = []
+
+    def write(name: str, source: str) -> None:
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        sys.modules.pop(name, None)
+        names.append(name)
+
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def reward_module(write_reward_module):
+    write_reward_module("ardea_test_rewards", REWARD_MODULE)
 
 
 @pytest.mark.parametrize("strategy", ["online_grpo", "online_dpo"])
@@ -142,7 +158,7 @@ def test_online_grpo_takes_every_critic_free_estimator(estimator, tmp_path, rewa
     trainer.train()
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train/loss"] for r in records if "train/loss" in r]
-    assert len(losses) == 2 and all(isinstance(v, float) for v in losses)
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
     assert trainer.strategy.runner.engine.version == 2
 
 
@@ -159,6 +175,8 @@ def test_online_ppo_reward_rises_and_critic_learns(tmp_path, reward_module):
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
     assert len(rewards) == 30
+    # the reward is the share of digits in a completion: a random policy over the byte
+    # tokenizer emits few, a trained one mostly digits
     assert sum(rewards[:3]) / 3 < 0.3
     assert sum(rewards[-3:]) / 3 > 0.6
     trained = [r for r in records if "train/value_loss" in r]
@@ -274,15 +292,17 @@ def test_evaluation_does_not_disturb_training(tmp_path, reward_module):
 
 
 @pytest.mark.parametrize("max_refill", [1, 3])
-def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monkeypatch, max_refill):
+def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(
+    tmp_path, write_reward_module, max_refill
+):
     """A reward that is 1 for completions starting with an even-valued byte: groups where
     every completion agrees are dropped and refilled; every trained group has a spread and
     its own group_size rows (refilled groups never share an id, however large the round)."""
-    (tmp_path / "parity_reward.py").write_text(
+    write_reward_module(
+        "parity_reward",
         "def parity(prompts, completions, rows):\n"
-        "    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]\n"
+        "    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
     overrides = [
         *RUN,
         "reward.functions=[{name: parity_reward.parity}]",
@@ -321,7 +341,6 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(tmp_path, monke
 
     trainer.strategy.runner.rollout = timed
     trainer.train()
-    sys.modules.pop("parity_reward", None)
     assert spreads and all(s > 0 for s in spreads)
     assert set(sizes) == {2}
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -399,10 +418,10 @@ def flaky(prompts, completions, rows):
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(staleness, tmp_path, monkeypatch):
-    (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("flaky_reward", None)
+def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(
+    staleness, tmp_path, write_reward_module
+):
+    write_reward_module("flaky_reward", FLAKY_REWARD)
     overrides = [
         *RUN,
         "reward.functions=[{name: flaky_reward.flaky}]",
@@ -414,17 +433,15 @@ def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(staleness, tmp_
     trainer = Trainer(load_config(None, overrides))
     with pytest.raises(RewardError, match=r"flaky.*reward server down.*prompt") as failure:
         trainer.train()
-    assert "=" in str(failure.value)  # the failing sample (an arithmetic prompt) is shown
+    # the failing sample is shown: an arithmetic prompt of the run's task
+    assert re.search(r"prompt='?\d+\+\d+=", str(failure.value)), str(failure.value)
     saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
     assert saved and all(not name.startswith(".tmp") for name in saved)
     assert trainer.strategy.worker is None  # the background worker was stopped, no hang
-    sys.modules.pop("flaky_reward", None)
 
 
-def test_on_error_zero_scores_the_failure_zero_and_counts_it(tmp_path, monkeypatch):
-    (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("flaky_reward", None)
+def test_on_error_zero_scores_the_failure_zero_and_counts_it(tmp_path, write_reward_module):
+    write_reward_module("flaky_reward", FLAKY_REWARD)
     overrides = [
         *RUN,
         "reward.functions=[{name: flaky_reward.flaky}]",
@@ -438,4 +455,3 @@ def test_on_error_zero_scores_the_failure_zero_and_counts_it(tmp_path, monkeypat
     rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
     assert errors == [0.0, 0.0, 64.0, 0.0]  # the third rollout: all 8 x 8 completions
     assert rewards[2] == 0.0
-    sys.modules.pop("flaky_reward", None)

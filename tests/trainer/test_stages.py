@@ -7,7 +7,7 @@ import pytest
 
 from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
 from ardea.errors import ConfigError
-from ardea.trainer import run
+from ardea.trainer import Trainer, run
 
 TINY = [
     "model.hidden_size=32",
@@ -56,7 +56,21 @@ def test_a_bad_later_stage_fails_before_any_work(override, match, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_stages_chain_and_resume(tmp_path):
+def count_training_steps(monkeypatch) -> list[str]:
+    """Patch ``Trainer.train_step`` to record the stage (run directory name) of every
+    training step taken."""
+    taken: list[str] = []
+    train_step = Trainer.train_step
+
+    def counted(self):
+        taken.append(self.run_dir.name)
+        return train_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", counted)
+    return taken
+
+
+def test_stages_chain_and_resume(tmp_path, monkeypatch):
     overrides = [*TINY, STAGES, f"trainer.output_dir={tmp_path / 'run'}"]
     results = run(load_config(None, overrides))
     top = tmp_path / "run"
@@ -73,13 +87,15 @@ def test_stages_chain_and_resume(tmp_path):
     assert saved["wall_seconds"] >= saved["sft"]["wall_seconds"] + saved["rl"]["wall_seconds"] - 1
     assert results["checkpoint"] == str(top / "rl" / "checkpoints" / "step_0000003" / "policy")
     # resume=auto: a finished run trains nothing again and reports the same figures
+    taken = count_training_steps(monkeypatch)
     again = run(load_config(None, [*overrides, "trainer.resume=auto"]))
+    assert taken == []
     for key in ("accuracy_before_rl", "accuracy_after_rl"):
         assert again[key] == saved[key]
     assert again["rl"]["steps"] == 3 and again["sft"]["steps"] == 4
 
 
-def test_an_interrupted_stage_resumes_exactly(tmp_path):
+def test_an_interrupted_stage_resumes_exactly(tmp_path, monkeypatch):
     import shutil
 
     import torch
@@ -90,7 +106,9 @@ def test_an_interrupted_stage_resumes_exactly(tmp_path):
     final = tmp_path / "run" / "rl" / "checkpoints" / "step_0000003"
     expected = load_file(final / "policy" / "model.safetensors")
     shutil.rmtree(final)  # as if killed between the RL stage's checkpoints 2 and 3
+    taken = count_training_steps(monkeypatch)
     again = run(load_config(None, [*overrides, "trainer.resume=auto"]))
+    assert taken == ["rl"]  # only the RL stage's last step is trained again
     assert again["rl"]["steps"] == 3
     resumed = load_file(final / "policy" / "model.safetensors")
     assert all(torch.equal(expected[k], resumed[k]) for k in expected)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -54,12 +55,7 @@ def draw_report(run_dir: str | Path) -> Path:
             ax.set_yscale("log")
     for ax in list(axes.flat)[len(series) :]:
         ax.axis("off")
-    fig.suptitle(run_dir.name)
-    fig.tight_layout()
-    out = run_dir / "report.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, run_dir)
 
 
 def draw_stages_report(run_dir: str | Path, stages: list[str]) -> Path:
@@ -81,6 +77,11 @@ def draw_stages_report(run_dir: str | Path, stages: list[str]) -> Path:
     ax.set_xlabel("step (stages one after the other)")
     ax.grid(alpha=0.3)
     ax.legend()
+    return _save(fig, run_dir)
+
+
+def _save(fig: Any, run_dir: Path) -> Path:
+    """Title ``fig`` with the run's name and write it to ``<run_dir>/report.png``."""
     fig.suptitle(run_dir.name)
     fig.tight_layout()
     out = run_dir / "report.png"

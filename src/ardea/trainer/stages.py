@@ -13,7 +13,9 @@ started) and ``accuracy_after_rl`` (when the last one ended).
 
 ``trainer.resume=auto`` continues where the run stopped: finished stages are not trained
 again (their final checkpoint is reloaded and their results are read back), the stage
-that was interrupted resumes from its last checkpoint, later stages start fresh.
+that was interrupted resumes from its last checkpoint, later stages start fresh. Wall
+times (``wall_seconds``, the whole run's and each stage's) count this invocation only, as
+for a resumed single run; ``train_seconds`` carries on across resumes.
 """
 
 from __future__ import annotations

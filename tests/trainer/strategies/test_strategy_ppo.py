@@ -112,9 +112,15 @@ def test_pinned_advantages_are_not_recomputed_by_the_loss(monkeypatch):
         raise AssertionError("the loss must use the advantages pinned on the rollout")
 
     monkeypatch.setattr(online_ppo_module, "compute_advantages", fail)
-    pinned["advantages"] = torch.ones_like(pinned["advantages"])
-    loss, _ = loss_of(strategy, pinned)
-    assert torch.isfinite(loss)
+    # for a constant advantage c > 0 the clipped surrogate -mean(min(r c, clip(r) c)) is
+    # c times its value at c = 1, and 0 at c = 0: the loss follows the pinned values
+    policy_loss = {}
+    for c in (0.0, 1.0, 2.0):
+        pinned["advantages"] = torch.full_like(pinned["advantages"], c)
+        policy_loss[c] = loss_of(strategy, pinned)[1]["train/policy_loss"]
+    assert policy_loss[0.0] == pytest.approx(0.0, abs=1e-7)
+    assert policy_loss[1.0] != pytest.approx(0.0, abs=1e-4)
+    assert policy_loss[2.0] == pytest.approx(2 * policy_loss[1.0], rel=1e-5)
 
 
 def test_padding_gets_zero_advantages_and_returns():
@@ -183,11 +189,16 @@ def test_kl_penalty_is_folded_into_the_rewards(monkeypatch):
     )
 
 
-def test_critic_step_updates_the_critic_and_clears_its_gradients():
-    strategy = ppo()
+def backward_on_a_rollout(strategy) -> list[torch.Tensor]:
+    """Backpropagate the loss of one prepared rollout; the critic's weights before any step."""
     loss, _ = loss_of(strategy, prepared(strategy))
     loss.backward()
-    before = [p.detach().clone() for p in strategy.critic_parameters]
+    return [p.detach().clone() for p in strategy.critic_parameters]
+
+
+def test_critic_step_updates_the_critic_and_clears_its_gradients():
+    strategy = ppo()
+    before = backward_on_a_rollout(strategy)
     strategy.after_optimizer_step()
     assert any(not torch.equal(p, b) for p, b in zip(strategy.critic_parameters, before))
     assert all(p.grad is None for p in strategy.critic.parameters())
@@ -198,12 +209,10 @@ def test_critic_gradient_is_clipped_to_its_own_norm(max_norm):
     """Under SGD with lr 1 the critic moves by exactly its (clipped) gradient."""
     strategy = ppo(critic_max_grad_norm=max_norm)
     strategy.critic_optimizer = torch.optim.SGD(strategy.critic_parameters, lr=1.0)
-    loss, _ = loss_of(strategy, prepared(strategy))
-    loss.backward()
+    before = backward_on_a_rollout(strategy)
     grads = [p.grad.detach().clone() for p in strategy.critic_parameters]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     assert norm > 1e-2  # so that a 1e-3 cap really clips
-    before = [p.detach().clone() for p in strategy.critic_parameters]
     strategy.after_optimizer_step()
     moved = [b - p.detach() for p, b in zip(strategy.critic_parameters, before)]
     moved_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moved]))
@@ -213,9 +222,7 @@ def test_critic_gradient_is_clipped_to_its_own_norm(max_norm):
 
 def test_skipped_step_drops_critic_gradients():
     strategy = ppo()
-    loss, _ = loss_of(strategy, prepared(strategy))
-    loss.backward()
-    before = [p.detach().clone() for p in strategy.critic_parameters]
+    before = backward_on_a_rollout(strategy)
     strategy.skip_optimizer_step()
     assert all(p.grad is None for p in strategy.critic.parameters())
     assert all(torch.equal(p, b) for p, b in zip(strategy.critic_parameters, before))
@@ -239,12 +246,10 @@ def test_rollout_metrics_explained_variance_by_hand():
     strategy.critic = fixed_critic(values)
     metrics = {}
     strategy.prepare_rollout(batch, step=0, metrics=metrics)
-    returns = torch.tensor([1.0, 1.0, 0.0, 0.0])  # gamma = lambda = 1: returns = outcome
-    predicted = torch.tensor([0.5, 0.5, 0.25, 0.25])
-    expected = 1 - torch.var(returns - predicted, unbiased=False) / torch.var(
-        returns, unbiased=False
-    )
-    assert metrics["critic/explained_variance"] == pytest.approx(float(expected), abs=1e-6)
+    # gamma = lambda = 1: returns = outcome [1, 1, 0, 0] on the completion tokens, values
+    # [0.5, 0.5, 0.25, 0.25]; residuals [0.5, 0.5, -0.25, -0.25] have mean 0.125 and variance
+    # 0.140625, the returns variance 0.25: 1 - 0.140625 / 0.25 = 0.4375
+    assert metrics["critic/explained_variance"] == pytest.approx(0.4375, abs=1e-6)
     assert metrics["critic/value_mean"] == pytest.approx(0.375, abs=1e-6)
     assert metrics["critic/return_mean"] == pytest.approx(0.5, abs=1e-6)
 

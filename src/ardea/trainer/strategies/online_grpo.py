@@ -60,7 +60,8 @@ def pad_values(pad_token_id: int) -> dict[str, int]:
 
 
 def groups_with_spread(batch: dict[str, Tensor]) -> Tensor:
-    """``(N,)`` bool: rows whose group's rewards are not all equal."""
+    """``(N,)`` bool: rows whose group's rewards are not all equal (max > min, exactly: a
+    group std from :func:`ardea.algo.group_stats` can be a rounding error above 0)."""
     groups, inverse = torch.unique(batch["group_ids"], return_inverse=True)
     rewards = batch["rewards"].float()
     high = torch.full((len(groups),), -torch.inf, device=rewards.device)

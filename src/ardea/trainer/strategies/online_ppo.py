@@ -50,6 +50,7 @@ estimator (seed: the log-ratio, which is ``k1``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -229,7 +230,7 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
         max_norm = self.config.algo.critic_max_grad_norm or float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(self.critic_parameters, max_norm))
         self._critic_norms.append(norm)
-        if torch.isfinite(torch.tensor(norm)):
+        if math.isfinite(norm):
             self.critic_optimizer.step()
         self.critic_optimizer.zero_grad(set_to_none=True)
 

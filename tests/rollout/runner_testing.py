@@ -1,0 +1,37 @@
+"""A rollout runner on a tiny model, for the runner and worker tests."""
+
+from ardea.data import make_task
+from ardea.model import build_char_tokenizer, build_tiny_model
+from ardea.reward import RewardScorer
+from ardea.rollout import RolloutRunner, SamplingParams
+from ardea.trainer.setup import make_engine
+
+TOKENIZER = build_char_tokenizer()
+TASK = make_task("arithmetic", digits=2)
+
+
+def length_reward(prompts, completions, rows):
+    return [float(len(c)) for c in completions]
+
+
+def one(prompts, completions, rows):
+    return [1.0 for _ in completions]
+
+
+def make_runner(temperature=1.0, group_size=3, max_new_tokens=6, reward=length_reward, **kwargs):
+    policy = build_tiny_model(
+        TOKENIZER, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+        intermediate_size=64, seed=3,
+    )  # fmt: skip
+    runner = RolloutRunner(
+        make_engine(policy, TOKENIZER),
+        TOKENIZER,
+        RewardScorer([(reward, 1.0)], timeout_s=10.0),
+        group_size=group_size,
+        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        **kwargs,
+    )
+    return runner, policy
+
+
+EXAMPLES = TASK.examples("train", 4)
