@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
+from ardea.config import load_config
 from ardea.config.reward import RewardConfig, RewardFunctionConfig
 from ardea.data import make_task
 from ardea.errors import ConfigError
@@ -69,9 +70,11 @@ def test_bad_values_name_the_field(kwargs, pattern):
         RewardConfig(**kwargs)
 
 
-def test_a_function_without_name_is_rejected_by_omegaconf():
-    with pytest.raises(Exception, match="name"):
-        from_yaml("functions:\n  - {weight: 2.0}\n")
+def test_a_function_without_name_is_an_error_naming_the_entry(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("reward:\n  functions:\n    - {weight: 2.0}\n")
+    with pytest.raises(ConfigError, match=r"^reward\.functions\[0\]\.name: .*missing"):
+        load_config(path)
 
 
 def test_build_scorer_default_scores_with_the_task():

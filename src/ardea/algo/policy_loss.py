@@ -24,7 +24,8 @@ micro-batches gives the whole-batch value:
 - ``loss/dual_clip_frac``: fraction of tokens where dual-clip bounds the loss;
 - ``loss/approx_kl``: ``mean(r - 1 - log r)``, Schulman's k3 estimate of KL(pi_old || pi);
 - ``loss/behav_imp_weight``, ``loss/behav_drop_frac`` (decoupled PPO): mean importance
-  weight of kept tokens, fraction of tokens dropped by ``behav_imp_weight_cap``.
+  weight over all counted tokens (a dropped token counts as 0), fraction of tokens dropped
+  by ``behav_imp_weight_cap``.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_reference_gets_no_gradient():
 @pytest.mark.parametrize(
     ("corrupt", "match"),
     [
-        (lambda b: b.pop("logprobs"), "logprobs"),
+        (lambda b: b.pop("logprobs"), r"needs the rollout's behaviour log-probs"),
         (lambda b: b.__setitem__("logprobs", torch.zeros(1)), "shape"),
         (lambda b: b["logprobs"].__setitem__((0, 4), float("nan")), "finite"),
     ],
@@ -81,7 +81,7 @@ def test_bad_behaviour_logprobs_are_rejected(corrupt, match):
     strategy = ppo()
     batch = rollout_batch(LENGTHS, PROMPT, REWARDS)
     corrupt(batch)
-    with pytest.raises((ValueError, KeyError), match=match):
+    with pytest.raises(ValueError, match=match):
         prepared(strategy, batch)
 
 
@@ -285,3 +285,51 @@ def test_adaptive_lambda_from_a_dotted_path_by_hand():
     a2 = (0.3 - 0.4) + lam * a3
     expected = torch.tensor([[0.0, 0.0, a2, a3, a4, a5, 0.0]])
     torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+
+
+def value_loss_case(strategy, bias: float):
+    """A prepared rollout whose critic predicts ``bias`` everywhere (zero head weight), with
+    rollout-time values 0 and returns 1.0 / -0.5 / 0.35 / 2.0 on rows 0..3."""
+    pinned = prepared(strategy)
+    mask = pinned["next_loss_mask"]
+    returns = torch.tensor([1.0, -0.5, 0.35, 2.0])[:, None].expand_as(mask)
+    pinned["returns"] = torch.where(mask, returns, 0.0)
+    pinned["old_values"] = torch.zeros_like(pinned["old_values"])
+    with torch.no_grad():
+        strategy.critic.value_head.weight.zero_()
+        strategy.critic.value_head.bias.fill_(bias)
+    return pinned
+
+
+@pytest.mark.parametrize("vf_coef", [0.5, 2.0])
+@pytest.mark.parametrize("value_eps_clip", [0.2, None])
+def test_value_loss_term_by_hand(vf_coef, value_eps_clip):
+    """V' = 0.4 everywhere, V_old = 0, clip 0.2 (V' clipped to 0.2) or none, token mean over
+    the 4 + 6 + 3 + 5 completion tokens of rows with returns R = 1, -0.5, 0.35, 2:
+
+    row  (V' - R)^2   (clip(V') - R)^2   max (clipped)   d/dV' (clipped)
+    0    0.36         0.64               0.64            0 (the clipped term is constant)
+    1    0.81         0.49               0.81            0.9
+    2    0.0025       0.0225             0.0225          0
+    3    2.56         3.24               3.24            0
+
+    loss = vf_coef * 0.5 * mean, and the critic's head bias gets vf_coef * mean of d/dV'.
+    """
+    strategy = ppo(vf_coef=vf_coef, ppo_value_eps_clip=value_eps_clip)
+    pinned = value_loss_case(strategy, bias=0.4)
+    tokens = [4, 6, 3, 5]
+    if value_eps_clip is None:
+        squared, slopes = [0.36, 0.81, 0.0025, 2.56], [-0.6, 0.9, 0.05, -1.6]
+    else:
+        squared, slopes = [0.64, 0.81, 0.0225, 3.24], [0.0, 0.9, 0.0, 0.0]
+    value_loss = 0.5 * sum(n * s for n, s in zip(tokens, squared)) / sum(tokens)
+    bias_grad = vf_coef * sum(n * s for n, s in zip(tokens, slopes)) / sum(tokens)
+    loss, metrics = loss_of(strategy, pinned)
+    assert metrics["train/value_loss"] == pytest.approx(value_loss, rel=1e-5)
+    assert float(loss.detach()) - metrics["train/policy_loss"] == pytest.approx(
+        vf_coef * value_loss, rel=1e-5
+    )
+    loss.backward()
+    assert float(strategy.critic.value_head.bias.grad) == pytest.approx(bias_grad, rel=1e-5)
+    clipped_rows = 0 if value_eps_clip is None else 4 + 3 + 5
+    assert metrics["train/value_clip_fraction"] == pytest.approx(clipped_rows / 18, abs=1e-6)

@@ -140,6 +140,11 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
         self, batch: dict[str, Tensor], *, step: int, metrics: dict[str, float]
     ) -> dict[str, Tensor]:
         """Critic values, reference log-probs and GAE, pinned on the rollout."""
+        if "logprobs" not in batch:
+            raise ValueError(
+                "online_ppo needs the rollout's behaviour log-probs (batch['logprobs'], "
+                "token-aligned (N, S)); the engine records them with every completion"
+            )
         check_behaviour_logprobs(batch["logprobs"], batch["input_ids"])
         ids, attn = batch["input_ids"], batch["attention_mask"]
         self.critic.eval()
