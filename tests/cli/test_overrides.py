@@ -163,3 +163,15 @@ def test_tasks_lists_description_arguments_and_an_example(tmp_path):
         example = make_task(name, **args).examples("train", 1)[0]
         assert f"prompt {example.prompt!r}" in out and f"answer {example.answer!r}" in out
     assert out.count("  task_args: ") == len(task_names())
+
+
+def test_overrides_may_follow_the_options():
+    from ardea.cli.main import parse_args
+
+    assert parse_args(["eval", "run", "--k", "4", "data.eval_size=8"]).args == ["data.eval_size=8"]
+    train = parse_args(["train", "a.yaml", "--print-config", "trainer.max_steps=3"])
+    assert train.args == ["a.yaml", "trainer.max_steps=3"] and train.print_config
+    with pytest.raises(SystemExit):  # generate takes no overrides
+        parse_args(["generate", "model", "--prompt", "1+1=", "x=1"])
+    with pytest.raises(SystemExit):
+        parse_args(["eval", "run", "--nosuch", "data.eval_size=8"])

@@ -80,8 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line; ``key=value`` overrides may also follow the options
+    (``ardea eval RUN --k 4 data.eval_size=100``), which argparse alone would refuse."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if not item.startswith("-")]
+    if extra and (overrides != extra or not hasattr(args, "args")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.args = [*args.args, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local directories only
     from transformers.utils import logging as hf_logging
 
