@@ -15,6 +15,8 @@ RECIPES = {"default": DEFAULT_RECIPE, "none": None}
 
 
 def train(args: argparse.Namespace) -> int:
+    """Load the config (file, ``--recipe`` or the default recipe, then the overrides) and
+    print it or run it."""
     if args.help_config:
         print(describe_config())
         return 0

@@ -60,7 +60,7 @@ def apply_to_stages(file_stages: DictConfig, command_line: DictConfig) -> DictCo
 
     Raises:
         ConfigError: the command line addresses a stage that the config file does not
-            define, or sets a run-level key for one stage.
+            define (a run-level key set for one stage is refused by ``stage_configs``).
     """
     cli_stages = command_line.get("stages") or OmegaConf.create({})
     general = _without(OmegaConf.masked_copy(command_line, _sections(command_line)), RUN_KEYS)
@@ -88,4 +88,5 @@ def apply_to_stages(file_stages: DictConfig, command_line: DictConfig) -> DictCo
 
 
 def _sections(command_line: DictConfig) -> list[str]:
+    """The command line's top-level keys but ``stages``."""
     return [str(key) for key in command_line if key != "stages"]
