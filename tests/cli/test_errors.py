@@ -38,7 +38,9 @@ def test_bad_input_is_one_clear_line(args, needle, tmp_path):
 def test_bad_dataset_is_one_clear_line(content, needle, tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_bytes(content)
-    result = run_cli("train", "data.task=null", f"data.path={data}", cwd=tmp_path)
+    result = run_cli(
+        "train", "--recipe", "none", "data.task=null", f"data.path={data}", cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(data) in lines[0] and needle in lines[0], result.stderr

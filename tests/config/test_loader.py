@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from ardea.config import ArdeaConfig, config_to_yaml, describe_config, load_config
+from ardea.config import ArdeaConfig, config_to_yaml, describe_config, load_config, stage_configs
 from ardea.errors import ConfigError
 
 
@@ -94,3 +94,80 @@ def test_errors_inside_list_entries_name_the_entry_type():
         load_config(None, ["reward.functions=[{name: x, wieght: 2}]"])
     with pytest.raises(ConfigError, match=r"set a list field as a whole"):
         load_config(None, ["reward.functions.0.weight=3"])
+
+
+STAGED = """\
+trainer: {max_steps: 50, lr: 0.5}
+stages:
+  sft: {trainer: {max_steps: 7, batch_size: 8}}
+  rl: {algo: {name: online_grpo}, trainer: {max_steps: 9}}
+"""
+
+
+def staged(tmp_path, overrides, text=STAGED):
+    path = tmp_path / "staged.yaml"
+    path.write_text(text)
+    config = load_config(path, overrides)
+    return config, dict(stage_configs(config))
+
+
+def test_command_line_values_reach_every_stage_after_its_own(tmp_path):
+    config, stages = staged(tmp_path, ["trainer.max_steps=3", "trainer.batch_size=16"])
+    assert config.trainer.max_steps == 3
+    assert [s.trainer.max_steps for s in stages.values()] == [3, 3]
+    assert [s.trainer.batch_size for s in stages.values()] == [16, 16]
+    assert [s.trainer.lr for s in stages.values()] == [0.5, 0.5]  # untouched: the file's
+    assert stages["rl"].algo.name == "online_grpo"
+    _, unchanged = staged(tmp_path, [])
+    assert [s.trainer.max_steps for s in unchanged.values()] == [7, 9]
+
+
+def test_a_stage_override_changes_that_stage_only_whatever_the_order(tmp_path):
+    _, stages = staged(tmp_path, ["stages.rl.trainer.max_steps=4", "trainer.max_steps=3"])
+    assert stages["sft"].trainer.max_steps == 3 and stages["rl"].trainer.max_steps == 4
+    _, stages = staged(tmp_path, ["stages.rl.trainer.max_steps=4"])
+    assert stages["sft"].trainer.max_steps == 7 and stages["rl"].trainer.max_steps == 4
+
+
+def test_command_line_model_path_is_where_the_first_stage_starts(tmp_path):
+    config, stages = staged(tmp_path, ["model.path=/models/start"])
+    assert stages["sft"].model.path == "/models/start"
+    assert "model" in config.stages["sft"] and "model" not in config.stages["rl"]
+    text = STAGED.replace("rl: {", "rl: {model: {path: /models/own}, ")
+    _, stages = staged(tmp_path, ["model.path=/models/start"], text)
+    assert stages["rl"].model.path == "/models/own"  # a stage's own model.path is kept
+
+
+def test_run_level_keys_stay_at_the_top(tmp_path):
+    config, stages = staged(tmp_path, ["trainer.output_dir=/tmp/x", "trainer.resume=auto"])
+    assert config.trainer.output_dir == "/tmp/x" and config.trainer.resume == "auto"
+    assert all("output_dir" not in dict(s.get("trainer", {})) for s in config.stages.values())
+    with pytest.raises(ConfigError, match=r"stages\.rl\.trainer\.output_dir .* whole run"):
+        staged(tmp_path, ["stages.rl.trainer.output_dir=/tmp/x"])
+
+
+def test_an_unknown_stage_on_the_command_line_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown stage stages\.rll .*stages: sft, rl"):
+        staged(tmp_path, ["stages.rll.trainer.max_steps=3"])
+
+
+def test_stages_given_on_the_command_line_take_the_other_overrides_too():
+    stages_arg = "stages={a: {trainer: {max_steps: 4}}, b: {trainer: {max_steps: 5, lr: 0.1}}}"
+    overrides = [
+        stages_arg,
+        "trainer.max_steps=2",
+        "trainer.batch_size=16",
+        "stages.b.trainer.lr=0.2",
+    ]
+    resolved = dict(stage_configs(load_config(None, overrides)))
+    # stage values given on the command line are stages.NAME values: they win for their stage
+    assert [s.trainer.max_steps for s in resolved.values()] == [4, 5]
+    assert [s.trainer.batch_size for s in resolved.values()] == [16, 16]
+    assert resolved["b"].trainer.lr == 0.2
+
+
+def test_a_saved_staged_config_reloads_to_the_same_stages(tmp_path):
+    config, stages = staged(tmp_path, ["trainer.max_steps=3", "stages.rl.trainer.lr=0.1"])
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(config_to_yaml(config))
+    assert dict(stage_configs(load_config(saved))) == stages

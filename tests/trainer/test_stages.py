@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
-from ardea.errors import ConfigError
+from ardea.errors import ArdeaError
 from ardea.trainer import Trainer, run
 
 TINY = [
@@ -46,12 +46,22 @@ def test_default_recipe_is_sft_then_online_rl():
     [
         ("stages.rl.trainer.max_step=3", r"unknown config key 'trainer.max_step' \(stages.rl\)"),
         ("stages.rl.trainer.lr=-1", r"trainer.lr=-1.*\(stages.rl\)"),
-        ("stages.rl.algo.name=nope", "unknown strategy algo.name='nope'"),
+        ("stages.rl.algo.name=nope", r"unknown strategy algo.name='nope'.*\(stages.rl\)"),
+        (
+            "stages.rl.reward.functions=[{name: nope}]",
+            r"reward\.functions\[0\]: unknown reward function 'nope'.*\(stages\.rl\)",
+        ),
+        ("stages.rl.data.task_args.digit=2", r"unknown argument\(s\) digit.*\(stages\.rl\)"),
+        (
+            "stages.rl.model.path=/nonexistent",
+            r"model\.path directory /nonexistent .*\(stages\.rl\)",
+        ),
+        ("data.task=nope", r"unknown task data\.task='nope'.*\(stages\.sft\)"),
     ],
 )
 def test_a_bad_later_stage_fails_before_any_work(override, match, tmp_path):
     config = load_config(None, [*TINY, STAGES, override, f"trainer.output_dir={tmp_path / 'r'}"])
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ArdeaError, match=match):
         run(config)
     assert not (tmp_path / "r").exists()
 

@@ -1,56 +1,17 @@
-"""The work behind each ``ardea`` subcommand."""
+"""The work behind each ``ardea`` subcommand (``train`` in :mod:`ardea.cli.train`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 
-from ardea.config import (
-    DEFAULT_RECIPE,
-    ArdeaConfig,
-    config_to_yaml,
-    describe_config,
-    load_config,
-)
+from ardea.cli.catalog import task_lines
+from ardea.config import ArdeaConfig, load_config
 from ardea.errors import ArdeaError
 
 console = Console()
-
-
-def train(args: argparse.Namespace) -> int:
-    if args.help_config:
-        print(describe_config())
-        return 0
-    config_path, overrides = _split_config_and_overrides(args.args)
-    if config_path is None:  # the built-in default recipe (SFT, then online RL)
-        config_path = str(DEFAULT_RECIPE)
-    config = load_config(config_path, overrides)
-    if args.print_config:
-        print(config_to_yaml(config), end="")
-        return 0
-    from ardea.trainer import run
-
-    run(config)
-    return 0
-
-
-def _split_config_and_overrides(items: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``[config.yaml] key=value ...`` → (config path or None, overrides)."""
-    config_path = None
-    overrides = []
-    for item in items:
-        if "=" in item:
-            overrides.append(item)
-        elif config_path is None:
-            config_path = item
-        else:
-            raise ArdeaError(
-                f"unexpected argument {item!r}: give at most one config file, then key=value overrides"
-            )
-    return config_path, overrides
 
 
 def _last_stage_dir(path: Path) -> Path | None:
@@ -182,5 +143,5 @@ def tasks(args: argparse.Namespace) -> int:
     from ardea.data import task_names
 
     for name in task_names():
-        print(name)
+        print("\n".join(task_lines(name)))
     return 0

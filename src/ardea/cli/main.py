@@ -11,6 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ardea.cli.catalog import train_epilog
+from ardea.cli.train import RECIPES, train
 from ardea.errors import ArdeaError
 
 EXIT_USER_ERROR = 2
@@ -22,10 +24,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="run a training recipe (default: the built-in recipe)")
+    train = sub.add_parser(
+        "train",
+        help="run a training recipe (default: the built-in recipe)",
+        description="Train from CONFIG.yaml, or without one the default recipe, with "
+        "section.key=value overrides.",
+        epilog=train_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     train.add_argument("args", nargs="*", help="[CONFIG.yaml] [section.key=value ...]")
     train.add_argument(
-        "--print-config", action="store_true", help="print the resolved config and exit"
+        "--recipe",
+        choices=list(RECIPES),
+        help="without CONFIG.yaml: 'default' (the built-in recipe, as when omitted) or "
+        "'none' (the top-level config alone: built-in defaults plus the overrides)",
+    )
+    train.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (for a staged run, each stage's) and exit",
     )
     train.add_argument(
         "--help-config", action="store_true", help="list every config field and exit"
@@ -57,12 +74,27 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-draw report.png from a run's metrics.jsonl")
     rep.add_argument("run_dir")
 
-    sub.add_parser("tasks", help="list the built-in tasks")
+    sub.add_parser(
+        "tasks", help="list the built-in tasks: description, task_args with defaults, an example"
+    )
     return parser
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line; ``key=value`` overrides may also follow the options
+    (``ardea eval RUN --k 4 data.eval_size=100``), which argparse alone would refuse."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if not item.startswith("-")]
+    if extra and (overrides != extra or not hasattr(args, "args")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.args = [*args.args, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local directories only
     from transformers.utils import logging as hf_logging
 
@@ -72,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging.set_verbosity_error()  # ardea checks lengths itself and says so in one line
 
     handler = {
-        "train": commands.train,
+        "train": train,
         "eval": commands.evaluate,
         "generate": commands.generate,
         "report": commands.report,

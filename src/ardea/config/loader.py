@@ -1,9 +1,10 @@
 """Load an :class:`ArdeaConfig` from YAML plus ``key=value`` dotted overrides.
 
-Precedence, lowest first: the dataclass defaults, the YAML file, the command-line
-overrides. OmegaConf checks keys and types against the dataclasses; the dataclasses'
-``__post_init__`` checks values. Every failure becomes one :class:`ConfigError` line
-naming the field.
+Precedence, lowest first: the dataclass defaults, the YAML file's top level, its
+``stages.NAME`` values, the command-line overrides (which reach every stage, see
+:mod:`ardea.config.precedence`). OmegaConf checks keys and types against the dataclasses;
+the dataclasses' ``__post_init__`` checks values. Every failure becomes one
+:class:`ConfigError` line naming the field.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from ardea.config.precedence import apply_to_stages, run_level_keys
 from ardea.config.schema import ArdeaConfig
 from ardea.errors import ConfigError
 
@@ -92,7 +94,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     Args:
         path: optional YAML file with any subset of the sections.
-        overrides: ``section.field=value`` strings applied last.
+        overrides: ``section.field=value`` strings applied last, to the top level and,
+            in a staged run, to every stage after the stage's own values.
 
     Raises:
         ConfigError: one line naming the offending key or value.
@@ -104,15 +107,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if overrides:
         layers.append((_parse_overrides(overrides), "command line"))
     for layer, source in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as exc:
-            raise _translate(exc, source) from exc
-        except TypeError as exc:  # e.g. `list.0.field=...` against a list of structured configs
-            raise ConfigError(
-                f"cannot apply {source} values: {exc}; set a list field as a whole, "
-                "e.g. reward.functions=[{name: task, weight: 2}]"
-            ) from exc
+        merged = _merge(merged, layer, source)
+    if overrides and merged.stages:
+        file_stages = layers[0][0].get("stages") if path is not None else None
+        merged.stages = apply_to_stages(file_stages or OmegaConf.create({}), layers[-1][0])
     try:
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
@@ -121,12 +119,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config
 
 
+def _merge(base: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    """``layer`` merged over ``base``; a failure is one :class:`ConfigError` naming ``source``."""
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as exc:
+        raise _translate(exc, source) from exc
+    except TypeError as exc:  # e.g. `list.0.field=...` against a list of structured configs
+        raise ConfigError(
+            f"cannot apply {source} values: {exc}; set a list field as a whole, "
+            "e.g. reward.functions=[{name: task, weight: 2}]"
+        ) from exc
+
+
 def stage_configs(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
     """The validated config of every stage of ``config.stages``, in order.
 
     A stage's config is ``config`` without its stages, overridden by the stage's mapping
-    (same precedence rules and error messages as :func:`load_config`, with the source
-    ``stages.<name>``). Output directories and model paths are left to the caller.
+    (which :func:`load_config` has already given the command-line values; same error
+    messages, with the source ``stages.<name>``). Output directories and model paths are
+    left to the caller.
     """
     base = OmegaConf.structured(config)
     base.stages = {}
@@ -136,6 +148,12 @@ def stage_configs(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
         layer = OmegaConf.create(dict(overrides))
         if "stages" in layer:
             raise ConfigError(f"{source} sets 'stages'; stages cannot be nested")
+        if run_level_keys(layer):
+            key = run_level_keys(layer)[0]
+            raise ConfigError(
+                f"{source}.{key} is set for one stage, but {key} belongs to the whole run "
+                f"(each stage runs in <run dir>/<name>/); set {key} at the top level"
+            )
         try:
             merged = OmegaConf.merge(base, layer)
             stage = OmegaConf.to_object(merged)

@@ -11,7 +11,7 @@ a configurable policy for functions that fail (:mod:`ardea.reward.scorer`);
 :func:`build_scorer` makes one from a :class:`~ardea.config.reward.RewardConfig`.
 """
 
-from ardea.reward.build import build_scorer
+from ardea.reward.build import build_scorer, check_reward_names
 from ardea.reward.builtins import example_row, has_boxed, task_reward
 from ardea.reward.registry import (
     RewardFn,
@@ -30,6 +30,7 @@ __all__ = [
     "RewardScorer",
     "ScoreResult",
     "build_scorer",
+    "check_reward_names",
     "example_row",
     "get_reward",
     "has_boxed",

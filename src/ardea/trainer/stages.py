@@ -1,8 +1,10 @@
 """Runs of several stages, one after the other: e.g. the default recipe, SFT then online RL.
 
-``config.stages`` maps stage names, in order, to overrides of the config's sections. Every
-stage config is built and validated before the first stage starts (a typo in the last
-stage fails in seconds, not after the first stage's minutes). Stage ``k`` then runs as an
+``config.stages`` maps stage names, in order, to overrides of the config's sections (the
+command line's values already folded in, see :mod:`ardea.config.precedence`). Every stage
+config is built and checked (:func:`ardea.trainer.checks.check_config`: strategy, task,
+reward functions, model directory) before the first stage starts (a typo in the last stage
+fails in seconds, not after the first stage's minutes). Stage ``k`` then runs as an
 ordinary run in ``<run dir>/<name>/`` (its own ``config.yaml``, metrics, checkpoints,
 report) and starts from the final policy of stage ``k − 1`` unless it sets ``model.path``.
 
@@ -21,11 +23,11 @@ for a resumed single run; ``train_seconds`` carries on across resumes.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from ardea.config import ArdeaConfig, stage_configs
-from ardea.errors import ConfigError
+from ardea.errors import ArdeaError
+from ardea.trainer.checks import check_config
 from ardea.trainer.loop import Trainer
 from ardea.trainer.report import draw_stages_report
 from ardea.trainer.results import print_results, write_results
@@ -34,28 +36,40 @@ from ardea.trainer.strategies import strategy_class
 
 
 def run(config: ArdeaConfig) -> dict[str, Any]:
-    """Train ``config``: one run, or its stages in order; returns the results."""
+    """Train ``config``: one run, or its stages in order; returns the results.
+
+    Every name the config gives (strategy, task, reward functions, model directory) is
+    checked first, for every stage, before anything is trained or written.
+    """
     if not config.stages:
+        check_config(config)
         return Trainer(config).train()
     return run_stages(config)
 
 
 def plan_stages(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
-    """Every stage's config, validated, with its output directory set."""
+    """Every stage's config, validated (:func:`check_config`), with its output directory set.
+
+    Raises:
+        ArdeaError: the first problem of any stage, its message ending in ``(stages.NAME)``.
+    """
     top = run_directory(config)
     stages = stage_configs(config)
     for index, (name, stage) in enumerate(stages):
-        strategy_class(stage.algo.name)  # an unknown strategy fails before any work
+        try:
+            check_config(stage, model_path=not starts_from_previous(config, name, index))
+        except ArdeaError as exc:
+            raise type(exc)(f"{exc} (stages.{name})") from exc
         stage.trainer.output_dir = str(top / name)
         stage.trainer.resume = config.trainer.resume
-        if index and _sets_model_path(config, name) and not Path(stage.model.path).is_dir():
-            raise ConfigError(f"stages.{name}.model.path={stage.model.path!r} is not a directory")
     return stages
 
 
-def _sets_model_path(config: ArdeaConfig, name: str) -> bool:
+def starts_from_previous(config: ArdeaConfig, name: str, index: int) -> bool:
+    """Whether stage ``name`` (at ``index``) starts from the previous stage's final policy:
+    every stage but the first, unless it sets its own ``model.path``."""
     model = config.stages[name].get("model") or {}
-    return "path" in model
+    return index > 0 and "path" not in model
 
 
 def run_stages(config: ArdeaConfig) -> dict[str, Any]:
@@ -66,7 +80,7 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     previous: str | None = None
     online: list[str] = []
     for index, (name, stage) in enumerate(stages):
-        if previous is not None and not _sets_model_path(config, name):
+        if starts_from_previous(config, name, index):
             stage.model.path = previous
         print(f"[ardea] stage {name!r}: {stage.algo.name}, {stage.trainer.max_steps} steps")
         trainer = Trainer(stage)  # checks the stage's model and data before anything is written

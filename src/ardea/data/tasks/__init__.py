@@ -3,6 +3,14 @@
 from ardea.data.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
 from ardea.data.tasks import countdown as _countdown  # noqa: F401  (registers the task)
 from ardea.data.tasks import math_jsonl as _math_jsonl  # noqa: F401  (registers the task)
-from ardea.data.tasks.base import SPLITS, Example, Task, make_task, register_task, task_names
+from ardea.data.tasks.base import (
+    SPLITS,
+    Example,
+    Task,
+    make_task,
+    register_task,
+    task_class,
+    task_names,
+)
 
-__all__ = ["SPLITS", "Example", "Task", "make_task", "register_task", "task_names"]
+__all__ = ["SPLITS", "Example", "Task", "make_task", "register_task", "task_class", "task_names"]

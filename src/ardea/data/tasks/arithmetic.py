@@ -19,7 +19,7 @@ OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b:
 
 @register_task("arithmetic")
 class ArithmeticTask(Task):
-    """Integer arithmetic with exact-match answers.
+    """Integer arithmetic such as 347+589= -> 936, scored by exact match.
 
     Args:
         digits: largest operand has this many digits (operands in ``[0, 10**digits)``).

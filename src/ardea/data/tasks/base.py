@@ -63,13 +63,22 @@ def task_names() -> list[str]:
     return sorted(_TASKS)
 
 
-def make_task(name: str, *, seed: int = 0, **kwargs: Any) -> Task:
-    """Create the task registered as ``name`` with its keyword arguments."""
+def task_class(name: str) -> type[Task]:
+    """The task class registered as ``name``."""
     if name not in _TASKS:
         raise ConfigError(
             f"unknown task data.task={name!r}; known tasks: {', '.join(task_names())}"
         )
-    cls = _TASKS[name]
+    return _TASKS[name]
+
+
+def make_task(name: str, *, seed: int = 0, **kwargs: Any) -> Task:
+    """Create the task registered as ``name`` with its keyword arguments.
+
+    Raises:
+        ConfigError: an unknown task, an unknown argument, or a required one missing.
+    """
+    cls = task_class(name)
     params = inspect.signature(cls.__init__).parameters
     allowed = [p for p in params if p not in ("self", "seed")]
     unknown = sorted(set(kwargs) - set(allowed))
@@ -77,5 +86,10 @@ def make_task(name: str, *, seed: int = 0, **kwargs: Any) -> Task:
         raise ConfigError(
             f"unknown argument(s) {', '.join(unknown)} in data.task_args for task {name!r}; "
             f"allowed: {', '.join(allowed) or '(none)'}"
+        )
+    missing = [p for p in allowed if params[p].default is params[p].empty and p not in kwargs]
+    if missing:
+        raise ConfigError(
+            f"task {name!r} needs data.task_args.{missing[0]}; its arguments: {', '.join(allowed)}"
         )
     return cls(seed=seed, **kwargs)

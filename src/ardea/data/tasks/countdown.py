@@ -159,7 +159,7 @@ def parse_prompt(prompt: str) -> tuple[list[int], int] | None:
 
 @register_task("countdown")
 class CountdownTask(Task):
-    """Reach a target from given numbers with + - * / (see the module docstring).
+    """Reach a target from given numbers with + - * / and parentheses, each number at most once.
 
     Args:
         count: how many numbers a problem gives, in [2, 5].

@@ -65,7 +65,7 @@ def _read(path: str, instruction: str, what: str) -> list[Example]:
 
 @register_task("math_jsonl")
 class MathJsonlTask(Task):
-    """GSM8K-style word problems from local files (see the module docstring).
+    """GSM8K-style word problems from a local JSONL file of {"question", "answer"} lines.
 
     Args:
         path: the JSONL file of ``{"question", "answer"}`` objects (required).
@@ -79,17 +79,12 @@ class MathJsonlTask(Task):
 
     def __init__(
         self,
-        path: str | None = None,
+        path: str,
         test_fraction: float | None = None,
         test_path: str | None = None,
         instruction: str = DEFAULT_INSTRUCTION,
         seed: int = 0,
     ) -> None:
-        if path is None:
-            raise ConfigError(
-                "task 'math_jsonl' needs data.task_args.path, a JSONL file of "
-                '{"question": ..., "answer": ...} objects'
-            )
         if test_path is not None and test_fraction is not None:
             raise ConfigError(
                 "data.task_args.test_fraction and data.task_args.test_path are both set; "

@@ -1,0 +1,36 @@
+"""Everything a config names must exist, checked before any work starts.
+
+The config layer checks keys, types and values; the names it holds are resolved here, in
+the layer that knows the registries: the strategy (``algo.name``), the task
+(``data.task`` with its ``task_args``), every reward function (registered name or dotted
+path to user code, imported here; with its ``kwargs``) and the starting model directory
+(``model.path``). :func:`ardea.trainer.run` calls :func:`check_config` for a single run and
+for every stage of a staged run before the first one starts.
+"""
+
+from __future__ import annotations
+
+from ardea.config import ArdeaConfig
+from ardea.data import make_task
+from ardea.model import check_model_dir
+from ardea.reward import build_scorer, check_reward_names
+from ardea.trainer.strategies import strategy_class
+
+
+def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
+    """Resolve every name ``config`` gives; ``model_path=False`` skips ``model.path``
+    (a stage that starts from the previous stage's policy).
+
+    Raises:
+        ConfigError: one line naming the key, the value and the known values.
+        ModelLoadError: ``model.path`` is not a model directory.
+    """
+    strategy = strategy_class(config.algo.name)
+    data = config.data
+    task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
+    if strategy.sample_kind == "prompt":  # online strategies score their rollouts
+        build_scorer(config.reward, task)
+    else:
+        check_reward_names(config.reward)
+    if model_path and config.model.path:
+        check_model_dir(config.model.path, what="model.path")

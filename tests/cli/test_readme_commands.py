@@ -1,0 +1,149 @@
+"""Every example command of the README (and of the ready configs' comments) runs as
+written, shortened: through the ``ardea`` command's ``main`` (in-process, so the suite does
+not pay an interpreter start per command), in a directory that has the repository's
+``configs/`` and ``examples/`` and a shortened default-recipe run in ``runs/default``."""
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ardea.cli.main import main
+from ardea.config import DEFAULT_RECIPE
+
+REPO = Path(__file__).parents[2]
+#: appended to every `ardea train`: two steps, a tiny model, small batches and evaluations
+SHORT_TRAIN = [
+    "trainer.max_steps=2",
+    "trainer.batch_size=4",
+    "trainer.warmup_steps=1",
+    "trainer.eval_every=0",
+    "trainer.save_every=0",
+    "trainer.num_threads=1",
+    "data.train_size=40",
+    "data.eval_size=8",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=6",
+    "model={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+#: and to a default-recipe run, after any stage values the command gives
+SHORT_STAGES = ["stages.sft.trainer.max_steps=2", "stages.rl.trainer.max_steps=2"]
+SHORT_EVAL = ["data.eval_size=8"]
+#: a checkpoint of the (full) default recipe's run: stage, step
+CHECKPOINT = re.compile(r"runs/default/(\w+)/checkpoints/step_(\d+)/policy")
+#: a model directory the README names that this machine does not have
+ELSEWHERE = "/models/Qwen2.5-0.5B-Instruct"
+
+
+def commands_in(text: str, *, comment: bool = False) -> list[str]:
+    """The ``ardea ...`` lines of ``text``'s bash blocks (or of its ``#   ardea`` comments)."""
+    if comment:
+        return [m.group(1) for m in re.finditer(r"^#\s+(ardea \S.*)$", text, re.M)]
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("ardea ")]
+
+
+README_COMMANDS = commands_in((REPO / "README.md").read_text(encoding="utf-8"))
+CONFIG_COMMANDS = sorted(
+    {c for p in (REPO / "configs").glob("*.yaml") for c in commands_in(p.read_text(), comment=True)}
+)
+
+
+def test_the_readme_has_its_commands():
+    assert shlex.split(README_COMMANDS[0], comments=True) == ["ardea", "train"]
+    assert {c.split()[1] for c in README_COMMANDS} == {
+        "train",
+        "eval",
+        "generate",
+        "report",
+        "tasks",
+    }
+    assert len(CONFIG_COMMANDS) >= 3
+
+
+def test_checkpoint_paths_named_are_where_the_default_recipe_ends():
+    recipe = yaml.safe_load(DEFAULT_RECIPE.read_text())["stages"]
+    texts = [(REPO / "README.md").read_text()] + [
+        p.read_text() for p in (REPO / "configs").glob("*.yaml")
+    ]
+    named = [m for text in texts for m in CHECKPOINT.finditer(text)]
+    assert len(named) >= 4
+    for m in named:  # each stage saves its final checkpoint at its last step
+        assert int(m.group(2)) == recipe[m.group(1)]["trainer"]["max_steps"], m.group(0)
+
+
+def test_make_run_is_ardea_train():
+    recipe = re.search(r"^run:.*\n\t(.+)$", (REPO / "Makefile").read_text(), re.M)
+    assert recipe is not None and recipe.group(1).strip() == ".venv/bin/ardea train"
+
+
+def ardea(*argv: str, cwd: Path) -> None:
+    """``ardea ARGV`` run in ``cwd``; it must succeed."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        assert main(list(argv)) == 0
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A directory like the repository's root, with a shortened ``ardea train`` done."""
+    root = tmp_path_factory.mktemp("readme")
+    for name in ("configs", "examples"):
+        (root / name).symlink_to(REPO / name)
+    ardea("train", *SHORT_TRAIN, *SHORT_STAGES, cwd=root)
+    return root
+
+
+def final_policy(root: Path, stage: str) -> str:
+    """The final checkpoint's policy of the shortened default run's ``stage``."""
+    found = sorted((root / "runs" / "default" / stage / "checkpoints").glob("step_*"))
+    return str(found[-1].relative_to(root) / "policy")
+
+
+def shortened(command: str, index: int, root: Path) -> list[str]:
+    """``command`` as argv, on this machine's models, with the shortening appended."""
+    command = command.replace(ELSEWHERE, final_policy(root, "sft"))
+    command = CHECKPOINT.sub(lambda m: final_policy(root, m.group(1)), command)
+    argv = shlex.split(command, comments=True)[1:]
+    if argv == ["train"]:
+        return []  # the plain default recipe: the fixture's own run
+    if argv[0] == "eval":
+        return [*argv, *SHORT_EVAL]
+    if argv[0] != "train":
+        return argv
+    staged = not any(a.endswith(".yaml") for a in argv) and "none" not in argv
+    extra = SHORT_TRAIN + (SHORT_STAGES if staged else [])
+    if not any(a.startswith("trainer.resume=") for a in argv):
+        extra = [*extra, f"trainer.run_name=readme{index}"]  # beside runs/default
+    return [*argv, *extra]
+
+
+def steps_trained(run_dir: Path) -> list[int]:
+    """The steps each stage (or the one run) of ``run_dir`` trained, from results.json."""
+    results = json.loads((run_dir / "results.json").read_text())
+    return (
+        [results[s]["steps"] for s in results["stages"]]
+        if "stages" in results
+        else [results["steps"]]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("index", "command"),
+    list(enumerate(README_COMMANDS + CONFIG_COMMANDS)),
+    ids=lambda v: v if isinstance(v, int) else " ".join(shlex.split(v, comments=True)),
+)
+def test_example_command_runs(index, command, workdir):
+    argv = shortened(command, index, workdir)
+    if argv:
+        ardea(*argv, cwd=workdir)
+    if not argv or argv[0] == "train":
+        run_name = "default" if not argv or "trainer.resume=auto" in argv else f"readme{index}"
+        assert set(steps_trained(workdir / "runs" / run_name)) == {2}
