@@ -283,8 +283,6 @@ def test_grpo_through_the_pipeline():
             config(kl_ctl=0.1, kl_estimator="k9"),
             "known estimators",
         ),
-        (batch([[0, 1, 1]]), config(gae_timestep_unit="episode"), "gae_timestep_unit"),
-        (batch([[0, 1, 1]]), config(reward_norm="z"), "reward_norm"),
         (batch([[0, 1, 1]], turn_ids=torch.zeros(1, 3)), PPOConfig(), "integer dtype"),
         (batch([[0, 1, 1]], group_ids=torch.tensor([0, 1])), PPOConfig(), r"batch\['group_ids'\]"),
     ],

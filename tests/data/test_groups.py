@@ -80,32 +80,19 @@ def test_collate_groups_rows_by_sample_then_completion():
         GroupSample((13,), ((24, EOS),), (0.5,), ((-6.0, -7.0),)),
     ]
     batch = collate_groups(samples, pad_token_id=PAD)
-    assert set(batch) == {
-        "input_ids",
-        "attention_mask",
-        "loss_mask",
-        "rewards",
-        "group_ids",
-        "logprobs",
-    }
-    assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
-        "input_ids": ((3, 5), torch.long),
-        "attention_mask": ((3, 5), torch.long),
-        "loss_mask": ((3, 5), torch.float32),
-        "rewards": ((3,), torch.float32),
-        "group_ids": ((3,), torch.int64),
-        "logprobs": ((3, 5), torch.float32),
-    }
-    assert batch["input_ids"].tolist() == [
+    assert batch.input_ids.shape == (3, 5) and batch.logprobs.dtype == torch.float32
+    assert batch.input_ids.tolist() == [
         [11, 12, 21, EOS, 0],
         [11, 12, 22, 23, EOS],
         [13, 24, EOS, 0, 0],
     ]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [1] * 5, [1, 1, 1, 0, 0]]
-    assert batch["loss_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
-    assert batch["logprobs"].tolist() == [[0, 0, -1, -2, 0], [0, 0, -3, -4, -5], [0, -6, -7, 0, 0]]
-    assert batch["rewards"].tolist() == [1.0, 0.0, 0.5]
-    assert batch["group_ids"].tolist() == [0, 0, 1]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1] * 5, [1, 1, 1, 0, 0]]
+    assert batch.loss_mask.int().tolist() == [[0, 0, 1, 1, 0], [0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
+    assert batch.logprobs.tolist() == [[0, 0, -1, -2, 0], [0, 0, -3, -4, -5], [0, -6, -7, 0, 0]]
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.5]
+    assert batch.group_ids.tolist() == [0, 0, 1]
+    assert batch.turn_ids.tolist() == [[-1, -1, 0, 0, -1], [-1, -1, 0, 0, 0], [-1, 0, 0, -1, -1]]
+    assert batch.versions.unique().tolist() == [-1]  # offline data has no policy version
 
 
 def test_collate_groups_drops_logprobs_unless_every_sample_has_them():
@@ -113,4 +100,4 @@ def test_collate_groups_drops_logprobs_unless_every_sample_has_them():
         GroupSample((11,), ((21, EOS),), (1.0,), ((-1.0, -2.0),)),
         GroupSample((13,), ((24, EOS),), (0.0,), None),
     ]
-    assert "logprobs" not in collate_groups(samples, pad_token_id=PAD)
+    assert collate_groups(samples, pad_token_id=PAD).logprobs is None

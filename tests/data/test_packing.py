@@ -51,15 +51,11 @@ def test_collate_packed_pads_with_restarting_positions():
         PackedSample((12, 13), (0, 1), (0, 1)),
     ]
     batch = collate_packed(rows, pad_token_id=PAD)
-    assert set(batch) == {"input_ids", "position_ids", "loss_mask"}  # no attention mask
-    assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
-        "input_ids": ((2, 5), torch.long),
-        "position_ids": ((2, 5), torch.long),
-        "loss_mask": ((2, 5), torch.float32),
-    }
-    assert batch["input_ids"].tolist() == [[7, 8, 9, 10, 11], [12, 13, PAD, PAD, PAD]]
-    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 0, 1, 2]]
-    assert batch["loss_mask"].tolist() == [[0, 1, 0, 1, 1], [0, 1, 0, 0, 0]]
+    assert batch.input_ids.tolist() == [[7, 8, 9, 10, 11], [12, 13, PAD, PAD, PAD]]
+    assert batch.position_ids.tolist() == [[0, 1, 0, 1, 2], [0, 1, 0, 1, 2]]
+    assert batch.loss_mask.int().tolist() == [[0, 1, 0, 1, 1], [0, 1, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1] * 5, [1, 1, 0, 0, 0]]
+    assert batch.model_inputs()["attention_mask"] is None  # documents attend by position
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -69,10 +65,10 @@ def test_packed_logprobs_equal_each_document_alone(tokenizer, arch):
     rows = pack_samples(docs, max_length=24)
     assert len(rows) >= 2 and any(len(segments(r)) >= 2 for r in rows)
     batch = collate_packed(rows, pad_token_id=PAD)
-    assert (batch["input_ids"] == PAD).any()  # some row is padded
+    assert (batch.input_ids == PAD).any()  # some row is padded
     with torch.no_grad():
-        packed = sequence_logprobs(model, batch["input_ids"], position_ids=batch["position_ids"])
-        plain = sequence_logprobs(model, batch["input_ids"]).logprobs  # one causal row, no packing
+        packed = sequence_logprobs(model, batch.input_ids, position_ids=batch.position_ids)
+        plain = sequence_logprobs(model, batch.input_ids).logprobs  # one causal row, no packing
     seen, leaked = [], 0.0
     for r, row in enumerate(rows):
         for start, end in segments(row):
@@ -98,14 +94,12 @@ def test_packed_cross_entropy_equals_unpacked(tokenizer):
         return -(logprobs[:, :-1] * scored).sum() / scored.sum(), scored.sum()
 
     with torch.no_grad():
-        lp_unpacked = sequence_logprobs(
-            model, unpacked["input_ids"], unpacked["attention_mask"]
-        ).logprobs
+        lp_unpacked = sequence_logprobs(model, unpacked.input_ids, unpacked.attention_mask).logprobs
         lp_packed = sequence_logprobs(
-            model, packed["input_ids"], position_ids=packed["position_ids"]
+            model, packed.input_ids, position_ids=packed.position_ids
         ).logprobs
-    ce_unpacked, n_unpacked = token_mean_ce(lp_unpacked, unpacked["loss_mask"])
-    ce_packed, n_packed = token_mean_ce(lp_packed, packed["loss_mask"])
+    ce_unpacked, n_unpacked = token_mean_ce(lp_unpacked, unpacked.loss_mask)
+    ce_packed, n_packed = token_mean_ce(lp_packed, packed.loss_mask)
     assert n_packed == n_unpacked == sum(sum(d.loss_mask[1:]) for d in docs)
-    assert packed["input_ids"].shape[0] < unpacked["input_ids"].shape[0]
+    assert packed.input_ids.shape[0] < unpacked.input_ids.shape[0]
     torch.testing.assert_close(ce_packed, ce_unpacked, rtol=0, atol=1e-5)

@@ -1,9 +1,14 @@
 """Preference samples: prompt/chosen/rejected ids and the DPO batch layout."""
 
 import pytest
-import torch
 
-from ardea.data import PreferenceSample, Record, collate_preference, tokenize_records
+from ardea.data import (
+    PreferenceSample,
+    Record,
+    collate_preference,
+    preference_pairs,
+    tokenize_records,
+)
 from ardea.errors import ArdeaError
 
 from .conftest import EOS, IM_END, IM_START, PAD, b
@@ -52,28 +57,31 @@ def test_preference_errors(tokenizer):
         pref(tokenizer, {"prompt": "abc", "chosen": "d", "rejected": "efg"}, max_length=6)
 
 
-def test_collate_pads_both_halves_to_one_length():
+def test_collate_gives_chosen_rows_then_rejected_rows():
     samples = [
         PreferenceSample((11, 12), (21, EOS), (31, 32, 33, EOS)),
         PreferenceSample((13,), (22, 23, EOS), (34, EOS)),
     ]
     batch = collate_preference(samples, pad_token_id=PAD)
-    assert set(batch) == {
-        f"{w}_{k}"
-        for w in ("chosen", "rejected")
-        for k in ("input_ids", "attention_mask", "loss_mask")
-    }
-    for key, value in batch.items():
-        assert value.shape == (2, 6), key
-        assert value.dtype == (torch.float32 if key.endswith("loss_mask") else torch.long), key
-    assert batch["chosen_input_ids"].tolist() == [[11, 12, 21, EOS, 0, 0], [13, 22, 23, EOS, 0, 0]]
-    assert batch["rejected_input_ids"].tolist() == [
-        [11, 12, 31, 32, 33, EOS],
-        [13, 34, EOS, 0, 0, 0],
+    assert batch.input_ids.tolist() == [
+        [11, 12, 21, EOS, 0, 0],  # chosen of pair 0
+        [13, 22, 23, EOS, 0, 0],  # chosen of pair 1
+        [11, 12, 31, 32, 33, EOS],  # rejected of pair 0
+        [13, 34, EOS, 0, 0, 0],  # rejected of pair 1
     ]
-    assert batch["chosen_attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0]]
-    assert batch["rejected_attention_mask"].tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
-    assert batch["chosen_loss_mask"].tolist() == [[0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]]
-    assert batch["rejected_loss_mask"].tolist() == [[0, 0, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]]
-    # the halves concatenate into one [2N, S] forward
-    assert torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]]).shape == (4, 6)
+    assert batch.attention_mask.tolist() == [
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1] * 6,
+        [1, 1, 1, 0, 0, 0],
+    ]
+    assert batch.loss_mask.int().tolist() == [
+        [0, 0, 1, 1, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 1],
+        [0, 1, 1, 0, 0, 0],
+    ]
+    assert batch.group_ids.tolist() == [0, 1, 0, 1]  # a pair is one group
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+    chosen, rejected = preference_pairs(batch)
+    assert chosen.tolist() == [0, 1] and rejected.tolist() == [2, 3]

@@ -52,6 +52,6 @@ def test_empty_texts_are_skipped_and_wrong_types_rejected(tokenizer):
 
 def test_text_samples_collate_like_sft(tokenizer):
     batch = collate_sft(text_samples(tokenizer, "ab", "abcd"), pad_token_id=0)
-    assert batch["input_ids"].tolist() == [[*b("ab"), EOS, 0, 0], [*b("abcd"), EOS]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1] * 5]
-    assert batch["loss_mask"].tolist() == [[1, 1, 1, 0, 0], [1] * 5]
+    assert batch.input_ids.tolist() == [[*b("ab"), EOS, 0, 0], [*b("abcd"), EOS]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1] * 5]
+    assert batch.loss_mask.int().tolist() == [[1, 1, 1, 0, 0], [1] * 5]

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from ardea.rollout.sampling import (
-    gather_logprobs,
     next_tokens,
     sample_inverse_cdf,
     sampling_logits,
@@ -88,7 +87,6 @@ def test_next_tokens_sampled_logprob_is_log_softmax_over_t():
     assert tokens.shape == (5,) and logprobs.shape == (5,)
     expected = torch.log_softmax(logits / 0.6, -1).gather(-1, tokens[:, None])[:, 0]
     assert torch.allclose(logprobs, expected, atol=1e-6)
-    assert torch.allclose(gather_logprobs(logits / 0.6, tokens), expected, atol=1e-6)
 
 
 def test_next_tokens_needs_uniforms_when_sampling():

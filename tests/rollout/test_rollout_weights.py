@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 from rollout_models import EOS, PAD, make_model
 
-from ardea.rollout import InProcessEngine, SamplingParams
+from ardea.rollout import InProcessEngine, SamplingParams, make_engine
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
@@ -34,20 +35,45 @@ def test_update_weights_changes_outputs_and_version():
     assert tokens(after) != tokens(before)
 
 
-def test_shared_model_update_bumps_version_only():
+def test_shared_weights_fast_path_copies_nothing(monkeypatch):
+    """An engine on the trainer's own module: the trainer changes the weights in place and
+    publishes them with update_weights(state_dict, version); nothing is copied."""
     model = make_model("llama")
     engine = engine_for(model, version=4)
-    with torch.no_grad():  # the trainer changes the shared weights in place
+    with torch.no_grad():
         model.lm_head.weight.copy_(make_model("llama", seed=2).lm_head.weight)
-    engine.update_weights(None, version=5)
+    copies = []
+    copy_ = torch.Tensor.copy_
+    monkeypatch.setattr(
+        torch.Tensor, "copy_", lambda t, *a, **k: copies.append(1) or copy_(t, *a, **k)
+    )
+    engine.update_weights(model.state_dict(), version=5)
+    monkeypatch.undo()
+    assert not copies
     out = engine.generate(PROMPTS, GREEDY)
     assert {c.version for c in out} == {5}
+    changed = make_model("llama")
+    changed.lm_head.weight.data.copy_(make_model("llama", seed=2).lm_head.weight)
+    assert tokens(out) == tokens(engine_for(changed).generate(PROMPTS, GREEDY))
+
+
+def test_an_engine_that_owns_its_weights_changes_only_through_update_weights():
+    model = make_model("qwen2", seed=0)
+    tokenizer = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS)
+    engine = make_engine("in_process", model, tokenizer, share_weights=False)
+    before = tokens(engine.generate(PROMPTS, GREEDY))
+    other = make_model("qwen2", seed=1)
+    model.load_state_dict(other.state_dict())  # the trainer's weights move ...
+    assert tokens(engine.generate(PROMPTS, GREEDY)) == before  # ... the engine's do not
+    engine.update_weights(model.state_dict(), version=1)
+    assert tokens(engine.generate(PROMPTS, GREEDY)) == tokens(
+        engine_for(other).generate(PROMPTS, GREEDY)
+    )
 
 
 def test_version_must_increase_and_bad_state_dict_changes_nothing():
     model = make_model("qwen2")
-    engine = engine_for(model)
-    engine.update_weights(None, version=3)
+    engine = engine_for(model, version=3)
     reference = tokens(engine.generate(PROMPTS, GREEDY))
     good = make_model("qwen2", seed=1).state_dict()
     with pytest.raises(ValueError, match="version must increase: got 3, current version is 3"):

@@ -5,29 +5,28 @@ import hashlib
 
 import pytest
 import torch
-from runner_testing import EXAMPLES, TASK, TOKENIZER, make_runner, one
+from runner_testing import EXAMPLES, TASK, TOKENIZER, make_runner, one, rollout
 
-from ardea.algo import next_token_align
 from ardea.model import sequence_logprobs
 from ardea.rollout import sampling_seed
 
 
 def test_trajectory_layout():
     runner, _ = make_runner()
-    batch = runner.rollout(EXAMPLES, seed_index=0).batch
-    n, s = batch["input_ids"].shape
+    batch = rollout(runner, seed_index=0).batch
+    n, s = batch.input_ids.shape
     assert n == 4 * 3
-    assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(3)]
-    generated = batch["loss_mask"] > 0
-    assert torch.equal(batch["versions"] >= 0, generated)
-    assert torch.equal(batch["turn_ids"] == 0, generated) and bool((batch["turn_ids"] >= -1).all())
+    assert batch.group_ids.tolist() == [g for g in range(4) for _ in range(3)]
+    generated = batch.loss_mask
+    assert torch.equal(batch.versions >= 0, generated)
+    assert torch.equal(batch.turn_ids == 0, generated) and bool((batch.turn_ids >= -1).all())
     for row in range(n):
         prompt = len(TOKENIZER(EXAMPLES[row // 3].prompt)["input_ids"])
         count = int(generated[row].sum())
         assert not generated[row, :prompt].any()
         assert bool(generated[row, prompt : prompt + count].all())
-        assert bool(batch["no_eos"][row]) == (
-            count == 6 and batch["input_ids"][row, prompt + count - 1] != TOKENIZER.eos_token_id
+        assert bool(batch.no_eos[row]) == (
+            count == 6 and batch.input_ids[row, prompt + count - 1] != TOKENIZER.eos_token_id
         )
 
 
@@ -36,23 +35,23 @@ def test_behaviour_logprobs_equal_the_trainers(temperature):
     """The engine's log-probs are those the trainer recomputes for the same tokens and
     weights at the same temperature (fp32, CPU): max abs difference <= 1e-5."""
     runner, policy = make_runner(temperature=temperature, max_new_tokens=8)
-    batch = runner.rollout(EXAMPLES, seed_index=5).batch
+    batch = rollout(runner, seed_index=5).batch
     trainer = sequence_logprobs(
-        policy, batch["input_ids"], batch["attention_mask"], temperature=temperature
+        policy, batch.input_ids, batch.attention_mask, temperature=temperature
     ).logprobs  # (N, S) next-token aligned
-    mask = next_token_align(batch["loss_mask"].bool(), False)
-    behaviour = next_token_align(batch["logprobs"])
+    mask, behaviour = batch.action_mask, batch.behaviour_logprobs
+    assert batch.temperature == temperature
     assert int(mask.sum()) > 20
     assert float((trainer.detach() - behaviour)[mask].abs().max()) <= 1e-5
 
 
 def test_seed_index_fixes_the_completions():
     runner, _ = make_runner()
-    a = runner.rollout(EXAMPLES, seed_index=3).batch
-    b = runner.rollout(EXAMPLES, seed_index=3).batch
-    c = runner.rollout(EXAMPLES, seed_index=4).batch
-    assert torch.equal(a["input_ids"], b["input_ids"])
-    assert not torch.equal(a["input_ids"], c["input_ids"])
+    a = rollout(runner, seed_index=3).batch
+    b = rollout(runner, seed_index=3).batch
+    c = rollout(runner, seed_index=4).batch
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert not torch.equal(a.input_ids, c.input_ids)
     assert len({sampling_seed(0, 3), sampling_seed(0, 4), sampling_seed(1, 3)}) == 3
     # a stable hash, the same in every process: the first 8 bytes of blake2b("0:3:7:1"), >> 1
     digest = hashlib.blake2b(b"0:3:7:1", digest_size=8).digest()
@@ -64,30 +63,30 @@ def test_overlong_penalty_is_added_to_the_reward():
     runner, _ = make_runner(
         group_size=4, max_new_tokens=6, reward=one, overlong_buffer=3, overlong_penalty=0.5
     )
-    rollout = runner.rollout(EXAMPLES, seed_index=0)
-    lengths = rollout.batch["loss_mask"].sum(dim=-1).tolist()
+    scored = rollout(runner, seed_index=0)
+    lengths = scored.batch.loss_mask.sum(dim=-1).tolist()
     assert max(lengths) > 3  # some completions reach into the buffer
     # by hand: no penalty up to 6 - 3 = 3 tokens, then 0.5 × (3 - n) / 3 per extra token
     penalty = {1: 0.0, 2: 0.0, 3: 0.0, 4: -1 / 6, 5: -1 / 3, 6: -0.5}
-    for n, reward in zip(lengths, rollout.batch["rewards"].tolist()):
+    for n, reward in zip(lengths, scored.batch.rewards.tolist()):
         assert reward == pytest.approx(1.0 + penalty[int(n)], abs=1e-6), (n, reward)
-    assert rollout.metrics["rollout/overlong_penalty"] < 0
+    assert scored.metrics["rollout/overlong_penalty"] < 0
 
 
 def test_metrics_and_samples():
     runner, _ = make_runner(task=TASK)
-    rollout = runner.rollout(EXAMPLES, seed_index=0)
-    rewards = rollout.batch["rewards"]
-    assert rollout.metrics["rollout/reward_mean"] == pytest.approx(float(rewards.mean()))
-    assert rollout.metrics["rollout/reward_std"] == pytest.approx(
-        float(rewards.std(unbiased=False))
-    )
-    assert rollout.metrics["rollout/accuracy"] == 0.0  # an untrained model never adds up
-    lengths = rollout.batch["loss_mask"].sum(dim=-1).float()
-    assert rollout.metrics["rollout/response_length"] == pytest.approx(float(lengths.mean()))
-    for name in ("perf/time_generate", "perf/time_score", "perf/generate_tokens_per_s"):
-        assert rollout.metrics[name] > 0
-    assert [s[0] for s in rollout.samples] == [e.prompt for e in EXAMPLES]
+    scored = rollout(runner, seed_index=0)
+    rewards = scored.batch.rewards
+    assert scored.metrics["rollout/reward_mean"] == pytest.approx(float(rewards.mean()))
+    assert scored.metrics["rollout/reward_std"] == pytest.approx(float(rewards.std(unbiased=False)))
+    assert scored.metrics["rollout/accuracy"] == 0.0  # an untrained model never adds up
+    lengths = scored.batch.loss_mask.sum(dim=-1).float()
+    assert scored.metrics["rollout/response_length"] == pytest.approx(float(lengths.mean()))
+    generation = runner.generate(EXAMPLES, seed_index=0)
+    tokens = sum(len(c.token_ids) for c in generation.completions)
+    throughput = runner.score(generation).metrics["perf/generate_tokens_per_s"]
+    assert throughput == pytest.approx(tokens / generation.seconds)
+    assert [s[0] for s in scored.samples] == [e.prompt for e in EXAMPLES]
 
 
 def test_overlong_buffer_beyond_the_budget_is_refused():

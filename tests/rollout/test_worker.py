@@ -1,31 +1,39 @@
-"""The background rollout worker: its fixed version schedule, weight publication, and
-failures reported instead of hangs."""
+"""The background rollout worker: its fixed version schedule, weight publication, the
+completions it hands a checkpoint, and failures reported instead of hangs."""
 
 import pytest
 import torch
 from runner_testing import EXAMPLES, make_runner
 
-from ardea.reward import RewardError, RewardScorer
-from ardea.rollout import RolloutWorker, RolloutWorkerError
+from ardea.rollout import RolloutWorker, RolloutWorkerError, make_engine
+
+
+def own_engine(runner, policy):
+    """An engine with its own copy of ``policy``'s weights, at the runner engine's version."""
+    engine = make_engine("in_process", policy, runner.tokenizer, share_weights=False)
+    if runner.engine.version:
+        engine.update_weights(policy.state_dict(), runner.engine.version)
+    return engine
+
+
+def start_worker(runner, policy, *, max_staleness=2, start_step=0, **kwargs):
+    return RolloutWorker(
+        own_engine(runner, policy),
+        lambda examples, step, engine: runner.generate(examples, seed_index=step, engine=engine),
+        max_staleness=max_staleness,
+        start_step=start_step,
+        **kwargs,
+    )
 
 
 def worker_on_copy(max_staleness=2, start_step=0, **kwargs):
     runner, policy = make_runner(**kwargs)
-    return (
-        RolloutWorker(runner.detached_copy(), max_staleness=max_staleness, start_step=start_step),
-        runner,
-        policy,
-    )
+    worker = start_worker(runner, policy, max_staleness=max_staleness, start_step=start_step)
+    return worker, runner, policy
 
 
-def test_detached_copy_has_its_own_weights():
-    runner, policy = make_runner()
-    copy = runner.detached_copy()
-    assert copy.engine.model is not policy and copy.engine.version == runner.engine.version
-    with torch.no_grad():
-        next(policy.parameters()).add_(1.0)
-    mine, theirs = next(policy.parameters()), next(copy.engine.model.parameters())
-    assert not torch.equal(mine, theirs)
+def versions(generation) -> set[int]:
+    return {c.version for c in generation.completions}
 
 
 def test_version_schedule():
@@ -36,10 +44,11 @@ def test_version_schedule():
         assert [worker.version_for(s) for s in range(5, 10)] == [0, 0, 0, 1, 2]
     finally:
         worker.close()
-    runner, _ = make_runner()
-    runner.engine.update_weights(None, 5)  # a resumed run: the worker starts at version 5
-    worker = RolloutWorker(runner.detached_copy(), max_staleness=1, start_step=3)
+    runner, policy = make_runner()
+    runner.engine.update_weights(policy.state_dict(), 5)  # a run at version 5
+    worker = start_worker(runner, policy, max_staleness=1, start_step=3)
     try:
+        assert worker.engine.version == 5
         assert [worker.version_for(s) for s in range(3, 7)] == [5, 5, 6, 7]
     finally:
         worker.close()
@@ -58,52 +67,82 @@ def test_jobs_wait_for_their_version_and_use_exactly_it():
                     p.mul_(1.01)
             states[version] = {k: v.clone() for k, v in policy.state_dict().items()}
         worker.submit(0, EXAMPLES)
-        assert worker.result(0).batch["versions"].max() == 0
+        assert versions(worker.result(0)) == {0}
         # version 2 is already there when step 1 is generated: step 1 must still use 0
         worker.publish(states[2], 2)
         worker.submit(1, EXAMPLES)
-        first = worker.result(1)
-        assert first.batch["versions"].max() == 0
-        model = worker.runner.engine.model.state_dict()
+        assert versions(worker.result(1)) == {0}
+        model = worker.engine.model.state_dict()
         assert all(torch.equal(model[k], states[0][k]) for k in model)  # not version 2's
         worker.submit(2, EXAMPLES)
         worker.publish(states[1], 1)  # published out of order: 2 came before 1
-        rollout = worker.result(2)
-        assert set(rollout.batch["versions"][rollout.batch["versions"] >= 0].tolist()) == {1}
-        model = worker.runner.engine.model.state_dict()
+        generation = worker.result(2)
+        assert versions(generation) == {1}
+        model = worker.engine.model.state_dict()
         assert all(torch.equal(model[k], states[1][k]) for k in model)
-        # the same rollout as the trainer's engine gives on version-1 weights
+        # the same completions as the trainer's engine gives on version-1 weights
         policy.load_state_dict(states[1])
-        same = runner.rollout(EXAMPLES, seed_index=2).batch
-        assert torch.equal(same["input_ids"], rollout.batch["input_ids"])
+        same = runner.generate(EXAMPLES, seed_index=2)
+        assert [c.token_ids for c in same.completions] == [
+            c.token_ids for c in generation.completions
+        ]
     finally:
         worker.close()
 
 
-def test_a_failing_reward_reaches_the_trainer():
-    def broken(prompts, completions, rows):
-        raise RuntimeError("reward server down")
+def test_a_failing_job_reaches_the_trainer_and_the_worker_survives():
+    runner, policy = make_runner()
+    calls = []
 
-    worker, runner, _ = worker_on_copy(max_staleness=1)
-    worker.runner.scorer = RewardScorer([(broken, 1.0)], timeout_s=5.0)
+    def generate(examples, step, engine):
+        calls.append(step)
+        if step == 0:
+            raise RuntimeError("engine out of memory")
+        return runner.generate(examples, seed_index=step, engine=engine)
+
+    worker = RolloutWorker(own_engine(runner, policy), generate, max_staleness=1, start_step=0)
     try:
         worker.submit(0, EXAMPLES)
-        with pytest.raises(RewardError, match="reward server down"):
+        with pytest.raises(RuntimeError, match="engine out of memory"):
             worker.result(0)
-        worker.runner.scorer = runner.scorer
-        worker.submit(1, EXAMPLES)  # the worker survives a failed job
-        assert worker.result(1).batch["rewards"].numel() == len(EXAMPLES) * 3
+        worker.submit(1, EXAMPLES)
+        assert len(worker.result(1).completions) == len(EXAMPLES) * 3
+        assert calls == [0, 1]
     finally:
         worker.close()
 
 
-def test_stopped_worker_and_unknown_steps_are_errors():
+def test_pending_completions_are_handed_out_and_restored():
+    """A checkpoint takes the completions of the submitted steps without consuming them; a
+    worker built with them serves exactly those, and generates later steps on schedule."""
+    worker, runner, policy = worker_on_copy(max_staleness=2)
+    try:
+        worker.submit(0, EXAMPLES)
+        worker.submit(1, EXAMPLES)
+        pending = worker.pending(timeout=60)
+        assert sorted(pending) == [0, 1]
+        assert worker.result(0).completions == pending[0].completions  # still there
+    finally:
+        worker.close()
+    restored = start_worker(runner, policy, max_staleness=2, restored={1: pending[1]})
+    try:
+        restored.submit(1, EXAMPLES)  # already there: not generated again
+        assert restored.result(1) is pending[1]
+        restored.submit(2, EXAMPLES)
+        assert versions(restored.result(2)) == {0}
+    finally:
+        restored.close()
+
+
+def test_stopped_worker_unknown_steps_and_late_rollouts_are_errors():
     worker, _, _ = worker_on_copy(max_staleness=1)
     with pytest.raises(RolloutWorkerError, match="never submitted"):
         worker.result(3)
     worker.submit(0, EXAMPLES)
     worker.submit(5, EXAMPLES)  # needs version 4, which is never published
     worker.result(0)
+    with pytest.raises(RolloutWorkerError, match="step 5 was not ready after 0 s"):
+        worker.pending(timeout=0.2)
     worker.close()
     with pytest.raises(RolloutWorkerError, match="stopped"):
         worker.result(5)

@@ -44,30 +44,33 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def record_rollouts(trainer) -> list:
-    """Wrap the trainer's rollout runner: every :class:`~ardea.rollout.Rollout` it returns
-    (first rounds and refills, in order) is appended to the returned list."""
+def record_rollouts(trainer, change=None) -> list:
+    """Wrap the trainer's rollout runner: every scored :class:`~ardea.rollout.Rollout`
+    (first rounds and refills, in order) is appended to the returned list, after
+    ``change(rollout)`` when given (which may replace its batch)."""
     seen = []
-    rollout = trainer.strategy.runner.rollout
+    score = trainer.rl.runner.score
 
-    def recording(examples, **kwargs):
-        result = rollout(examples, **kwargs)
+    def recording(generation):
+        result = score(generation)
+        if change is not None:
+            result.batch = change(result.batch)
         seen.append(result)
         return result
 
-    trainer.strategy.runner.rollout = recording
+    trainer.rl.runner.score = recording
     return seen
 
 
 def completion_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``(N,)`` generated tokens per row of a rollout batch (its loss-mask count)."""
-    return batch["loss_mask"].sum(dim=-1)
+    return batch.loss_mask.sum(dim=-1)
 
 
 def naive_token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``(N, S - 1)`` float64 log-probs at T = 1 from one full forward (no ardea code):
     entry ``t`` is ``log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``."""
-    ids, attn = batch["input_ids"], batch["attention_mask"]
+    ids, attn = batch.input_ids, batch.attention_mask
     positions = (attn.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits

@@ -57,7 +57,7 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
 
     def recording_step():
         metrics = original_step()
-        snapshots[trainer.step + 1] = [p.detach().clone() for p in trainer.parameters]
+        snapshots[trainer.step + 1] = [p.detach().clone() for p in trainer.updater.parameters]
         return metrics
 
     trainer.train_step = recording_step

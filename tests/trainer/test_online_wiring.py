@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -45,18 +46,9 @@ def one_step(trainer: Trainer) -> dict[str, float]:
 
 def lower_behaviour_logprobs(trainer: Trainer, delta: float) -> list:
     """Every rollout's behaviour log-probs lowered by ``delta`` on its generated tokens."""
-    seen = []
-    rollout = trainer.strategy.runner.rollout
-
-    def shifted(examples, **kwargs):
-        result = rollout(examples, **kwargs)
-        batch = result.batch
-        batch["logprobs"] = batch["logprobs"] - delta * batch["loss_mask"]
-        seen.append(result)
-        return result
-
-    trainer.strategy.runner.rollout = shifted
-    return seen
+    return record_rollouts(
+        trainer, lambda b: replace(b, logprobs=b.logprobs - delta * b.loss_mask.float())
+    )
 
 
 def group_advantages(rewards: list[float], group_size: int) -> list[float]:
@@ -108,8 +100,8 @@ def has_spread(prompt: str) -> bool:
 def trained_prompts(tokenizer, batch, group_size: int) -> list[str]:
     """The prompt of each group of a loss batch, in row order (rows of a group adjacent)."""
     prompts = []
-    for ids, attn, loss in zip(batch["input_ids"], batch["attention_mask"], batch["loss_mask"]):
-        prompt = ids[(attn > 0) & (loss == 0)]
+    for ids, attn, loss in zip(batch.input_ids, batch.attention_mask, batch.loss_mask):
+        prompt = ids[(attn > 0) & ~loss]
         prompts.append(tokenizer.decode(prompt.tolist(), skip_special_tokens=True))
     groups = [prompts[i : i + group_size] for i in range(0, len(prompts), group_size)]
     assert all(len(set(g)) == 1 for g in groups), groups
@@ -210,23 +202,23 @@ def test_dynamic_sampling_run_resumes_to_the_same_weights(tmp_path, write_reward
     [
         # decoupled PPO: the ratio against the proximal policy is 1, the behaviour weight
         # pi_prox / pi_behav is e^delta on every token
-        (["algo.decoupled=true"], 0.5, dict(weight=math.exp(0.5), ratio=1.0, drop=0.0)),
+        (["algo.policy_loss=decoupled_ppo"], 0.5, dict(weight=math.exp(0.5), ratio=1.0, drop=0.0)),
         # ... and a cap below e^0.5 drops every token (they stay in the token count)
         (
-            ["algo.decoupled=true", "algo.ppo.behav_imp_weight_cap=1.5"],
+            ["algo.policy_loss=decoupled_ppo", "algo.ppo.behav_imp_weight_cap=1.5"],
             0.5,
             dict(weight=0.0, ratio=1.0, drop=1.0),
         ),
         # plain PPO against the behaviour log-probs: ratio e^0.25 = 1.284 is clipped at
         # 1 + 0.28 for positive advantages (clip-higher), not at 1 + 0.2
         (
-            ["algo.decoupled=false", "algo.ppo.eps_clip_higher=0.28"],
+            ["algo.policy_loss=ppo", "algo.ppo.eps_clip_higher=0.28"],
             0.25,
             dict(weight=1.0, ratio=math.exp(0.25)),
         ),
         # dual-clip: ratio e^1.2 = 3.32 on negative advantages is bounded at c = 3
         (
-            ["algo.decoupled=false", "algo.ppo.eps_clip_higher=0.28", "algo.ppo.c_clip=3.0"],
+            ["algo.policy_loss=ppo", "algo.ppo.eps_clip_higher=0.28", "algo.ppo.c_clip=3.0"],
             1.2,
             dict(weight=1.0, ratio=math.exp(1.2), c=3.0),
         ),
@@ -238,7 +230,7 @@ def test_policy_loss_of_a_step_at_a_known_ratio(tmp_path, reward_module, options
     rollouts = lower_behaviour_logprobs(trainer, delta)
     out = one_step(trainer)
     (rollout,) = rollouts
-    rewards = rollout.batch["rewards"].tolist()
+    rewards = rollout.batch.rewards.tolist()
     lengths = completion_lengths(rollout.batch).tolist()
     advantages = group_advantages(rewards, group_size=8)
     assert any(a > 0 for a in advantages) and any(a < 0 for a in advantages)
@@ -256,6 +248,33 @@ def test_policy_loss_of_a_step_at_a_known_ratio(tmp_path, reward_module, options
         assert "train/behav_imp_weight" not in out
     clipped = [float(a > 0 and expect["ratio"] > 1 + high) for a in advantages]
     assert out["train/clip_fraction"] == pytest.approx(token_mean(clipped, lengths), abs=1e-6)
+
+
+def test_gspo_takes_the_sequence_ratio(tmp_path, reward_module):
+    """algo.policy_loss=gspo: only the first generated token of each row has its behaviour
+    log-prob lowered by 0.3, so PPO's token ratios are e^0.3 there and 1 elsewhere, while
+    GSPO's sequence ratio is s_i = e^(0.3 / n_i) on every token of row i; with the paper's
+    clip range [1 - 3e-4, 1 + 4e-4] and seq-mean-token-mean the loss is
+    -mean_i A_i * (1 + 4e-4 if A_i > 0 else s_i)."""
+
+    def lower_first(batch):
+        first = batch.loss_mask & ~torch.roll(batch.loss_mask, 1, dims=1)  # (N, S)
+        return replace(batch, logprobs=batch.logprobs - 0.3 * first.float())
+
+    trainer = trainer_for(
+        tmp_path,
+        "algo.policy_loss=gspo",
+        "algo.ppo.eps_clip=3e-4",
+        "algo.ppo.eps_clip_higher=4e-4",
+        "algo.ppo.loss_agg_mode=seq-mean-token-mean",
+    )
+    rollouts = record_rollouts(trainer, lower_first)
+    out = one_step(trainer)
+    lengths = completion_lengths(rollouts[0].batch).tolist()
+    advantages = group_advantages(rollouts[0].batch.rewards.tolist(), group_size=8)
+    per_row = [surrogate(a, math.exp(0.3 / n), 3e-4, 4e-4) for a, n in zip(advantages, lengths)]
+    expected = sum(per_row) / len(per_row)
+    assert out["train/policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
 # ------------------------------------------------------------- advantage estimators
@@ -308,7 +327,7 @@ def test_the_configured_advantage_estimator_drives_the_loss(
     rollouts = record_rollouts(trainer)
     out = one_step(trainer)
     (rollout,) = rollouts
-    rewards = rollout.batch["rewards"].tolist()
+    rewards = rollout.batch.rewards.tolist()
     lengths = completion_lengths(rollout.batch).tolist()
     advantages = estimator_by_hand(estimator, rewards, lengths)
     weights = lengths if agg == "seq-mean-token-sum" else [1] * len(lengths)
@@ -352,7 +371,7 @@ def test_kl_to_the_reference_is_a_loss_term_of_online_grpo(
     policy = copy.deepcopy(trainer.policy)  # the weights the second step's loss sees
     out = one_step(trainer)
     batch = rollouts[0].batch
-    mask = batch["loss_mask"][:, 1:] > 0  # (N, S - 1): tokens 1.. that were generated
+    mask = batch.loss_mask[:, 1:]  # (N, S - 1): tokens 1.. that were generated
     pi = naive_token_logprobs(policy, batch)[mask]
     ref = naive_token_logprobs(trainer.strategy.reference, batch)[mask]
     log_ratio = pi - ref
@@ -377,7 +396,7 @@ def test_overlong_penalty_reaches_the_rewards_the_loss_sees(tmp_path, write_rewa
     rewards = []
     loss = trainer.strategy.loss
     trainer.strategy.loss = lambda batch, counts: (
-        rewards.append(batch["rewards"]) or loss(batch, counts)
+        rewards.append(batch.rewards) or loss(batch, counts)
     )
     rollouts = record_rollouts(trainer)
     out = one_step(trainer)
@@ -386,3 +405,72 @@ def test_overlong_penalty_reaches_the_rewards_the_loss_sees(tmp_path, write_rewa
     assert len(set(expected)) > 1  # lengths on both sides of the buffer
     torch.testing.assert_close(torch.cat(rewards).double(), torch.tensor(expected).double())
     assert out["rollout/overlong_penalty"] == pytest.approx(sum(expected) / len(expected) - 1)
+
+
+# ------------------------------------------------------------ updates of a rollout
+def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
+    from ardea.data import TrajectoryBatch
+    from ardea.trainer.rl_step import split_updates
+
+    groups = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])  # four groups of uneven size
+    batch = TrajectoryBatch.from_tensors(
+        torch.arange(16).reshape(8, 2),
+        torch.ones(8, 2, dtype=torch.long),
+        torch.ones(8, 2, dtype=torch.bool),
+        group_ids=groups,
+    )
+    updates = split_updates(
+        batch, epochs=2, mini_batches=2, micro_batches=2, generator=torch.Generator().manual_seed(0)
+    )
+    assert len(updates) == 4 and all(len(u) == 2 for u in updates)  # 2 epochs x 2 minis
+    for epoch in (updates[:2], updates[2:]):
+        rows = [r for update in epoch for part in update for r in part.input_ids[:, 0].tolist()]
+        assert sorted(rows) == list(range(0, 16, 2))  # every row once per epoch
+        for update in epoch:
+            for part in update:
+                ids = part.group_ids.tolist()
+                assert all(ids.count(g) == int((groups == g).sum()) for g in set(ids))  # whole
+                first = part.input_ids[:, 0]
+                assert torch.equal(first, first.sort().values)  # batch order inside a part
+    single = split_updates(
+        batch, epochs=1, mini_batches=1, micro_batches=1, generator=torch.Generator()
+    )
+    assert torch.equal(single[0][0].input_ids, batch.input_ids)  # the rollout's own order
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["rollout.engine=vllm"],
+            r"unknown generation engine rollout.engine='vllm'; known engines: in_process",
+        ),
+        (
+            ["algo.policy_loss=ppo2"],
+            r"algo.policy_loss: unknown policy loss 'ppo2'; known policy losses: decoupled_ppo, gspo, ppo",
+        ),
+        (
+            ["algo.policy_loss=ppo", "algo.ppo.behav_imp_weight_cap=2.0"],
+            r"'ppo' does not support behav_imp_weight_cap",
+        ),
+        (["algo.policy_loss=gspo", "algo.ppo.c_clip=3.0"], r"'gspo' does not support c_clip"),
+        (
+            ["algo.name=online_ppo", "algo.dynamic_sampling=true"],
+            r"algo.dynamic_sampling=true is not supported by algo.name=online_ppo",
+        ),
+        (
+            ["rollout.temperature=1e-5"],
+            r"rollout.temperature=1e-05 is not allowed; use 0 \(greedy\) or a temperature >= 0.0001",
+        ),
+    ],
+)
+def test_a_config_that_cannot_run_is_refused_before_training(
+    tmp_path, reward_module, overrides, message
+):
+    from ardea.errors import ConfigError
+    from ardea.trainer import check_config
+
+    with pytest.raises(ConfigError, match=message):
+        config = load_config(None, [*ONE_STEP, *overrides, f"trainer.output_dir={tmp_path}"])
+        check_config(config)
+        Trainer(config)

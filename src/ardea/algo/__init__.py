@@ -46,16 +46,19 @@ from ardea.algo.normalize import (
     NORM_MODES,
     group_index,
     group_stats,
+    groups_with_spread,
     masked_whiten,
     normalize_scores,
 )
 from ardea.algo.pipeline import compute_advantages, next_token_align, place_outcome
 from ardea.algo.policy_loss import (
     POLICY_LOSSES,
+    check_policy_loss_options,
     clipped_surrogate,
     decoupled_ppo_policy_loss,
     get_policy_loss,
     gspo_policy_loss,
+    is_decoupled,
     ppo_policy_loss,
     register_policy_loss,
 )
@@ -82,6 +85,7 @@ __all__ = [
     "compute_token_level_gae",
     "compute_turn_level_gae",
     "constant_gae_lambda",
+    "check_policy_loss_options",
     "decoupled_ppo_policy_loss",
     "dpo_loss",
     "dr_grpo_advantages",
@@ -91,8 +95,10 @@ __all__ = [
     "get_policy_loss",
     "group_index",
     "group_stats",
+    "groups_with_spread",
     "grpo_advantages",
     "gspo_policy_loss",
+    "is_decoupled",
     "ipo_loss",
     "kl_penalty",
     "masked_cross_entropy",

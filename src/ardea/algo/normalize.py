@@ -50,6 +50,16 @@ def group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tens
     return mean[index], var.sqrt()[index], size[index]
 
 
+def groups_with_spread(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """``(N,)`` bool: rows whose group's rewards are not all equal (max > min, exactly: a
+    population std can be a rounding error above 0 for a constant group)."""
+    index, groups = group_index(group_ids)
+    x = rewards.float()
+    high = torch.full((groups,), -torch.inf, device=x.device).scatter_reduce(0, index, x, "amax")
+    low = torch.full((groups,), torch.inf, device=x.device).scatter_reduce(0, index, x, "amin")
+    return (high > low)[index]
+
+
 def normalize_scores(
     scores: Tensor, mode: str, group_ids: Tensor | None = None, eps: float = NORM_EPS
 ) -> Tensor:

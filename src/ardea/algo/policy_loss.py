@@ -277,21 +277,29 @@ def gspo_policy_loss(
 
 PolicyLoss = Callable[..., tuple[Tensor, Metrics]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+_UNSUPPORTED: dict[str, tuple[str, ...]] = {}  # options an entry does not take
+_DECOUPLED: set[str] = set()  # entries whose old_logprobs are proximal, with behav_logprobs
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+def register_policy_loss(
+    name: str, *, unsupported: tuple[str, ...] = (), decoupled: bool = False
+) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator registering a policy loss under ``name``.
 
     Entries take ``(logprobs, old_logprobs, advantages, loss_mask, *, behav_logprobs,
     eps_clip, eps_clip_higher, c_clip, behav_imp_weight_cap, loss_agg_mode, global_tokens,
-    global_seqs, horizon)`` and return ``(loss, metrics)``; options an entry does not
-    support must be None (anything else is an error, never silently ignored).
+    global_seqs, horizon)`` and return ``(loss, metrics)``. Options in ``unsupported`` must
+    be None (anything else is an error, never silently ignored); a ``decoupled`` entry
+    takes the proximal policy as ``old_logprobs`` and needs ``behav_logprobs``.
     """
 
     def decorator(fn: PolicyLoss) -> PolicyLoss:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
         POLICY_LOSSES[name] = fn
+        _UNSUPPORTED[name] = tuple(unsupported)
+        if decoupled:
+            _DECOUPLED.add(name)
         return fn
 
     return decorator
@@ -306,13 +314,24 @@ def get_policy_loss(name: str) -> PolicyLoss:
     return POLICY_LOSSES[name]
 
 
-def _reject(name: str, **options: object) -> None:
-    given = [key for key, value in options.items() if value is not None]
+def is_decoupled(name: str) -> bool:
+    """Whether policy loss ``name`` takes a proximal policy and behaviour log-probs."""
+    get_policy_loss(name)
+    return name in _DECOUPLED
+
+
+def check_policy_loss_options(name: str, **options: object) -> None:
+    """Raise ValueError when an option ``name`` does not take is set (not None), or a
+    decoupled loss gets no ``behav_logprobs``."""
+    get_policy_loss(name)
+    given = [key for key in _UNSUPPORTED[name] if options.get(key) is not None]
     if given:
         raise ValueError(f"policy loss {name!r} does not support {', '.join(given)}")
+    if name in _DECOUPLED and options.get("behav_logprobs", True) is None:
+        raise ValueError(f"policy loss {name!r} needs behav_logprobs (N, S)")
 
 
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", unsupported=("behav_logprobs", "behav_imp_weight_cap"))
 def _ppo_entry(
     logprobs,
     old_logprobs,
@@ -323,22 +342,23 @@ def _ppo_entry(
     behav_imp_weight_cap=None,
     **kwargs,
 ) -> tuple[Tensor, Metrics]:
-    _reject("ppo", behav_logprobs=behav_logprobs, behav_imp_weight_cap=behav_imp_weight_cap)
+    check_policy_loss_options(
+        "ppo", behav_logprobs=behav_logprobs, behav_imp_weight_cap=behav_imp_weight_cap
+    )
     return ppo_policy_loss(logprobs, old_logprobs, advantages, loss_mask, **kwargs)
 
 
-@register_policy_loss("decoupled_ppo")
+@register_policy_loss("decoupled_ppo", decoupled=True)
 def _decoupled_entry(
     logprobs, old_logprobs, advantages, loss_mask, *, behav_logprobs=None, **kwargs
 ) -> tuple[Tensor, Metrics]:
-    if behav_logprobs is None:
-        raise ValueError("policy loss 'decoupled_ppo' needs behav_logprobs (N, S)")
+    check_policy_loss_options("decoupled_ppo", behav_logprobs=behav_logprobs)
     return decoupled_ppo_policy_loss(
         logprobs, old_logprobs, behav_logprobs, advantages, loss_mask, **kwargs
     )
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", unsupported=("behav_logprobs", "behav_imp_weight_cap", "c_clip"))
 def _gspo_entry(
     logprobs,
     old_logprobs,
@@ -350,7 +370,7 @@ def _gspo_entry(
     c_clip=None,
     **kwargs,
 ) -> tuple[Tensor, Metrics]:
-    _reject(
+    check_policy_loss_options(
         "gspo",
         behav_logprobs=behav_logprobs,
         behav_imp_weight_cap=behav_imp_weight_cap,

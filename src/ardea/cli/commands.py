@@ -50,7 +50,8 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
 
 def _load_for_inference(path: str, overrides: list[str]):
     from ardea.model import load_model_and_tokenizer
-    from ardea.trainer.setup import make_engine, resolve_device
+    from ardea.rollout import make_engine
+    from ardea.trainer.setup import resolve_device
 
     model_dir, run_config = resolve_model_dir(path)
     config: ArdeaConfig = load_config(run_config, overrides)
@@ -58,7 +59,7 @@ def _load_for_inference(path: str, overrides: list[str]):
     model, tokenizer = load_model_and_tokenizer(
         str(model_dir), dtype=config.model.dtype, device=str(device)
     )
-    engine = make_engine(model, tokenizer)
+    engine = make_engine(config.rollout.engine, model, tokenizer)
     return config, model_dir, tokenizer, engine
 
 
@@ -86,7 +87,7 @@ def evaluate(args: argparse.Namespace) -> int:
         batch_size=config.rollout.batch_size,
         k=args.k,
         num_samples=args.num_samples,
-        temperature=config.rollout.temperature or 1.0,
+        temperature=config.rollout.temperature,
         top_p=config.rollout.top_p,
         top_k=config.rollout.top_k,
         seed=config.trainer.seed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import field
 from typing import Any
 
@@ -39,3 +40,15 @@ def check_range(
         hi = "inf" if high is None else f"{high}"
         interval = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
         raise ConfigError(f"{name}={value!r} is out of range; expected a value in {interval}")
+
+
+MIN_TEMPERATURE = 1e-4
+
+
+def check_temperature(name: str, value: float) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is 0 (greedy) or a finite number >= 1e-4."""
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not finite or not math.isfinite(value) or (value != 0 and value < MIN_TEMPERATURE):
+        raise ConfigError(
+            f"{name}={value!r} is not allowed; use 0 (greedy) or a temperature >= {MIN_TEMPERATURE}"
+        )

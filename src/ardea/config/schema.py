@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ardea.config.fields import check_choice, check_range, option
+from ardea.config.fields import check_choice, check_range, check_temperature, option
 from ardea.config.ppo import PPOConfig
 from ardea.config.reward import RewardConfig
 from ardea.errors import ConfigError
@@ -128,11 +128,13 @@ class AlgoConfig:
         "Online RL: optimizer steps per pass; the rollout's trajectories are shuffled and split "
         "into this many mini-batches.",
     )
-    decoupled: bool | None = option(
+    policy_loss: str | None = option(
         None,
-        "Online RL: decoupled PPO (ratio against proximal log-probs recomputed before the "
-        "update, behaviour weight capped by algo.ppo.behav_imp_weight_cap); null = on exactly "
-        "when rollout.max_staleness > 0.",
+        "Online RL and grpo: the policy loss by registered name: ppo (clipped surrogate, "
+        "clip-higher and dual-clip through algo.ppo), decoupled_ppo (ratio against the policy "
+        "before the step's updates, behaviour weight capped by algo.ppo.behav_imp_weight_cap) "
+        "or gspo (sequence-level ratio; set algo.ppo.eps_clip=3e-4 eps_clip_higher=4e-4); "
+        "null = decoupled_ppo when rollout.max_staleness > 0, else ppo.",
     )
     dynamic_sampling: bool = option(
         False,
@@ -173,6 +175,13 @@ class AlgoConfig:
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("algo.name must name a strategy, e.g. algo.name=sft")
+        if self.policy_loss is not None and (
+            not isinstance(self.policy_loss, str) or not self.policy_loss
+        ):
+            raise ConfigError(
+                f"algo.policy_loss={self.policy_loss!r} must name a policy loss "
+                "(ppo, decoupled_ppo, gspo) or be null"
+            )
         check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
         check_range("algo.beta", self.beta, low=0.0, low_open=True)
         check_choice("algo.dpo_loss", self.dpo_loss, ("sigmoid", "ipo"))
@@ -190,8 +199,17 @@ class AlgoConfig:
 
 @dataclass
 class RolloutConfig:
+    engine: str = option(
+        "in_process",
+        "Generation engine by registered name (in_process: batched KV-cache decoding on the "
+        "policy in this process).",
+    )
     max_new_tokens: int = option(16, "Longest completion generated per prompt.")
-    temperature: float = option(1.0, "Sampling temperature for pass@k and `generate` (0 = greedy).")
+    temperature: float = option(
+        1.0,
+        "Sampling temperature of online RL rollouts and of `ardea eval --k` (0 = greedy); the "
+        "trainer's log-probs use the same temperature (greedy rollouts: 1).",
+    )
     top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).")
     top_k: int = option(0, "Top-k sampling (0 = off).")
     batch_size: int = option(256, "Prompts generated together in one batch.")
@@ -201,10 +219,12 @@ class RolloutConfig:
     )
 
     def __post_init__(self) -> None:
+        if not isinstance(self.engine, str) or not self.engine:
+            raise ConfigError(f"rollout.engine={self.engine!r} must name a generation engine")
         check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
         check_range("rollout.group_size", self.group_size, low=1)
         check_range("rollout.max_staleness", self.max_staleness, low=0)
-        check_range("rollout.temperature", self.temperature, low=0.0)
+        check_temperature("rollout.temperature", self.temperature)
         check_range("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         check_range("rollout.top_k", self.top_k, low=0)
         check_range("rollout.batch_size", self.batch_size, low=1)

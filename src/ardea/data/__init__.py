@@ -4,21 +4,22 @@ Training data files are read into :class:`Record`s (:mod:`ardea.data.records`), 
 is detected from their keys (:mod:`ardea.data.shapes`), and tokenized into the samples of
 one kind (:mod:`ardea.data.load`): ``text`` and ``sft`` → :class:`SFTSample` (optionally
 packed, :mod:`ardea.data.packing`), ``preference`` → :class:`PreferenceSample`, ``group``
-→ :class:`GroupSample`. Each sample type has its ``collate_*`` function producing
-right-padded ``[N, S]`` tensors whose masks are 1 where a token counts.
+→ :class:`GroupSample`. Each sample type has its ``collate_*`` function producing a
+:class:`TrajectoryBatch` (:mod:`ardea.data.trajectory`), the one layout every strategy
+consumes and rollouts produce, built from prompt / generated / context segments.
 """
 
 from ardea.data.chat import chat_tokens
 from ardea.data.groups import GroupSample, collate_groups
 from ardea.data.load import Sample, load_samples, tokenize_records
 from ardea.data.packing import PackedSample, collate_packed, pack_samples
-from ardea.data.preference import PreferenceSample, collate_preference
+from ardea.data.preference import PreferenceSample, collate_preference, preference_pairs
 from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.records import Record, read_records
-from ardea.data.rows import batch_rows, concat_rows, select_rows, trim_padding
 from ardea.data.sft import SFTSample, collate_sft, tokenize_examples
 from ardea.data.shapes import KIND_SHAPES, detect_format
 from ardea.data.tasks import Example, Task, make_task, register_task, task_names
+from ardea.data.trajectory import Segment, Trajectory, TrajectoryBatch, action_positions
 
 __all__ = [
     "KIND_SHAPES",
@@ -28,26 +29,27 @@ __all__ = [
     "PreferenceSample",
     "Record",
     "SFTSample",
+    "Segment",
     "Sample",
     "Task",
-    "batch_rows",
+    "Trajectory",
+    "TrajectoryBatch",
+    "action_positions",
     "chat_tokens",
     "collate_groups",
     "collate_packed",
     "collate_preference",
     "collate_sft",
-    "concat_rows",
     "detect_format",
     "encode_answer",
     "encode_prompt",
     "load_samples",
     "make_task",
     "pack_samples",
+    "preference_pairs",
     "read_records",
     "register_task",
-    "select_rows",
     "task_names",
     "tokenize_examples",
     "tokenize_records",
-    "trim_padding",
 ]

@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ardea.data.chat import check_fits, prompt_and_completion_ids
 from ardea.data.records import Record
 from ardea.data.shapes import expect_list, expect_number, expect_str
+from ardea.data.trajectory import Segment, Trajectory, TrajectoryBatch
 
 LOGPROB_TOLERANCE = 1e-4  # a log-prob above this is not a log-probability
 
@@ -94,43 +93,23 @@ def tokenize_group(
     )
 
 
-def collate_groups(samples: Sequence[GroupSample], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """One right-padded row per completion, ordered by sample then completion.
-
-    ``N = sum of G over samples``, ``S`` the longest prompt + completion.
-
-    Returns:
-        ``input_ids`` [N, S] long (prompt + completion, then ``pad_token_id``),
-        ``attention_mask`` [N, S] long (1 on real tokens), ``loss_mask`` [N, S] float32
-        (1 on completion tokens), ``rewards`` [N] float32, ``group_ids`` [N] int64 (index
-        of the sample in ``samples``), and — only when every sample has them —
-        ``logprobs`` [N, S] float32, token-aligned: ``logprobs[n, t]`` is the behaviour
-        log-prob of ``input_ids[n, t]``, 0 off completion tokens.
-    """
+def collate_groups(samples: Sequence[GroupSample], pad_token_id: int) -> TrajectoryBatch:
+    """One row per completion, ordered by sample then completion: the prompt, then the
+    completion as a generated span (with its behaviour log-probs when every sample has
+    them); ``group_ids`` is the sample's index in ``samples``."""
     if not samples:
         raise ValueError("cannot collate an empty list of group samples")
-    rows = [(g, s, c) for g, s in enumerate(samples) for c in range(len(s.completions))]
-    n = len(rows)
-    length = max(len(s.prompt_ids) + len(s.completions[c]) for _, s, c in rows)
     with_logprobs = all(s.logprobs is not None for s in samples)
-    input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, length), dtype=torch.long)
-    loss_mask = torch.zeros((n, length), dtype=torch.float32)
-    logprobs = torch.zeros((n, length), dtype=torch.float32)
-    for row, (_, sample, c) in enumerate(rows):
-        p, r = len(sample.prompt_ids), len(sample.completions[c])
-        input_ids[row, : p + r] = torch.tensor(sample.prompt_ids + sample.completions[c])
-        attention_mask[row, : p + r] = 1
-        loss_mask[row, p : p + r] = 1.0
-        if with_logprobs:
-            logprobs[row, p : p + r] = torch.tensor(sample.logprobs[c], dtype=torch.float32)
-    batch = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "loss_mask": loss_mask,
-        "rewards": torch.tensor([samples[g].rewards[c] for g, _, c in rows], dtype=torch.float32),
-        "group_ids": torch.tensor([g for g, _, _ in rows], dtype=torch.int64),
-    }
-    if with_logprobs:
-        batch["logprobs"] = logprobs
-    return batch
+    trajectories = [
+        Trajectory(
+            (
+                Segment.prompt(sample.prompt_ids),
+                Segment.generated(completion, sample.logprobs[c] if with_logprobs else None),
+            ),
+            reward=sample.rewards[c],
+            group_id=g,
+        )
+        for g, sample in enumerate(samples)
+        for c, completion in enumerate(sample.completions)
+    ]
+    return TrajectoryBatch.from_trajectories(trajectories, pad_token_id=pad_token_id)

@@ -1,8 +1,8 @@
 """Packing several documents into one row, kept apart by restarting position ids.
 
 A packed row concatenates whole :class:`SFTSample` documents; ``position_ids`` count
-``0, 1, ...`` within each document. Batches of packed rows carry **no attention mask**:
-given position ids and no mask, ``transformers`` finds the documents from where the
+``0, 1, ...`` within each document. The model gets **no attention mask** for packed rows
+(:meth:`ardea.data.TrajectoryBatch.model_inputs`): given position ids and no mask, ``transformers`` finds the documents from where the
 positions restart and attends only within each (``find_packed_sequence_indices`` in
 ``transformers.masking_utils``; flash-attention kernels use the same rule). Padding is a
 document of its own: its positions restart at 0 as well and its loss mask is 0.
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ardea.data.sft import SFTSample
+from ardea.data.trajectory import TrajectoryBatch
 
 
 @dataclass(frozen=True)
@@ -73,26 +74,26 @@ def pack_samples(samples: Sequence[SFTSample], max_length: int) -> list[PackedSa
     return [_pack_row(row) for row in rows]
 
 
-def collate_packed(samples: Sequence[PackedSample], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad packed rows into a batch (no attention mask: see module docstring).
-
-    Returns:
-        ``input_ids`` [N, S] long (``pad_token_id`` after the row's documents),
-        ``position_ids`` [N, S] long (restarting at 0 per document and for the padding),
-        ``loss_mask`` [N, S] float32 (0 on each document's first token and on padding).
-        Token-aligned: column ``t`` describes ``input_ids[:, t]``.
-    """
+def collate_packed(samples: Sequence[PackedSample], pad_token_id: int) -> TrajectoryBatch:
+    """Right-pad packed rows into a :class:`~ardea.data.TrajectoryBatch` with
+    ``position_ids`` (restarting at 0 per document and for the padding), so that the model
+    gets no attention mask (module docstring); ``loss_mask`` is 0 on each document's first
+    token and on padding."""
     if not samples:
         raise ValueError("cannot collate an empty list of packed samples")
     length = max(len(s.input_ids) for s in samples)
     n = len(samples)
     input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, length), dtype=torch.long)
     position_ids = torch.zeros((n, length), dtype=torch.long)
-    loss_mask = torch.zeros((n, length), dtype=torch.float32)
+    loss_mask = torch.zeros((n, length), dtype=torch.bool)
     for row, sample in enumerate(samples):
         k = len(sample.input_ids)
         input_ids[row, :k] = torch.tensor(sample.input_ids, dtype=torch.long)
+        attention_mask[row, :k] = 1
         position_ids[row, :k] = torch.tensor(sample.position_ids, dtype=torch.long)
         position_ids[row, k:] = torch.arange(length - k)
-        loss_mask[row, :k] = torch.tensor(sample.loss_mask, dtype=torch.float32)
-    return {"input_ids": input_ids, "position_ids": position_ids, "loss_mask": loss_mask}
+        loss_mask[row, :k] = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    return TrajectoryBatch.from_tensors(
+        input_ids, attention_mask, loss_mask, position_ids=position_ids
+    )

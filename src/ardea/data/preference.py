@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ardea.data.chat import check_fits, prompt_and_completion_ids
 from ardea.data.records import Record
+from ardea.data.trajectory import Segment, Trajectory, TrajectoryBatch
 
 
 @dataclass(frozen=True)
@@ -50,43 +52,35 @@ def tokenize_preference(
     return PreferenceSample(tuple(prompt_ids), tuple(chosen), tuple(rejected))
 
 
-def _rows(
-    samples: Sequence[PreferenceSample], which: str, length: int, pad_token_id: int
-) -> dict[str, torch.Tensor]:
-    n = len(samples)
-    input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, length), dtype=torch.long)
-    loss_mask = torch.zeros((n, length), dtype=torch.float32)
-    for row, sample in enumerate(samples):
-        response = getattr(sample, f"{which}_ids")
-        p, r = len(sample.prompt_ids), len(response)
-        input_ids[row, : p + r] = torch.tensor(sample.prompt_ids + response, dtype=torch.long)
-        attention_mask[row, : p + r] = 1
-        loss_mask[row, p : p + r] = 1.0
-    return {
-        f"{which}_input_ids": input_ids,
-        f"{which}_attention_mask": attention_mask,
-        f"{which}_loss_mask": loss_mask,
-    }
-
-
-def collate_preference(
-    samples: Sequence[PreferenceSample], pad_token_id: int
-) -> dict[str, torch.Tensor]:
-    """Right-pad chosen and rejected rows to ONE common length ``S`` (so the two halves can
-    be concatenated into one ``[2N, S]`` forward).
-
-    Returns:
-        ``chosen_input_ids``, ``rejected_input_ids`` ``[N, S]`` long (prompt + response,
-        then ``pad_token_id``); ``chosen_attention_mask``, ``rejected_attention_mask``
-        ``[N, S]`` long (1 on real tokens); ``chosen_loss_mask``, ``rejected_loss_mask``
-        ``[N, S]`` float32 (1 on response tokens). Token-aligned: column ``t`` describes
-        ``input_ids[:, t]``.
-    """
+def collate_preference(samples: Sequence[PreferenceSample], pad_token_id: int) -> TrajectoryBatch:
+    """``P`` pairs → a :class:`~ardea.data.TrajectoryBatch` of ``2P`` rows: the chosen
+    responses in rows ``0..P-1``, the rejected ones in rows ``P..2P-1`` (the preference
+    layout, :func:`preference_pairs`), each pair one group (``group_ids`` = pair index) with
+    reward 1 for chosen and 0 for rejected."""
     if not samples:
         raise ValueError("cannot collate an empty list of preference samples")
-    length = max(len(s.prompt_ids) + max(len(s.chosen_ids), len(s.rejected_ids)) for s in samples)
-    return {
-        **_rows(samples, "chosen", length, pad_token_id),
-        **_rows(samples, "rejected", length, pad_token_id),
-    }
+    halves = [(s, s.chosen_ids, 1.0, i) for i, s in enumerate(samples)]
+    halves += [(s, s.rejected_ids, 0.0, i) for i, s in enumerate(samples)]
+    trajectories = [
+        Trajectory(
+            (Segment.prompt(s.prompt_ids), Segment.generated(ids)), reward=reward, group_id=pair
+        )
+        for s, ids, reward, pair in halves
+    ]
+    return TrajectoryBatch.from_trajectories(trajectories, pad_token_id=pad_token_id)
+
+
+def preference_pairs(batch: TrajectoryBatch) -> tuple[Tensor, Tensor]:
+    """``(chosen rows, rejected rows)`` of a batch in the preference layout: the first half
+    of the rows chosen, the second half rejected, row ``i`` and ``i + P`` one pair (the same
+    group id). Anything else is an error."""
+    rows = batch.rows
+    half = rows // 2
+    if rows % 2 or not torch.equal(batch.group_ids[:half], batch.group_ids[half:]):
+        raise ValueError(
+            f"a preference batch holds chosen rows then rejected rows, row i and i + P of "
+            f"the same pair (group id); got {rows} rows with group ids "
+            f"{batch.group_ids.tolist()[:8]}"
+        )
+    index = torch.arange(rows, device=batch.input_ids.device)
+    return index[:half], index[half:]

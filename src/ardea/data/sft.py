@@ -10,6 +10,7 @@ import torch
 
 from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.tasks import Example
+from ardea.data.trajectory import TrajectoryBatch
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,18 @@ def tokenize_examples(
     return samples
 
 
-def collate_sft(samples: Sequence[SFTSample], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad samples into a batch.
-
-    Returns:
-        ``input_ids`` [N, S] (long), ``attention_mask`` [N, S] (long, 1 on real tokens),
-        ``loss_mask`` [N, S] (float, 1 on answer tokens); token-aligned: position t
-        describes ``input_ids[:, t]``.
-    """
+def collate_sft(samples: Sequence[SFTSample], pad_token_id: int) -> TrajectoryBatch:
+    """Right-pad samples into a :class:`~ardea.data.TrajectoryBatch` whose ``loss_mask`` is
+    1 on the answer tokens (each contiguous answer span one turn)."""
+    if not samples:
+        raise ValueError("cannot collate an empty list of SFT samples")
     length = max(len(s.input_ids) for s in samples)
     input_ids = torch.full((len(samples), length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
-    loss_mask = torch.zeros((len(samples), length), dtype=torch.float32)
+    loss_mask = torch.zeros((len(samples), length), dtype=torch.bool)
     for row, sample in enumerate(samples):
         n = len(sample.input_ids)
         input_ids[row, :n] = torch.tensor(sample.input_ids)
         attention_mask[row, :n] = 1
-        loss_mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        loss_mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    return TrajectoryBatch.from_tensors(input_ids, attention_mask, loss_mask)

@@ -21,6 +21,7 @@ from ardea.model.logprobs import (
     LogprobOutput,
     entropy_from_logits,
     logprobs_from_logits,
+    scale_logits,
     sequence_logprobs,
 )
 from ardea.model.tiny import TINY_ARCHS, build_tiny_model, tiny_config
@@ -58,6 +59,7 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_tokenizer",
     "logprobs_from_logits",
+    "scale_logits",
     "position_ids_from_mask",
     "resolve_dtype",
     "sequence_logprobs",

@@ -82,6 +82,14 @@ def _at_least_float32(logits: Tensor) -> Tensor:
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
+def scale_logits(logits: Tensor, temperature: float) -> Tensor:
+    """``z = logits / T`` in at least float32: the logits of the distribution sampled at
+    temperature ``T > 0``. The trainer's log-probs and the engine's behaviour log-probs both
+    come from here, so the PPO ratio compares the same distributions."""
+    z = _at_least_float32(logits)
+    return z if temperature == 1.0 else z / temperature
+
+
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     """Log-probability of each label: ``z[..., y] - logsumexp(z)``.
 
@@ -120,7 +128,7 @@ def _chunk_scores(
     the entropy is an empty tensor when not requested (checkpoint needs tensor outputs)."""
 
     def score(x: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        logits = _at_least_float32(to_logits(x)) / temperature  # (T, V), one chunk only
+        logits = scale_logits(to_logits(x), temperature)  # (T, V), one chunk only
         logprobs = logprobs_from_logits(logits, labels).float()
         entropy = entropy_from_logits(logits).float() if with_entropy else x.new_empty(0)
         return logprobs, entropy

@@ -1,7 +1,8 @@
 """Rollout: generation engines that turn token-id prompts into completions with behaviour
-log-probs and policy versions (see ``engine`` for the interface, ``inprocess`` for the default
-engine, ``sampling`` for the pure sampling math, ``runner`` for G scored completions per
-prompt as one trajectory batch, ``worker`` for rollouts generated ahead in the background)."""
+log-probs and policy versions (``engine`` for the interface and the engine registry,
+``inprocess`` for the default engine, ``sampling`` for the pure sampling math, ``runner``
+for G completions per prompt scored into one trajectory batch, ``worker`` for completions
+generated ahead in the background)."""
 
 from ardea.rollout.engine import (
     Completion,
@@ -9,9 +10,14 @@ from ardea.rollout.engine import (
     SamplingParams,
     check_prompts,
     check_state_dict,
+    engine_factory,
+    make_engine,
+    register_engine,
+    stop_token_ids,
 )
 from ardea.rollout.inprocess import InProcessEngine
 from ardea.rollout.runner import (
+    Generation,
     Rollout,
     RolloutRunner,
     StalenessError,
@@ -22,6 +28,7 @@ from ardea.rollout.worker import RolloutWorker, RolloutWorkerError
 
 __all__ = [
     "Completion",
+    "Generation",
     "GenerationEngine",
     "InProcessEngine",
     "Rollout",
@@ -33,5 +40,9 @@ __all__ = [
     "check_prompts",
     "check_staleness",
     "check_state_dict",
+    "engine_factory",
+    "make_engine",
+    "register_engine",
     "sampling_seed",
+    "stop_token_ids",
 ]

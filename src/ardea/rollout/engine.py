@@ -2,19 +2,22 @@
 
 An engine turns token-id prompts into completions carrying the behaviour log-prob of every
 generated token and the policy version of the weights that produced them. Every engine (the
-in-process one, a future vLLM one) implements :class:`GenerationEngine` and validates its
-input with :func:`check_prompts`, so callers never special-case an engine.
+in-process one, a future vLLM one) implements :class:`GenerationEngine`, validates its
+input with :func:`check_prompts`, and is registered by name (``rollout.engine``,
+:func:`register_engine`), so callers never special-case an engine.
 """
 
 from __future__ import annotations
 
 import abc
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+
+from ardea.config.fields import check_temperature
+from ardea.errors import ConfigError
 
 FinishReason = Literal["stop", "length"]
 
@@ -47,12 +50,14 @@ class SamplingParams:
     )
     n: int = field(default=1, metadata={"help": "Completions per prompt, grouped by prompt."})
 
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the distribution the behaviour log-probs describe: ``T``, or 1
+        for greedy decoding (whose log-probs are those of the untempered softmax)."""
+        return float(self.temperature) or 1.0
+
     def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
-            raise ValueError(f"temperature must be a finite number, got {t!r}")
-        if t != 0 and not t >= 1e-4:
-            raise ValueError(f"temperature must be 0 (greedy) or >= 1e-4, got {t!r}")
+        check_temperature("temperature", self.temperature)
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
@@ -99,9 +104,10 @@ class Completion:
 class GenerationEngine(abc.ABC):
     """Token-id prompts + :class:`SamplingParams` → completions with behaviour log-probs.
 
-    Contract: ``update_weights`` loads the new weights and publishes ``version`` as one atomic
-    step, so a ``generate`` call never labels tokens from one set of weights with another
-    version: a call in progress finishes on the weights and version it started with.
+    An engine owns its weights: :meth:`update_weights` is the only way new weights reach it,
+    and it loads them and publishes ``version`` as one atomic step, so a ``generate`` call
+    never labels tokens from one set of weights with another version (a call in progress
+    finishes on the weights and version it started with).
     """
 
     @abc.abstractmethod
@@ -109,8 +115,8 @@ class GenerationEngine(abc.ABC):
         """Return ``len(prompts) * params.n`` completions: prompt 0's n samples, then prompt 1's."""
 
     @abc.abstractmethod
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None, version: int) -> None:
-        """Load ``state_dict`` (None: the weights were already changed in place) as ``version``."""
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load ``named_tensors`` (a model state dict) as policy ``version`` (> the current)."""
 
     @property
     @abc.abstractmethod
@@ -170,3 +176,47 @@ def check_state_dict(
             "state_dict does not match the model: "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
         )
+
+
+EngineFactory = Callable[..., GenerationEngine]
+ENGINES: dict[str, EngineFactory] = {}
+
+
+def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
+    """Decorator registering ``factory(model, tokenizer, *, share_weights) -> engine`` as
+    ``rollout.engine=<name>``. ``share_weights=False`` asks for an engine with its own copy
+    of the weights (e.g. for generating in a background thread while the model trains)."""
+
+    def decorate(factory: EngineFactory) -> EngineFactory:
+        if name in ENGINES:
+            raise ValueError(f"generation engine {name!r} is already registered")
+        ENGINES[name] = factory
+        return factory
+
+    return decorate
+
+
+def engine_factory(name: str) -> EngineFactory:
+    """The registered engine factory ``name``; an unknown name lists the known ones."""
+    if name not in ENGINES:
+        raise ConfigError(
+            f"unknown generation engine rollout.engine={name!r}; known engines: "
+            f"{', '.join(sorted(ENGINES))}"
+        )
+    return ENGINES[name]
+
+
+def make_engine(
+    name: str, model: torch.nn.Module, tokenizer: Any, *, share_weights: bool = True
+) -> GenerationEngine:
+    """The engine ``rollout.engine=<name>`` on ``model``, stopping at the model's
+    end-of-sequence ids (:func:`stop_token_ids`)."""
+    return engine_factory(name)(model, tokenizer, share_weights=share_weights)
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a completion: the generation config's eos ids, else the tokenizer's."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [i for i in ids if i is not None] or [tokenizer.eos_token_id]
+    return sorted(set(ids))

@@ -50,6 +50,8 @@ from ardea.rollout.engine import (
     SamplingParams,
     check_prompts,
     check_state_dict,
+    register_engine,
+    stop_token_ids,
 )
 from ardea.rollout.kv_cache import new_cache
 from ardea.rollout.sampling import next_tokens
@@ -62,9 +64,10 @@ class InProcessEngine(GenerationEngine):
     """Generate with ``model`` in this process (see the module docstring for the algorithm).
 
     Args:
-        model: a Hugging Face causal LM (``AutoModelForCausalLM``). It may be the very module
-            the trainer optimizes; then call ``update_weights(None, version)`` after each
-            optimizer step: the weights are already in place and only the version is bumped.
+        model: a Hugging Face causal LM (``AutoModelForCausalLM``); the engine generates with
+            this module and loads new weights into it (:meth:`update_weights`). Build it on a
+            copy to own the weights; on the trainer's own module (same device) the engine
+            shares its storage, the documented fast path of :meth:`update_weights`.
         pad_token_id: id written after a row's stop token and used for left padding.
         eos_token_ids: the model's end-of-sequence id(s); always stop tokens (may be empty).
         max_batch_size: most rows (prompts × n) per forward; None = all rows at once. Rows are
@@ -114,27 +117,16 @@ class InProcessEngine(GenerationEngine):
     def model(self) -> torch.nn.Module:
         return self._model
 
-    def detached_copy(self) -> InProcessEngine:
-        """An engine with the same settings and version on its own frozen deep copy of the
-        weights (for generating in another thread while the original model trains)."""
-        with self._lock:
-            model = copy.deepcopy(self._model).requires_grad_(False).eval()
-            version = self._version
-        return InProcessEngine(
-            model,
-            pad_token_id=self.pad_token_id,
-            eos_token_ids=self.eos_token_ids,
-            max_batch_size=self.max_batch_size,
-            version=version,
-        )
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load ``named_tensors`` and publish ``version`` atomically (waits for a running
+        generate).
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | None, version: int) -> None:
-        """Load ``state_dict`` and publish ``version`` atomically (waits for a running generate).
-
-        ``state_dict`` must hold every tensor of the model (tied aliases may be omitted) with
-        matching shapes; it is checked before anything is copied, so a bad one leaves weights
-        and version untouched. None means the shared model was already updated in place.
-        ``version`` must be greater than the current one: a version names one set of weights.
+        ``named_tensors`` must hold every tensor of the model (tied aliases may be omitted)
+        with matching shapes; it is checked before anything is copied, so a bad one leaves
+        weights and version untouched. ``version`` must be greater than the current one: a
+        version names one set of weights. Fast path: a tensor that already is the engine's
+        own (an engine built on the trainer's module, ``share_weights=True``) is not copied,
+        so publishing costs only the check.
         """
         if not isinstance(version, int) or isinstance(version, bool):
             raise ValueError(f"version must be an int, got {version!r}")
@@ -143,9 +135,12 @@ class InProcessEngine(GenerationEngine):
                 raise ValueError(
                     f"version must increase: got {version}, current version is {self._version}"
                 )
-            if state_dict is not None:
-                check_state_dict(self._model.state_dict(), state_dict)
-                self._model.load_state_dict(state_dict, strict=False)
+            own = self._model.state_dict()
+            check_state_dict(own, named_tensors)
+            with torch.no_grad():
+                for name, tensor in named_tensors.items():
+                    if own[name].data_ptr() != tensor.data_ptr():
+                        own[name].copy_(tensor)
             self._version = version
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -369,3 +364,13 @@ def _eval_mode(model: torch.nn.Module):
     finally:
         for m, training in flags:
             m.training = training
+
+
+@register_engine("in_process")
+def in_process_engine(model: torch.nn.Module, tokenizer, *, share_weights: bool) -> InProcessEngine:
+    """The in-process engine on ``model`` (``share_weights``) or on a frozen copy of it."""
+    if not share_weights:
+        model = copy.deepcopy(model).requires_grad_(False).eval()
+    return InProcessEngine(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=stop_token_ids(model, tokenizer)
+    )

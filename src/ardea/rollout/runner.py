@@ -1,27 +1,27 @@
-"""The rollout runner: G completions per prompt from the live policy, scored, as one batch.
+"""The rollout runner: G completions per prompt from a generation engine, then scored.
 
-One call turns task examples into a trajectory batch in the group layout of
-:func:`ardea.data.collate_groups` (one right-padded ``[N, S]`` row per completion,
-``N = B·G``) plus the policy bookkeeping of DESIGN.md's trajectory layout:
+A rollout is two calls, so that the training step can time and place them separately:
 
-- ``logprobs`` [N, S]: behaviour log-probs from the engine, token-aligned;
-- ``versions`` [N, S]: the policy version that generated each completion token (−1 elsewhere);
-- ``turn_ids`` [N, S]: 0 on completion tokens (a single assistant turn), −1 elsewhere;
-- ``no_eos`` [N]: True where the completion hit ``max_new_tokens`` without a stop token;
-- ``rewards`` [N] (the scorer's weighted sum plus the overlong penalty), ``group_ids`` [N].
+- :meth:`RolloutRunner.generate`: the engine completes every prompt ``group_size`` times
+  (a :class:`Generation`: completions with behaviour log-probs and policy versions);
+- :meth:`RolloutRunner.score`: the reward functions (plus DAPO's overlong penalty) score
+  the completions, and they become one :class:`~ardea.data.TrajectoryBatch` (a prompt
+  segment and a generated segment per row, ``N = B·G`` rows, ``group_ids`` the prompt's
+  index in the call, ``no_eos`` where the length limit ended a completion, the sampling
+  temperature of the behaviour log-probs) with ``rollout/*``, ``reward/*`` metrics and a
+  few samples for ``samples.jsonl``.
 
 A batch is only handed on while ``current_version − min(versions) ≤ max_staleness``
 (:func:`check_staleness`): a batch from a future version or beyond the bound raises
 :class:`StalenessError` and is never used.
 
-Randomness: call ``rollout(examples, seed_index=i)`` samples with the engine seed
+Randomness: ``generate(examples, seed_index=i)`` samples with the engine seed
 ``sampling_seed(runner seed, i)``, so the same index gives the same completions whichever
 thread or process makes the call and however many calls came before.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import time
@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from ardea.data import Example, GroupSample, Task, collate_groups, encode_prompt
+from ardea.data import Example, Segment, Task, Trajectory, TrajectoryBatch, encode_prompt
 from ardea.errors import ArdeaError
 from ardea.reward import RewardScorer, example_row, overlong_penalty
-from ardea.rollout.engine import GenerationEngine, SamplingParams
+from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 SAMPLES_KEPT = 4  # prompts per rollout whose first completion is kept for samples.jsonl
 
@@ -69,12 +69,24 @@ def sampling_seed(seed: int, *indices: int) -> int:
 
 
 @dataclasses.dataclass
-class Rollout:
-    """One scored rollout: the trajectory ``batch`` (CPU tensors, module docstring), its
-    ``metrics`` (``rollout/*``, ``reward/*``, ``perf/*``) and a few ``samples``
-    ``(prompt, completion, reward)`` for ``samples.jsonl``."""
+class Generation:
+    """The completions of one rollout call, before scoring: the task ``examples``, their
+    ``prompts`` (token ids), ``completions`` (``group_size`` per prompt, prompt-major) and
+    the ``seconds`` generation took."""
 
-    batch: dict[str, torch.Tensor]
+    examples: list[Example]
+    prompts: list[list[int]]
+    completions: list[Completion]
+    seconds: float
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One scored rollout: the trajectory ``batch``, its ``metrics`` (``rollout/*``,
+    ``reward/*``, ``perf/*``) and a few ``samples`` ``(prompt, completion, reward)`` for
+    ``samples.jsonl``."""
+
+    batch: TrajectoryBatch
     metrics: dict[str, float]
     samples: list[tuple[str, str, float]]
 
@@ -126,34 +138,35 @@ class RolloutRunner:
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty = overlong_penalty
 
-    def detached_copy(self) -> RolloutRunner:
-        """The same runner on a copy of the engine with its own weights
-        (``engine.detached_copy()``), for generating in a background thread."""
-        copy_engine = getattr(self.engine, "detached_copy", None)
-        if copy_engine is None:
-            raise TypeError(
-                f"{type(self.engine).__name__} cannot make a detached copy of its weights, "
-                "which background rollouts (rollout.max_staleness > 0) need"
-            )
-        other = copy.copy(self)
-        other.engine = copy_engine()
-        return other
-
-    def rollout(self, examples: Sequence[Example], *, seed_index: Sequence[int] | int) -> Rollout:
-        """Generate, score and collate G completions for each of ``examples``."""
-        start = time.perf_counter()
-        prompts = [
+    def encode(self, examples: Sequence[Example]) -> list[list[int]]:
+        """The prompt token ids of ``examples``."""
+        return [
             encode_prompt(self.tokenizer, e.prompt, chat_template=self.chat_template)
             for e in examples
         ]
+
+    def generate(
+        self,
+        examples: Sequence[Example],
+        *,
+        seed_index: Sequence[int] | int,
+        engine: GenerationEngine | None = None,
+    ) -> Generation:
+        """``group_size`` completions of each example from ``engine`` (default: the runner's)."""
+        start = time.perf_counter()
+        prompts = self.encode(examples)
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         params = dataclasses.replace(
             self.params, n=self.group_size, seed=sampling_seed(self.seed, *indices)
         )
-        completions = self.engine.generate(prompts, params)
-        generated = time.perf_counter()
+        completions = (engine or self.engine).generate(prompts, params)
+        return Generation(list(examples), prompts, completions, time.perf_counter() - start)
+
+    def score(self, generation: Generation) -> Rollout:
+        """Score ``generation`` and collate it into a trajectory batch (module docstring)."""
+        completions = generation.completions
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-        groups = [e for e in examples for _ in range(self.group_size)]
+        groups = [e for e in generation.examples for _ in range(self.group_size)]
         scored = self.scorer.score(
             [e.prompt for e in groups], texts, [example_row(e) for e in groups]
         )
@@ -169,17 +182,13 @@ class RolloutRunner:
         if self.overlong_buffer:
             metrics["rollout/overlong_penalty"] = sum(penalties) / len(penalties)
         metrics.update({k: float(v) for k, v in scored.counts.items()})
-        scored_at = time.perf_counter()
-        batch = self._collate(prompts, completions, rewards)
+        batch = self._collate(completions, rewards)
         samples = [  # the first completion of the first few prompts, for samples.jsonl
             (groups[i].prompt, texts[i], rewards[i])
             for i in range(0, min(len(groups), SAMPLES_KEPT * self.group_size), self.group_size)
         ]
-        metrics |= {
-            "perf/generate_tokens_per_s": sum(lengths) / max(generated - start, 1e-9),
-            "perf/time_generate": generated - start,
-            "perf/time_score": scored_at - generated,
-        }
+        # the engine's throughput, wherever it ran (in a background worker too)
+        metrics["perf/generate_tokens_per_s"] = sum(lengths) / max(generation.seconds, 1e-9)
         return Rollout(batch, metrics, samples)
 
     def _metrics(self, rewards, lengths, completions, texts, groups) -> dict[str, float]:
@@ -196,21 +205,22 @@ class RolloutRunner:
             metrics["rollout/accuracy"] = sum(correct) / len(correct)
         return metrics
 
-    def _collate(self, prompts, completions, rewards) -> dict[str, torch.Tensor]:
-        g = self.group_size
-        samples = [
-            GroupSample(
-                tuple(prompt),
-                tuple(tuple(c.token_ids) for c in completions[i * g : (i + 1) * g]),
-                tuple(rewards[i * g : (i + 1) * g]),
-                tuple(tuple(c.logprobs) for c in completions[i * g : (i + 1) * g]),
+    def _collate(self, completions: Sequence[Completion], rewards) -> TrajectoryBatch:
+        """One row per completion: its prompt, then what the engine generated."""
+        trajectories = [
+            Trajectory(
+                (
+                    Segment.prompt(c.prompt_ids),
+                    Segment.generated(c.token_ids, c.logprobs, version=c.version),
+                ),
+                reward=reward,
+                group_id=i // self.group_size,
+                no_eos=c.finish_reason == "length",
             )
-            for i, prompt in enumerate(prompts)
+            for i, (c, reward) in enumerate(zip(completions, rewards))
         ]
-        batch = collate_groups(samples, self.tokenizer.pad_token_id)
-        generated = batch["loss_mask"] > 0  # (N, S)
-        version = torch.tensor([c.version for c in completions])  # (N,)
-        batch["versions"] = torch.where(generated, version[:, None], -1)  # (N, S)
-        batch["turn_ids"] = torch.where(generated, 0, -1)  # (N, S): one assistant turn
-        batch["no_eos"] = torch.tensor([c.finish_reason == "length" for c in completions])
-        return batch
+        return TrajectoryBatch.from_trajectories(
+            trajectories,
+            pad_token_id=self.tokenizer.pad_token_id,
+            temperature=self.params.logprob_temperature,
+        )

@@ -13,7 +13,9 @@ The sampled distribution for temperature ``T > 0``, top-k ``k`` and top-p ``p`` 
         the first one at which their cumulative mass reaches p
     π(v) = exp(z_v) / Σ_{u ∈ K} exp(z_u)   for v ∈ K, 0 otherwise,
 
-and the reported log-prob of the sampled token is ``log π(v)``. With k = 0 and p = 1 this is
+and the reported log-prob of the sampled token is ``log π(v)``, computed by the same
+functions as the trainer's log-probs (:func:`ardea.model.scale_logits`,
+:func:`ardea.model.logprobs_from_logits`). With k = 0 and p = 1 this is
 ``log_softmax(logits / T)``. Greedy (``T = 0``) picks ``argmax logits`` and reports
 ``log_softmax(logits)[argmax]`` (the T = 1 distribution).
 """
@@ -22,11 +24,7 @@ from __future__ import annotations
 
 import torch
 
-
-def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``z = logits / T`` in float32. logits: (N, V) → (N, V). T must be > 0."""
-    z = logits.float()
-    return z if temperature == 1.0 else z / temperature
+from ardea.model.logprobs import logprobs_from_logits, scale_logits
 
 
 def top_k_filter(z: torch.Tensor, k: int) -> torch.Tensor:
@@ -88,12 +86,6 @@ def sample_inverse_cdf(z: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return tokens.squeeze(-1)
 
 
-def gather_logprobs(z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(z)[n, tokens[n]]``. z: (N, V), tokens: (N,) → (N,) float32."""
-    logp = torch.log_softmax(z.float(), dim=-1)
-    return logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
 def next_tokens(
     logits: torch.Tensor,
     *,
@@ -109,11 +101,10 @@ def next_tokens(
     ``log_softmax(logits)`` when T = 0, else a draw from π with ``log π`` (module docstring).
     """
     if temperature == 0:
-        z = logits.float()
-        tokens = torch.argmax(z, dim=-1)
-        return tokens, gather_logprobs(z, tokens)
+        tokens = torch.argmax(logits, dim=-1)
+        return tokens, logprobs_from_logits(logits, tokens).float()
     if uniforms is None:
         raise ValueError("uniforms are required when temperature > 0")
     z = sampling_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     tokens = sample_inverse_cdf(z, uniforms)
-    return tokens, gather_logprobs(z, tokens)
+    return tokens, logprobs_from_logits(z, tokens).float()

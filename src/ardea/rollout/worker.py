@@ -1,36 +1,47 @@
-"""Rollouts generated ahead of the trainer, in a background thread, with bounded staleness.
+"""Completions generated ahead of the trainer, in a background thread, with bounded staleness.
 
 With ``rollout.max_staleness = η ≥ 1`` the trainer hands the worker the prompts of step
-``s + η`` while it trains step ``s``; the worker generates them on its own engine (its own
-copy of the weights), so generation and training overlap. The weights follow a fixed
-schedule: the job of step ``s`` is generated with exactly the policy version
-``v(s) = v0 + max(0, s − s0 − η)`` where ``s0`` and ``v0`` are the step and version the
-worker started at. The trainer at step ``s`` holds version ``v0 + s − s0``, so every rollout
-it consumes lags by ``min(η, s − s0)`` versions: never more than η, and the same lag, the
-same weights and (with the runner's per-step seeds) the same tokens on every run, whatever
-the timing of the two threads.
+``s + η`` while it trains step ``s``; the worker generates them with its own engine (an
+engine that owns a copy of the weights), so generation and training overlap. Scoring
+happens in the trainer, when it takes the step's completions.
+
+The weights follow a fixed schedule: the job of step ``s`` is generated with exactly the
+policy version ``v(s) = v0 + max(0, s − s0 − η)``, where ``s0`` and ``v0`` are the step
+and version the run's worker schedule started at. The trainer at step ``s`` holds version
+``v0 + s − s0``, so every rollout it consumes lags by ``min(η, s − s0)`` versions: never
+more than η, and the same lag, the same weights and (with the runner's per-step seeds) the
+same tokens on every run, whatever the timing of the two threads.
 
 Weight publication (:meth:`RolloutWorker.publish`) copies the trainer's tensors and tags the
 copy with its version; the worker loads the copy a job needs with the engine's atomic
 ``update_weights(state, version)`` right before that job and drops older copies, so at most
-η copies are held at once. Nothing blocks forever: a failure inside the worker (a reward
-error, an engine error) is handed to the trainer as the exception of the job it broke, and
-a worker that has stopped or died is reported instead of waited for.
+η copies are held at once.
+
+Resume: :meth:`RolloutWorker.pending` hands out (without consuming) the completions of the
+steps submitted but not yet taken, waiting for those still being generated; a checkpoint
+stores them, and a worker built with ``restored=`` serves them again, so the resumed run
+trains on the very completions the uninterrupted run would have (the weights they came
+from are gone by then). Nothing blocks forever: a failure inside the worker is handed to
+the trainer as the exception of the job it broke, and a worker that has stopped or died is
+reported instead of waited for.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ardea.errors import ArdeaError
-from ardea.rollout.runner import Rollout, RolloutRunner
+from ardea.rollout.engine import GenerationEngine
+from ardea.rollout.runner import Generation
 
 POLL_SECONDS = 0.5  # how often a waiting side checks that the other side is still alive
+GenerateFn = Callable[[Sequence[Any], int, GenerationEngine], Generation]
 
 
 class RolloutWorkerError(ArdeaError):
@@ -45,37 +56,50 @@ class _Job:
 
 
 class RolloutWorker:
-    """Background generation of the rollouts of upcoming steps (module docstring).
+    """Background generation of the completions of upcoming steps (module docstring).
 
     Args:
-        runner: a runner whose engine is *not* the trainer's model (a copy of the weights).
+        engine: an engine that owns its weights (not the trainer's module).
+        generate: ``generate(examples, step, engine) -> Generation``.
         max_staleness: η ≥ 1.
-        start_step: the first step this worker will be asked for (``s0``).
+        start_step, start_version: ``s0`` and ``v0`` of the version schedule (a resumed run
+            passes its original ones; ``start_version`` defaults to the engine's version).
+        restored: completions of steps already generated (from a checkpoint), by step.
     """
 
-    def __init__(self, runner: RolloutRunner, *, max_staleness: int, start_step: int) -> None:
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        generate: GenerateFn,
+        *,
+        max_staleness: int,
+        start_step: int,
+        start_version: int | None = None,
+        restored: Mapping[int, Generation] | None = None,
+    ) -> None:
         if max_staleness < 1:
             raise ValueError(f"a rollout worker needs max_staleness >= 1, got {max_staleness}")
-        self.runner = runner
+        self.engine = engine
+        self.generate = generate
         self.max_staleness = max_staleness
         self.start_step = start_step
-        self.start_version = runner.engine.version
+        self.start_version = engine.version if start_version is None else start_version
         self._cond = threading.Condition()
         self._jobs: list[_Job] = []
-        self._submitted: set[int] = set()
-        self._results: dict[int, Rollout | BaseException] = {}
+        self._results: dict[int, Generation | BaseException] = dict(restored or {})
+        self._submitted: set[int] = set(self._results)
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ardea-rollouts", daemon=True)
         self._thread.start()
 
     def version_for(self, step: int) -> int:
-        """The policy version the rollout of ``step`` is generated with."""
+        """The policy version the completions of ``step`` are generated with."""
         return self.start_version + max(0, step - self.start_step - self.max_staleness)
 
     # ----------------------------------------------------------------- trainer side
     def submit(self, step: int, examples: Sequence[Any]) -> None:
-        """Queue the rollout of ``step`` (steps are generated in the order submitted)."""
+        """Queue the completions of ``step`` (steps are generated in the order submitted)."""
         with self._cond:
             if step in self._submitted:
                 return
@@ -91,19 +115,29 @@ class RolloutWorker:
             self._snapshots[version] = copied
             self._cond.notify_all()
 
-    def result(self, step: int) -> Rollout:
-        """The rollout of ``step`` (submitted earlier); waits for it, re-raises its failure."""
+    def result(self, step: int) -> Generation:
+        """The completions of ``step`` (submitted earlier); waits, re-raises its failure."""
+        outcome = self._wait([step], timeout=None)[step]
         with self._cond:
-            if step not in self._submitted:
-                raise RolloutWorkerError(f"the rollout of step {step} was never submitted")
-            while step not in self._results:
-                self._check_alive()
-                self._cond.wait(POLL_SECONDS)
-            outcome = self._results.pop(step)
+            self._results.pop(step)
             self._submitted.discard(step)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
+
+    def pending(self, timeout: float) -> dict[int, Generation]:
+        """The completions of every submitted step not yet taken, by step, without taking
+        them; waits up to ``timeout`` seconds for those still being generated."""
+        with self._cond:
+            steps = sorted(self._submitted)
+        outcomes = self._wait(steps, timeout=timeout)
+        for step, outcome in outcomes.items():
+            if isinstance(outcome, BaseException):
+                raise RolloutWorkerError(
+                    f"the rollout of step {step} failed, so the checkpoint cannot hold it: "
+                    f"{outcome}"
+                ) from outcome
+        return outcomes  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the worker (a running generation finishes first; pending jobs are dropped)."""
@@ -111,6 +145,21 @@ class RolloutWorker:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout=60)
+
+    def _wait(self, steps: list[int], timeout: float | None) -> dict[int, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            for step in steps:
+                if step not in self._submitted:
+                    raise RolloutWorkerError(f"the rollout of step {step} was never submitted")
+                while step not in self._results:
+                    self._check_alive()
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise RolloutWorkerError(
+                            f"the rollout of step {step} was not ready after {timeout:.0f} s"
+                        )
+                    self._cond.wait(POLL_SECONDS)
+            return {step: self._results[step] for step in steps}
 
     def _check_alive(self) -> None:
         if self._stopping:
@@ -130,8 +179,8 @@ class RolloutWorker:
             try:
                 if not self._load(job.version):
                     return
-                outcome: Rollout | BaseException = self.runner.rollout(
-                    job.examples, seed_index=job.step
+                outcome: Generation | BaseException = self.generate(
+                    job.examples, job.step, self.engine
                 )
             except BaseException as error:  # handed to the trainer, which raises it
                 outcome = error
@@ -142,7 +191,7 @@ class RolloutWorker:
     def _load(self, version: int) -> bool:
         """Put the engine on exactly ``version`` (waiting for its publication); False when
         the worker is stopped meanwhile."""
-        engine = self.runner.engine
+        engine = self.engine
         if engine.version > version:
             raise RolloutWorkerError(
                 f"the worker's engine is at version {engine.version}, past the version "

@@ -1,7 +1,8 @@
 """Everything a config names must exist, checked before any work starts.
 
 The config layer checks keys, types and values; the names it holds are resolved here, in
-the layer that knows the registries: the strategy (``algo.name``), the task
+the layer that knows the registries: the strategy (``algo.name``), the generation engine
+(``rollout.engine``), the policy loss (``algo.policy_loss``), the task
 (``data.task`` with its ``task_args``), every reward function (registered name or dotted
 path to user code, imported here; with its ``kwargs``) and the starting model directory
 (``model.path``). :func:`ardea.trainer.run` calls :func:`check_config` for a single run and
@@ -14,7 +15,9 @@ from ardea.config import ArdeaConfig
 from ardea.data import make_task
 from ardea.model import check_model_dir
 from ardea.reward import build_scorer, check_reward_names
+from ardea.rollout import engine_factory
 from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies.grpo import policy_loss_fn
 
 
 def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
@@ -26,6 +29,9 @@ def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
         ModelLoadError: ``model.path`` is not a model directory.
     """
     strategy = strategy_class(config.algo.name)
+    engine_factory(config.rollout.engine)
+    if config.algo.policy_loss is not None:
+        policy_loss_fn(config.algo.policy_loss)
     data = config.data
     task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
     if strategy.sample_kind == "prompt":  # online strategies score their rollouts

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ardea.data import Example, Task, encode_prompt
+from ardea.errors import ArdeaError
 from ardea.rollout import GenerationEngine, SamplingParams
 
 
@@ -89,6 +90,11 @@ def evaluate_task(
     metrics = {"accuracy": sum(scores) / len(scores)}
     samples = [(e.prompt, t[0], s) for e, t, s in zip(examples, texts, scores)]
     if k > 1:
+        if temperature == 0:
+            raise ArdeaError(
+                f"pass@{k} needs sampled completions, but the sampling temperature is 0 "
+                "(greedy); set rollout.temperature > 0"
+            )
         n = num_samples or k
         sampled = SamplingParams(
             temperature=temperature,
@@ -153,10 +159,7 @@ class Evaluator:
         size = self.config.trainer.batch_size // self.config.trainer.grad_accum_steps
         device = next(self.strategy.policy.parameters()).device
         batches = [
-            {
-                k: v.to(device)
-                for k, v in self.strategy.collate(self.held_out_samples[i : i + size]).items()
-            }
+            self.strategy.collate(self.held_out_samples[i : i + size]).to(device)
             for i in range(0, len(self.held_out_samples), size)
         ]
         counts = self.strategy.step_counts(batches)

@@ -1,25 +1,20 @@
-"""The training loop: one place that owns optimizer, accumulation, clipping, schedule,
-evaluation, logging, checkpoints and resume, for every strategy.
+"""The training loop: one place that owns evaluation, logging, checkpoints and resume, for
+every strategy.
 
-A step reads top to bottom: ``data`` (the step's samples, turned by the strategy into one
-or more optimizer updates: for offline strategies one update of collated micro-batches,
-for online strategies a rollout with its advantages and ``algo.ppo_epochs`` ×
-``algo.ppo_mini_batches`` updates) → per update ``forward_backward`` (per micro-batch, loss
-normalised by the update's counts) and ``optimizer`` (clip, step, strategy hook) → the
-schedule advances once → the strategy's end-of-step hook (online: publish the new policy
-version) → ``log``; evaluation and checkpoints follow on their cadence. Each phase is timed
-under its own name (``perf/time_<phase>``). An update whose loss or gradient is NaN/Inf is
-skipped and counted; too many in a row stop the run with the last good state saved. A run
-ends at ``trainer.max_steps`` or when ``trainer.max_train_seconds`` of training time are
-spent.
+A step is one of two kinds, each read top to bottom: an offline step ``data`` (the step's
+samples collated into ``trainer.grad_accum_steps`` micro-batches) → the updates
+(:class:`~ardea.trainer.updates.Updater`: ``forward_backward``, ``optimizer``); an online
+step is the RL step of :mod:`ardea.trainer.rl_step` (generate → score → filter →
+advantages → updates → weight_sync). Each phase is timed under its own name
+(``perf/time_<phase>``). Then ``log``; evaluation and checkpoints follow on their cadence.
+An update whose loss or gradient is NaN/Inf is skipped and counted; too many in a row stop
+the run with the last good state saved. A run ends at ``trainer.max_steps`` or when
+``trainer.max_train_seconds`` of training time are spent.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +26,7 @@ from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model.lora import load_policy_weights
 from ardea.reward import build_scorer
-from ardea.rollout import InProcessEngine, RolloutRunner, SamplingParams
+from ardea.rollout import RolloutRunner, SamplingParams, make_engine
 from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.evaluate import Evaluator, append_samples
@@ -39,11 +34,10 @@ from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
 from ardea.trainer.results import finish_run
-from ardea.trainer.schedule import build_adamw
+from ardea.trainer.rl_step import RLStep
 from ardea.trainer.setup import (
     build_trainable_policy,
     context_length,
-    make_engine,
     prepare_run_directory,
     resolve_device,
     resume_checkpoint,
@@ -52,24 +46,7 @@ from ardea.trainer.setup import (
 )
 from ardea.trainer.state import restore_rng_state, rng_state
 from ardea.trainer.strategies import strategy_class
-
-
-@dataclass
-class PhaseTimer:
-    """Wall-clock seconds per named phase within one step."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def phase(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def metrics(self) -> dict[str, float]:
-        return {f"perf/time_{name}": value for name, value in self.seconds.items()}
+from ardea.trainer.updates import PhaseTimer, Updater, step_throughput
 
 
 class Trainer:
@@ -94,52 +71,62 @@ class Trainer:
         )
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         prepare_run_directory(config)  # only once the inputs are known to be good
-        engine = make_engine(self.policy, self.tokenizer)
-        runner = self._build_runner(engine) if kind == "prompt" else None
+        self.engine = make_engine(config.rollout.engine, self.policy, self.tokenizer)
         self.strategy = strategy_cls(
-            self.policy,
-            config,
-            tokenizer=self.tokenizer,
-            make_reference=self._make_reference,
-            runner=runner,
+            self.policy, config, tokenizer=self.tokenizer, make_reference=self._make_reference
         )
         for module in self.strategy.frozen_modules():
             module.to(self.device)
-        self.strategy.bind_data(self.train_samples)
-        self._build_optimizer()
+        self.updater = Updater(self.policy, self.strategy, config)
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
         )
+        self.rl = self._build_rl_step() if kind == "prompt" else None
         self.evaluator = Evaluator(
-            config, self.task, engine, self.tokenizer, self.strategy, held_out
+            config, self.task, self.engine, self.tokenizer, self.strategy, held_out
         )
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
-        self.nonfinite = {"consecutive": 0, "total": 0}
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
-    def _build_runner(self, engine: InProcessEngine) -> RolloutRunner:
-        rollout = self.config.rollout
+    @property
+    def nonfinite(self) -> dict[str, int]:
+        return self.updater.nonfinite
+
+    def _build_rl_step(self) -> RLStep:
+        config = self.config
+        rollout, reward = config.rollout, config.reward
         params = SamplingParams(
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             max_new_tokens=rollout.max_new_tokens,
         )
-        reward = self.config.reward
-        return RolloutRunner(
-            engine,
+        runner = RolloutRunner(
+            self.engine,
             self.tokenizer,
             build_scorer(reward, self.task),
             group_size=rollout.group_size,
             params=params,
-            chat_template=self.config.data.chat_template,
-            seed=self.config.trainer.seed,
+            chat_template=config.data.chat_template,
+            seed=config.trainer.seed,
             task=self.task,
             overlong_buffer=reward.overlong_buffer,
             overlong_penalty=reward.overlong_penalty,
+        )
+        return RLStep(
+            config,
+            policy=self.policy,
+            strategy=self.strategy,
+            runner=runner,
+            updater=self.updater,
+            samples=self.train_samples,
+            sampler=self.sampler,
+            make_worker_engine=lambda: make_engine(
+                rollout.engine, self.policy, self.tokenizer, share_weights=False
+            ),
         )
 
     def _make_reference(self) -> torch.nn.Module:
@@ -148,25 +135,17 @@ class Trainer:
         reference.requires_grad_(False)
         return reference.eval()
 
-    def _build_optimizer(self) -> None:
-        trainer = self.config.trainer
-        self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler = build_adamw(
-            self.parameters, trainer, lr=trainer.lr, warmup_steps=trainer.warmup_steps
-        )
-
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         state = {
             "step": self.step,
             "train_seconds": self.train_seconds,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "updater": self.updater.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
             "history": self.history,
-            "nonfinite": dict(self.nonfinite),
             "strategy": self.strategy.state_dict(),
+            "rollouts": self.rl.state_dict() if self.rl is not None else {},
             "config_yaml": config_to_yaml(self.config),
         }
         return save_checkpoint(
@@ -183,87 +162,30 @@ class Trainer:
         state = load_trainer_state(checkpoint)
         load_policy_weights(self.policy, checkpoint)
         self.strategy.load_modules(checkpoint)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.updater.load_state_dict(state["updater"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.history = state["history"]
-        self.nonfinite = dict(state["nonfinite"])
         self.strategy.load_state_dict(state["strategy"])
+        if self.rl is not None:
+            self.rl.load_state_dict(state["rollouts"])
         restore_rng_state(state["rng"])
 
-    # ----------------------------------------------------------------- phases
-    def _plan(self) -> list[list[dict[str, torch.Tensor]]]:
-        """This step's samples (and the next ``strategy.lookahead`` steps' ones, which stay
-        in the sampler), turned into optimizer updates by the strategy."""
-        samples = [self.train_samples[i] for i in self.sampler.next_batch()]
-        ahead = min(self.strategy.lookahead, self.config.trainer.max_steps - self.step - 1)
-        upcoming = [[self.train_samples[i] for i in batch] for batch in self.sampler.peek(ahead)]
-        return self.strategy.plan_step(
-            samples,
-            step=self.step,
-            micro_batches=self.config.trainer.grad_accum_steps,
-            upcoming=upcoming,
-        )
-
-    def _forward_backward(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-        counts = self.strategy.step_counts(micro_batches)
-        totals: dict[str, float] = {}
-        for batch in micro_batches:
-            loss, metrics = self.strategy.loss(batch, counts)
-            loss.backward()
-            for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value
-        return totals
-
-    def _optimizer_step(self, loss: float) -> tuple[dict[str, float], bool]:
-        """Clip and step, or skip a non-finite step; returns its metrics and whether it
-        was applied."""
-        max_norm = self.config.trainer.max_grad_norm or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
-        metrics = {"train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0]}
-        applied = math.isfinite(loss) and math.isfinite(grad_norm)
-        if not applied:
-            self.optimizer.zero_grad(set_to_none=True)  # skip: weights stay the last good ones
-            self.strategy.skip_optimizer_step()
-            self.nonfinite["consecutive"] += 1
-            self.nonfinite["total"] += 1
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.strategy.after_optimizer_step()
-            self.nonfinite["consecutive"] = 0
-        return metrics, applied
-
+    # ------------------------------------------------------------------ a step
     def train_step(self) -> dict[str, float]:
         """One training step (one or more optimizer updates); returns its metrics."""
-        timer = PhaseTimer()
         self.policy.train()
+        if self.rl is not None:
+            return self.rl.run(self.step)
+        timer = PhaseTimer()
         with timer.phase("data"):
-            updates = self._plan()
-        per_update, applied = [], False
-        for micro_batches in updates:
-            with timer.phase("forward_backward"):
-                metrics = self._forward_backward(micro_batches)
-            with timer.phase("optimizer"):
-                step_metrics, ok = self._optimizer_step(metrics.get("train/loss", 0.0))
-            per_update.append(metrics | step_metrics)
-            applied |= ok
-        if applied:
-            self.scheduler.step()
-        self.strategy.after_train_step()
-        metrics = _mean_metrics(per_update)
-        metrics["train/nonfinite_steps"] = float(self.nonfinite["total"])
-        metrics.update(self.strategy.step_metrics())
-        tokens = sum(_token_count(b) for update in updates for b in update)
-        metrics.update(timer.metrics())
-        metrics["perf/tokens_per_s"] = tokens / max(sum(timer.seconds.values()), 1e-9)
-        train_seconds = timer.seconds.get("forward_backward", 0.0) + timer.seconds.get(
-            "optimizer", 0.0
-        )
-        metrics["perf/train_tokens_per_s"] = tokens / max(train_seconds, 1e-9)
-        return metrics
+            samples = [self.train_samples[i] for i in self.sampler.next_batch()]
+            size = -(-len(samples) // self.config.trainer.grad_accum_steps)
+            chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
+            updates = [[self.strategy.collate(chunk).to(self.device) for chunk in chunks]]
+        metrics = self.updater.run(updates, timer)
+        return metrics | step_throughput(updates, timer)
 
     # ------------------------------------------------------------------- loop
     def _done(self) -> bool:
@@ -302,7 +224,7 @@ class Trainer:
             metrics = self.train_step()
             self.train_seconds += time.perf_counter() - started
             self.step += 1
-            samples = self.strategy.step_samples()
+            samples = self.rl.last_samples if self.rl is not None else []
             if self.step % cfg.logging.log_every == 0 or self._done():
                 logger.log(self.step, metrics)
                 if samples:
@@ -346,6 +268,8 @@ class Trainer:
                     self._evaluate(logger, progress)
             checkpoint = self.resume_from if finished else self.save()
         finally:
+            if self.rl is not None:
+                self.rl.close()
             self.strategy.close()
             logger.close()
         draw_report(self.run_dir)
@@ -363,21 +287,3 @@ class Trainer:
             "name": self.config.trainer.run_name,
             "config": OmegaConf.to_container(OmegaConf.structured(self.config)),
         }
-
-
-def _mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric averaged over the optimizer updates of a step that report it."""
-    names = dict.fromkeys(name for metrics in per_update for name in metrics)
-    out = {}
-    for name in names:
-        values = [m[name] for m in per_update if name in m]
-        out[name] = sum(values) / len(values)
-    return out
-
-
-def _token_count(batch: dict[str, torch.Tensor]) -> int:
-    """Non-padding tokens in a micro-batch, whatever its layout."""
-    masks = [v for k, v in batch.items() if k.endswith("attention_mask")]
-    if masks:
-        return int(sum(m.sum() for m in masks))
-    return int(batch["input_ids"].numel())

@@ -12,7 +12,6 @@ from ardea.config import ArdeaConfig, ModelConfig, config_to_yaml
 from ardea.errors import ArdeaError
 from ardea.model import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
 from ardea.model.lora import apply_lora
-from ardea.rollout import InProcessEngine
 from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
 
 
@@ -105,21 +104,3 @@ def resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
 
 def context_length(model: Any) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
-
-
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The ids that end a completion: the generation config's eos ids, else the tokenizer's."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = configured if isinstance(configured, list) else [configured]
-    ids = [i for i in ids if i is not None] or [tokenizer.eos_token_id]
-    return sorted(set(ids))
-
-
-def make_engine(model: Any, tokenizer: Any) -> InProcessEngine:
-    """The in-process generation engine on ``model`` (shared, not copied), stopping at its
-    end-of-sequence ids."""
-    return InProcessEngine(
-        model,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=stop_token_ids(model, tokenizer),
-    )

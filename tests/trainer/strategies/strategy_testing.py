@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ardea.config import ArdeaConfig
+from ardea.data import TrajectoryBatch
 from ardea.model import build_char_tokenizer, build_tiny_model
 from ardea.trainer.strategies import make_strategy
 
@@ -69,14 +70,12 @@ def pad_rows(rows: Sequence[Sequence[float]], value: float = 0, dtype=torch.long
     return out
 
 
-def sft_batch(rows: Sequence[Sequence[int]], prompt_lengths: Sequence[int]) -> dict:
-    """``input_ids``, ``attention_mask`` and ``loss_mask`` (1 after the prompt)."""
+def sft_batch(rows: Sequence[Sequence[int]], prompt_lengths: Sequence[int]) -> TrajectoryBatch:
+    """Rows whose ``loss_mask`` is 1 after the prompt."""
     masks = [[0] * p + [1] * (len(r) - p) for r, p in zip(rows, prompt_lengths)]
-    return {
-        "input_ids": pad_rows(rows, PAD),
-        "attention_mask": pad_rows([[1] * len(r) for r in rows]),
-        "loss_mask": pad_rows(masks, dtype=torch.float32),
-    }
+    return TrajectoryBatch.from_tensors(
+        pad_rows(rows, PAD), pad_rows([[1] * len(r) for r in rows]), pad_rows(masks).bool()
+    )
 
 
 def naive_logprobs(model, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
@@ -90,10 +89,10 @@ def naive_logprobs(model, input_ids, attention_mask=None, position_ids=None) -> 
 
 def naive_smoothed_ce(model, batch, counted: torch.Tensor, smoothing: float) -> torch.Tensor:
     """``F.cross_entropy(label_smoothing=...)`` mean over the ``counted (N, S - 1)`` positions."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     return F.cross_entropy(
         logits[:, :-1][counted].float(),
-        batch["input_ids"][:, 1:][counted],
+        batch.input_ids[:, 1:][counted],
         label_smoothing=smoothing,
     )
 
@@ -115,51 +114,31 @@ def run_step(strategy, micro_batches) -> tuple[dict[str, float], dict[str, torch
     return totals, grads(strategy.policy)
 
 
-def online_strategy(name: str, policy, *, group_size: int = 2, reward=None, **algo):
-    """The online strategy ``name`` on ``policy`` with a real rollout runner (the in-process
-    engine on ``policy``, ``reward(prompts, completions, rows)`` or digit share, T = 1)."""
-    from ardea.reward import RewardScorer
-    from ardea.rollout import RolloutRunner, SamplingParams
-    from ardea.trainer.setup import make_engine
-
-    def digits(prompts, completions, rows):
-        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-    config = make_config(name, **algo)
-    config.rollout.group_size = group_size
-    scorer = RewardScorer([(reward or digits, 1.0)], timeout_s=10.0)
-    runner = RolloutRunner(
-        make_engine(policy, TOKENIZER),
-        TOKENIZER,
-        scorer,
-        group_size=group_size,
-        params=SamplingParams(temperature=1.0, max_new_tokens=6),
-    )
+def online_strategy(name: str, policy, **algo):
+    """The online strategy ``name`` on ``policy`` (the reference is a copy of it)."""
     source = copy.deepcopy(policy)
     return make_strategy(
         name,
         policy,
-        config,
+        make_config(name, **algo),
         tokenizer=TOKENIZER,
         make_reference=lambda: copy.deepcopy(source),
-        runner=runner,
     )
 
 
-def rollout_batch(lengths, prompt: int, rewards, *, seed: int = 0, no_eos=None) -> dict:
-    """A rollout-layout batch: rows of ``prompt`` prompt tokens then a completion, behaviour
-    log-probs ``-0.5`` on completion tokens, one group per two rows."""
+def rollout_batch(lengths, prompt: int, rewards, *, seed: int = 0, no_eos=None) -> TrajectoryBatch:
+    """A rollout: rows of ``prompt`` prompt tokens then a completion (version 0, turn 0),
+    behaviour log-probs ``-0.5`` on completion tokens, one group per two rows."""
     rows = random_rows(lengths, seed)
     n = len(lengths)
-    loss = pad_rows([[0] * prompt + [1] * (k - prompt) for k in lengths], dtype=torch.float32)
-    return {
-        "input_ids": pad_rows(rows, PAD),
-        "attention_mask": pad_rows([[1] * k for k in lengths]),
-        "loss_mask": loss,
-        "logprobs": -0.5 * loss,
-        "rewards": torch.tensor(rewards, dtype=torch.float32),
-        "group_ids": torch.arange(n) // 2,
-        "no_eos": torch.tensor(no_eos if no_eos is not None else [False] * n),
-        "versions": torch.where(loss > 0, 0, -1),
-        "turn_ids": torch.where(loss > 0, 0, -1),
-    }
+    loss = pad_rows([[0] * prompt + [1] * (k - prompt) for k in lengths]).bool()
+    return TrajectoryBatch.from_tensors(
+        pad_rows(rows, PAD),
+        pad_rows([[1] * k for k in lengths]),
+        loss,
+        logprobs=-0.5 * loss.float(),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        group_ids=torch.arange(n) // 2,
+        no_eos=torch.tensor(no_eos if no_eos is not None else [False] * n),
+        versions=torch.where(loss, 0, -1),
+    )

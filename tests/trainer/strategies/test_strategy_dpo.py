@@ -8,35 +8,35 @@ import torch
 import torch.nn.functional as F
 from strategy_testing import PAD, build, naive_logprobs, pad_rows, random_rows, tiny_policy
 
+from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.trainer.strategies import make_strategy
 
 PROMPT = [3, 5]  # prompt lengths of the two pairs
 
 
-def preference_batch(seed: int = 2) -> dict:
-    """Two pairs; chosen and rejected share the prompt, responses differ in length."""
+def preference_batch(seed: int = 2) -> TrajectoryBatch:
+    """Two pairs in the preference layout (chosen rows, then rejected rows); chosen and
+    rejected share the prompt, responses differ in length."""
     chosen = random_rows([8, 6], seed)
     rejected = random_rows([5, 9], seed + 1)
     for c, r, p in zip(chosen, rejected, PROMPT):
         r[:p] = c[:p]
-    width = max(map(len, chosen + rejected))
-    batch = {}
-    for name, rows in (("chosen", chosen), ("rejected", rejected)):
-        rows = [r + [PAD] * (width - len(r)) for r in rows]  # one S for both
-        lengths = [len([t for t in r if t != PAD]) for r in rows]
-        batch[f"{name}_input_ids"] = torch.tensor(rows)
-        batch[f"{name}_attention_mask"] = pad_rows([[1] * n + [0] * (width - n) for n in lengths])
-        batch[f"{name}_loss_mask"] = pad_rows(
-            [[0] * p + [1] * (n - p) + [0] * (width - n) for n, p in zip(lengths, PROMPT)],
-            dtype=torch.float32,
-        )
-    return batch
+    rows = chosen + rejected
+    prompts = PROMPT + PROMPT
+    return TrajectoryBatch.from_tensors(
+        pad_rows(rows, PAD),
+        pad_rows([[1] * len(r) for r in rows]),
+        pad_rows([[0] * p + [1] * (len(r) - p) for r, p in zip(rows, prompts)]).bool(),
+        rewards=torch.tensor([1.0, 1.0, 0.0, 0.0]),
+        group_ids=torch.tensor([0, 1, 0, 1]),
+    )
 
 
 def naive_sequence_logps(model, batch, side: str, reduction: str) -> torch.Tensor:
-    ids, attn = batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"]
-    response = batch[f"{side}_loss_mask"][:, 1:].double()  # token t+1 is a response token
+    rows = slice(0, 2) if side == "chosen" else slice(2, 4)
+    ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
+    response = batch.loss_mask[rows, 1:].double()  # token t+1 is a response token
     total = (naive_logprobs(model, ids, attn) * response).sum(-1)
     return total / response.sum(-1) if reduction == "mean" else total
 
@@ -130,8 +130,8 @@ def test_missing_reference_factory_is_an_error():
         make_strategy("dpo", tiny_policy(), make_config("dpo"), tokenizer=TOKENIZER)
 
 
-def test_chosen_and_rejected_must_share_a_length():
-    batch = preference_batch()
-    batch["rejected_input_ids"] = batch["rejected_input_ids"][:, :-1]
-    with pytest.raises(ValueError, match="same shape"):
+@pytest.mark.parametrize("rows", [[0, 1, 2], [0, 1, 3, 2]], ids=["odd", "unpaired"])
+def test_a_batch_outside_the_preference_layout_is_refused(rows):
+    batch = preference_batch().select(torch.tensor(rows))
+    with pytest.raises(ValueError, match="chosen rows then rejected rows"):
         step_loss(build("dpo", tiny_policy()), batch)

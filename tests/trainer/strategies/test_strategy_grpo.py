@@ -2,11 +2,13 @@
 log-probs, the KL term, the synced old policy, the frozen reference, input validation."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from strategy_testing import PAD, build, naive_logprobs, pad_rows, random_rows, tiny_policy
 
+from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 
 EPS = 1e-8
@@ -16,17 +18,15 @@ LENGTHS = [7, 9, 6, 8, 10, 5]
 PROMPT = 3  # every row: 3 prompt tokens, then its completion
 
 
-def group_batch(rewards=REWARDS, groups=GROUPS, lengths=LENGTHS, seed=4) -> dict:
+def group_batch(rewards=REWARDS, groups=GROUPS, lengths=LENGTHS, seed=4) -> TrajectoryBatch:
     rows = random_rows(lengths, seed)
-    return {
-        "input_ids": pad_rows(rows, PAD),
-        "attention_mask": pad_rows([[1] * n for n in lengths]),
-        "loss_mask": pad_rows(
-            [[0] * PROMPT + [1] * (n - PROMPT) for n in lengths], dtype=torch.float32
-        ),
-        "rewards": torch.tensor(rewards),
-        "group_ids": torch.tensor(groups),
-    }
+    return TrajectoryBatch.from_tensors(
+        pad_rows(rows, PAD),
+        pad_rows([[1] * n for n in lengths]),
+        pad_rows([[0] * PROMPT + [1] * (n - PROMPT) for n in lengths]).bool(),
+        rewards=torch.tensor(rewards),
+        group_ids=torch.tensor(groups),
+    )
 
 
 def hand_advantages() -> list[float]:
@@ -70,8 +70,8 @@ def test_ratio_one_surrogate_and_advantages():
     got = {k: p.grad.clone() for k, p in policy.named_parameters()}
     policy.zero_grad(set_to_none=True)
     batch = group_batch()
-    lp = naive_logprobs(policy, batch["input_ids"], batch["attention_mask"])  # (N, S-1)
-    weights = torch.tensor(adv, dtype=torch.float64)[:, None] * batch["loss_mask"][:, 1:]
+    lp = naive_logprobs(policy, batch.input_ids, batch.attention_mask)  # (N, S-1)
+    weights = torch.tensor(adv, dtype=torch.float64)[:, None] * batch.loss_mask[:, 1:]
     (-(weights * lp).sum() / tokens).backward()
     for name, param in policy.named_parameters():
         torch.testing.assert_close(got[name], param.grad, atol=1e-6, rtol=1e-5)
@@ -97,11 +97,11 @@ def test_behaviour_logprobs_replace_the_old_policy():
     policy = tiny_policy()
     batch = group_batch()
     with torch.no_grad():
-        lp = naive_logprobs(policy, batch["input_ids"], batch["attention_mask"]).float()
-    completion = batch["loss_mask"]
-    behaviour = torch.zeros_like(completion)
+        lp = naive_logprobs(policy, batch.input_ids, batch.attention_mask).float()
+    completion = batch.loss_mask
+    behaviour = torch.zeros(completion.shape)
     behaviour[:, 1:] = lp  # token-aligned: behaviour[:, t] = log p(input_ids[:, t])
-    batch["logprobs"] = (behaviour + 0.5) * completion
+    batch = replace(batch, logprobs=(behaviour + 0.5) * completion)
     strategy = build("grpo", policy, ppo_adv_estimator="grpo", ppo_eps_clip=0.2)
     _, metrics = step(strategy, batch)
     adv, n = hand_advantages(), completion_tokens()
@@ -116,20 +116,18 @@ def test_behaviour_logprobs_replace_the_old_policy():
 
 
 def test_behaviour_logprobs_are_validated():
-    strategy = build("grpo", tiny_policy())
     batch = group_batch()
-    batch["logprobs"] = torch.zeros(6, batch["input_ids"].shape[1] - 1)
     with pytest.raises(
-        ValueError, match=r"logprobs shape \(6, 9\) must equal input_ids shape \(6, 10\)"
+        ValueError, match=r"logprobs: must have shape \(N, S\) = \(6, 10\), got \(6, 9\)"
     ):
-        step(strategy, batch)
-    batch["logprobs"] = torch.zeros_like(batch["loss_mask"])
-    batch["logprobs"][2, 5] = float("nan")
-    with pytest.raises(ValueError, match="logprobs must contain only finite values"):
-        step(strategy, batch)
-    batch["logprobs"][2, 5] = -float("inf")
-    with pytest.raises(ValueError, match="only finite values"):
-        step(strategy, batch)
+        replace(batch, logprobs=torch.zeros(6, 9))
+    for bad in (float("nan"), -float("inf")):
+        logprobs = torch.zeros(batch.loss_mask.shape)
+        logprobs[2, 5] = bad
+        with pytest.raises(
+            ValueError, match=r"logprobs: must be finite on trained tokens \(row 2\)"
+        ):
+            replace(batch, logprobs=logprobs)
 
 
 def test_old_policy_is_synced_after_each_optimizer_step():
@@ -170,11 +168,11 @@ def test_kl_term_against_a_frozen_reference(estimator):
     batch = group_batch()
     loss, metrics = step(strategy, batch)
     with torch.no_grad():
-        log_ratio = naive_logprobs(policy, batch["input_ids"], batch["attention_mask"]) - (
-            naive_logprobs(reference, batch["input_ids"], batch["attention_mask"])
+        log_ratio = naive_logprobs(policy, batch.input_ids, batch.attention_mask) - (
+            naive_logprobs(reference, batch.input_ids, batch.attention_mask)
         )  # log(pi / pi_ref), (N, S-1)
     kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
-    completion = batch["loss_mask"][:, 1:].bool()
+    completion = batch.loss_mask[:, 1:]
     expected_kl = kl[completion].mean().item()
     assert metrics["train/kl"] == pytest.approx(expected_kl, abs=1e-5)
     assert loss.item() == pytest.approx(

@@ -5,6 +5,8 @@ import pytest
 import torch
 from strategy_testing import PAD, build, pad_rows, random_rows, run_step, sft_batch, tiny_policy
 
+from ardea.data import PreferenceSample, TrajectoryBatch, collate_preference
+
 ATOL = 1e-6
 RTOL = 1e-6  # float32 log-probs: summation order moves large entries by ~1 ulp
 
@@ -33,22 +35,10 @@ def test_next_token_strategies(name, smoothing):
     assert_same_step(strategy, whole, parts)
 
 
-def preference(pairs) -> dict:
+def preference(pairs) -> TrajectoryBatch:
     """``pairs``: (prompt, chosen response, rejected response) token lists."""
-    width = max(len(p) + max(len(c), len(r)) for p, c, r in pairs)
-    batch = {}
-    for side in (1, 2):
-        name = "chosen" if side == 1 else "rejected"
-        rows = [p + resp[side - 1] for p, *resp in pairs]
-        masks = [[0] * len(p) + [1] * len(resp[side - 1]) for p, *resp in pairs]
-        batch[f"{name}_input_ids"] = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-        batch[f"{name}_attention_mask"] = torch.tensor(
-            [[1] * len(r) + [0] * (width - len(r)) for r in rows]
-        )
-        batch[f"{name}_loss_mask"] = torch.tensor(
-            [m + [0] * (width - len(m)) for m in masks], dtype=torch.float32
-        )
-    return batch
+    samples = [PreferenceSample(tuple(p), tuple(c), tuple(r)) for p, c, r in pairs]
+    return collate_preference(samples, PAD)
 
 
 @pytest.mark.parametrize("kind", ["sigmoid", "ipo"])
@@ -67,17 +57,15 @@ def test_dpo(kind, reduction):
     )
 
 
-def groups(rows, rewards, group_ids, prompt=3) -> dict:
+def groups(rows, rewards, group_ids, prompt=3) -> TrajectoryBatch:
     lengths = [len(r) for r in rows]
-    return {
-        "input_ids": pad_rows(rows, PAD),
-        "attention_mask": pad_rows([[1] * n for n in lengths]),
-        "loss_mask": pad_rows(
-            [[0] * prompt + [1] * (n - prompt) for n in lengths], dtype=torch.float32
-        ),
-        "rewards": torch.tensor(rewards),
-        "group_ids": torch.tensor(group_ids),
-    }
+    return TrajectoryBatch.from_tensors(
+        pad_rows(rows, PAD),
+        pad_rows([[1] * n for n in lengths]),
+        pad_rows([[0] * prompt + [1] * (n - prompt) for n in lengths]).bool(),
+        rewards=torch.tensor(rewards),
+        group_ids=torch.tensor(group_ids),
+    )
 
 
 @pytest.mark.parametrize(

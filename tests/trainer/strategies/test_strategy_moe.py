@@ -92,7 +92,7 @@ BATCH = sft_batch(random_rows([9, 6, 11], seed=1), [4, 2, 7])
 def test_model_layer_returns_aux_loss_and_router_logits(family):
     model = tiny_moe(family)
     assert moe_routing(model) == (4, 2)
-    ids, attn = BATCH["input_ids"], BATCH["attention_mask"]
+    ids, attn = BATCH.input_ids, BATCH.attention_mask
     out = sequence_logprobs(model, ids, attn)
     full = model(input_ids=ids, attention_mask=attn, output_router_logits=True)
     torch.testing.assert_close(out.aux_loss, full.aux_loss, atol=1e-6, rtol=1e-6)
@@ -115,8 +115,8 @@ def test_aux_loss_enters_loss_and_gradients(smoothing):
     model.zero_grad(set_to_none=True)
     # the aux loss computed independently by transformers' forward
     aux = model(
-        input_ids=BATCH["input_ids"],
-        attention_mask=BATCH["attention_mask"],
+        input_ids=BATCH.input_ids,
+        attention_mask=BATCH.attention_mask,
         output_router_logits=True,
     ).aux_loss
     assert loss_on.item() - loss_off.item() == pytest.approx(coef * aux.item(), abs=1e-5)
@@ -152,7 +152,7 @@ def test_moe_metrics_are_token_weighted_over_micro_batches():
     total = sum(strategy.loss(b, counts)[1]["train/moe_aux_loss"] for b in parts)
     each = [
         model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], output_router_logits=True
+            input_ids=b.input_ids, attention_mask=b.attention_mask, output_router_logits=True
         ).aux_loss.item()
         for b in parts
     ]

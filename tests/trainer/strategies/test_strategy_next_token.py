@@ -15,6 +15,8 @@ from strategy_testing import (
     tiny_policy,
 )
 
+from ardea.data import TrajectoryBatch
+
 ROWS = random_rows([9, 6, 11], seed=1)
 PROMPTS = [4, 2, 7]
 
@@ -28,8 +30,8 @@ def test_sft_loss_is_token_mean_nll_of_answer_tokens():
     policy = tiny_policy()
     batch = sft_batch(ROWS, PROMPTS)
     loss, metrics = step_loss(build("sft", policy), batch)
-    lp = naive_logprobs(policy, batch["input_ids"], batch["attention_mask"])  # (N, S-1)
-    answer = batch["loss_mask"][:, 1:].bool()  # token t+1 is an answer token
+    lp = naive_logprobs(policy, batch.input_ids, batch.attention_mask)  # (N, S-1)
+    answer = batch.loss_mask[:, 1:]  # token t+1 is an answer token
     expected = -lp[answer].sum() / answer.sum()
     assert answer.sum() == sum(len(r) - p for r, p in zip(ROWS, PROMPTS))
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
@@ -40,8 +42,8 @@ def test_seq_loss_covers_every_real_token():
     policy = tiny_policy()
     batch = sft_batch(ROWS, PROMPTS)
     loss, _ = step_loss(build("seq", policy), batch)
-    lp = naive_logprobs(policy, batch["input_ids"], batch["attention_mask"])
-    real = batch["attention_mask"][:, 1:].bool()
+    lp = naive_logprobs(policy, batch.input_ids, batch.attention_mask)
+    real = batch.attention_mask[:, 1:].bool()
     assert real.sum() == sum(len(r) - 1 for r in ROWS)
     assert loss.item() == pytest.approx((-lp[real].mean()).item(), abs=1e-6)
 
@@ -52,7 +54,7 @@ def test_label_smoothing_matches_torch_cross_entropy(name):
     batch = sft_batch(ROWS, PROMPTS)
     loss, _ = step_loss(build(name, policy, label_smoothing=0.1), batch)
     key = "loss_mask" if name == "sft" else "attention_mask"
-    counted = batch[key][:, 1:].bool()
+    counted = getattr(batch, key)[:, 1:].bool()
     expected = naive_smoothed_ce(policy, batch, counted, 0.1)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
     plain, _ = step_loss(build(name, policy), batch)
@@ -68,13 +70,18 @@ def test_zero_label_smoothing_paths_agree():
     assert chunked.item() == pytest.approx(logits_path.item(), abs=1e-6)
 
 
-def packed(rows, masks):
-    """One packed row: ``input_ids``, ``position_ids`` restarting per document, ``loss_mask``."""
-    return {
-        "input_ids": torch.tensor([sum(rows, [])]),
-        "position_ids": torch.tensor([sum((list(range(len(r))) for r in rows), [])]),
-        "loss_mask": torch.tensor([sum(masks, [])], dtype=torch.float32),
-    }
+def packed(rows, masks, pad: int = 0):
+    """One packed row, documents back to back with ``position_ids`` restarting per document,
+    then ``pad`` padding tokens (a document of their own, never trained)."""
+    ids = sum(rows, []) + [PAD] * pad
+    return TrajectoryBatch.from_tensors(
+        torch.tensor([ids]),
+        torch.tensor([[1] * (len(ids) - pad) + [0] * pad]),
+        torch.tensor([sum(masks, []) + [0] * pad]).bool(),
+        position_ids=torch.tensor(
+            [sum((list(range(len(r))) for r in rows), []) + list(range(pad))]
+        ),
+    )
 
 
 @pytest.mark.parametrize("name", ["seq", "sft"])
@@ -99,11 +106,7 @@ def test_packed_padding_is_not_trained():
     rows = ROWS[:2]
     masks = [[0] * 4 + [1] * 5, [0] * 2 + [1] * 4]
     batch = packed(rows, masks)
-    pad = {
-        "input_ids": torch.cat([batch["input_ids"], torch.full((1, 3), PAD)], dim=1),
-        "position_ids": torch.cat([batch["position_ids"], torch.arange(3)[None]], dim=1),
-        "loss_mask": torch.cat([batch["loss_mask"], torch.zeros(1, 3)], dim=1),
-    }
+    pad = packed(rows, masks, pad=3)
     strategy = build("sft", policy)
     assert step_loss(strategy, pad)[0].item() == pytest.approx(
         step_loss(strategy, batch)[0].item(), abs=2e-6

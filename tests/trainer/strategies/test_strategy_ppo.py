@@ -1,12 +1,13 @@
 """``online_ppo`` (seed 001's PPO strategy cases): the critic, the loss, behaviour log-prob
 validation, GAE pinned on the rollout, KL folded into rewards, the critic's own step."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from strategy_testing import online_strategy, rollout_batch, run_step, tiny_policy
 
 import ardea.trainer.strategies.online_ppo as online_ppo_module
-from ardea.model import LogprobOutput
 from ardea.trainer.strategies import strategy_class
 from ardea.trainer.strategies.online_ppo import OnlinePPOStrategy
 
@@ -22,7 +23,7 @@ def ppo(**algo):
 
 def prepared(strategy, batch=None):
     batch = batch if batch is not None else rollout_batch(LENGTHS, PROMPT, REWARDS)
-    return strategy.prepare_rollout(batch, step=0, metrics={})
+    return strategy.pin(batch, {})
 
 
 def loss_of(strategy, pinned):
@@ -45,7 +46,7 @@ def test_critic_warm_starts_from_the_policy_with_a_zero_head():
     )  # a copy, not shared
     batch = rollout_batch(LENGTHS, PROMPT, REWARDS)
     with torch.no_grad():
-        values = strategy.critic(batch["input_ids"], batch["attention_mask"])
+        values = strategy.critic(batch.input_ids, batch.attention_mask)
     assert values.shape == (4, 9) and torch.count_nonzero(values) == 0
 
 
@@ -71,26 +72,30 @@ def test_reference_gets_no_gradient():
 @pytest.mark.parametrize(
     ("corrupt", "match"),
     [
-        (lambda b: b.pop("logprobs"), r"needs the rollout's behaviour log-probs"),
-        (lambda b: b.__setitem__("logprobs", torch.zeros(1)), "shape"),
-        (lambda b: b["logprobs"].__setitem__((0, 4), float("nan")), "finite"),
+        (lambda b: replace(b, logprobs=None), "carries no behaviour log-probs"),
+        (lambda b: replace(b, logprobs=torch.zeros(1)), r"logprobs: must have shape"),
+        (
+            lambda b: replace(
+                b, logprobs=b.logprobs.index_fill(1, torch.tensor([4]), float("nan"))
+            ),
+            r"logprobs: must be finite on trained tokens \(row 0\)",
+        ),
     ],
     ids=["missing", "shape", "nonfinite"],
 )
 def test_bad_behaviour_logprobs_are_rejected(corrupt, match):
     strategy = ppo()
-    batch = rollout_batch(LENGTHS, PROMPT, REWARDS)
-    corrupt(batch)
     with pytest.raises(ValueError, match=match):
-        prepared(strategy, batch)
+        prepared(strategy, corrupt(rollout_batch(LENGTHS, PROMPT, REWARDS)))
 
 
 def test_zero_advantages_returns_and_head_give_zero_loss():
     """Zero-head critic (V = 0), advantages 0 and returns 0: both terms vanish."""
     strategy = ppo()
     pinned = prepared(strategy)
-    pinned["advantages"] = torch.zeros_like(pinned["advantages"])
-    pinned["returns"] = torch.zeros_like(pinned["returns"])
+    pinned = pinned.pin(
+        advantages=torch.zeros_like(pinned.advantages), returns=torch.zeros_like(pinned.returns)
+    )
     loss, metrics = loss_of(strategy, pinned)
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
     assert metrics["train/value_loss"] == pytest.approx(0.0, abs=1e-7)
@@ -99,7 +104,7 @@ def test_zero_advantages_returns_and_head_give_zero_loss():
 def test_all_masked_completion_tokens_give_zero_loss():
     strategy = ppo()
     pinned = prepared(strategy)
-    pinned["next_loss_mask"] = torch.zeros_like(pinned["next_loss_mask"])
+    pinned = replace(pinned, loss_mask=torch.zeros_like(pinned.loss_mask))
     loss, _ = loss_of(strategy, pinned)
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
 
@@ -116,7 +121,7 @@ def test_pinned_advantages_are_not_recomputed_by_the_loss(monkeypatch):
     # c times its value at c = 1, and 0 at c = 0: the loss follows the pinned values
     policy_loss = {}
     for c in (0.0, 1.0, 2.0):
-        pinned["advantages"] = torch.full_like(pinned["advantages"], c)
+        pinned = pinned.pin(advantages=torch.full_like(pinned.advantages, c))
         policy_loss[c] = loss_of(strategy, pinned)[1]["train/policy_loss"]
     assert policy_loss[0.0] == pytest.approx(0.0, abs=1e-7)
     assert policy_loss[1.0] != pytest.approx(0.0, abs=1e-4)
@@ -126,10 +131,10 @@ def test_pinned_advantages_are_not_recomputed_by_the_loss(monkeypatch):
 def test_padding_gets_zero_advantages_and_returns():
     strategy = ppo()
     pinned = prepared(strategy)
-    off = ~pinned["next_loss_mask"]
-    assert torch.count_nonzero(pinned["advantages"][off]) == 0
-    assert torch.count_nonzero(pinned["returns"][off]) == 0
-    assert torch.count_nonzero(pinned["advantages"][pinned["next_loss_mask"]]) > 0
+    off = ~pinned.action_mask
+    assert torch.count_nonzero(pinned.advantages[off]) == 0
+    assert torch.count_nonzero(pinned.returns[off]) == 0
+    assert torch.count_nonzero(pinned.advantages[pinned.action_mask]) > 0
 
 
 def fixed_critic(values):
@@ -152,9 +157,9 @@ def test_gae_by_hand_with_fixed_values():
     a3 = (0.3 - 0.2) + 0.95 * a4
     a2 = (0.2 - 0.1) + 0.95 * a3
     expected = torch.tensor([[0.0, 0.0, a2, a3, a4, 0.0]])
-    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(pinned["returns"], expected + values * (expected != 0))
-    torch.testing.assert_close(pinned["old_values"], values)
+    torch.testing.assert_close(pinned.advantages, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pinned.returns, expected + values * (expected != 0))
+    torch.testing.assert_close(pinned.old_values, values)
 
 
 def test_truncated_completion_bootstraps_from_its_last_value():
@@ -166,7 +171,7 @@ def test_truncated_completion_bootstraps_from_its_last_value():
     strategy.critic = fixed_critic(values)
     pinned = prepared(strategy, batch)
     expected = torch.tensor([[0.0, 0.0, 0.7 - 0.1, 0.7 - 0.2, 0.7 - 0.3, 0.0]])
-    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pinned.advantages, expected, atol=1e-6, rtol=0)
 
 
 def test_kl_penalty_is_folded_into_the_rewards(monkeypatch):
@@ -174,18 +179,18 @@ def test_kl_penalty_is_folded_into_the_rewards(monkeypatch):
     reward loses kl_ctl * (1 - 0) = 0.01 (k1); the last one also gets the outcome 1."""
     strategy = ppo(ppo_kl_ctl=0.01, ppo_gae_lambda=0.95)
     batch = rollout_batch([5], PROMPT, [1.0])
-    batch["logprobs"] = batch["loss_mask"].clone()  # +1 on the two completion tokens
+    batch = replace(batch, logprobs=batch.loss_mask.float())  # +1 on the two completion tokens
     strategy.critic = fixed_critic(torch.zeros(1, 5))
     monkeypatch.setattr(
         online_ppo_module,
-        "sequence_logprobs",
-        lambda model, ids, *args, **kwargs: LogprobOutput(torch.zeros(ids.shape)),
+        "reference_logprobs",
+        lambda strategy, batch: torch.zeros(batch.input_ids.shape),
     )
     pinned = prepared(strategy, batch)
     a3 = -0.01 + 1.0
     a2 = -0.01 + 0.95 * a3
     torch.testing.assert_close(
-        pinned["advantages"], torch.tensor([[0.0, 0.0, a2, a3, 0.0]]), atol=1e-6, rtol=0
+        pinned.advantages, torch.tensor([[0.0, 0.0, a2, a3, 0.0]]), atol=1e-6, rtol=0
     )
 
 
@@ -232,7 +237,7 @@ def test_micro_batches_sum_to_the_whole_step():
     strategy = ppo()
     pinned = prepared(strategy)
     whole, grads_whole = run_step(strategy, [pinned])
-    halves = [{k: v[:2] for k, v in pinned.items()}, {k: v[2:] for k, v in pinned.items()}]
+    halves = [pinned.select(torch.arange(2)), pinned.select(torch.arange(2, 4))]
     split, grads_split = run_step(strategy, halves)
     assert split["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-6)
     for name in grads_whole:
@@ -245,7 +250,7 @@ def test_rollout_metrics_explained_variance_by_hand():
     values = torch.tensor([[0, 0, 0.5, 0.5, 0], [0, 0, 0.25, 0.25, 0]], dtype=torch.float32)
     strategy.critic = fixed_critic(values)
     metrics = {}
-    strategy.prepare_rollout(batch, step=0, metrics=metrics)
+    strategy.pin(batch, metrics)
     # gamma = lambda = 1: returns = outcome [1, 1, 0, 0] on the completion tokens, values
     # [0.5, 0.5, 0.25, 0.25]; residuals [0.5, 0.5, -0.25, -0.25] have mean 0.125 and variance
     # 0.140625, the returns variance 0.25: 1 - 0.140625 / 0.25 = 0.4375
@@ -262,9 +267,9 @@ def test_turn_level_gae_on_a_single_turn_by_hand():
     strategy.critic = fixed_critic(values)
     pinned = prepared(strategy, batch)
     expected = torch.tensor([[0.0, 0.0, 1.9, 1.9, 1.9, 0.0]])
-    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pinned.advantages, expected, atol=1e-6, rtol=0)
     returns = torch.tensor([[0.0, 0.0, 2.0, 2.0, 2.0, 0.0]])  # A + V_turn on its tokens
-    torch.testing.assert_close(pinned["returns"] * pinned["next_loss_mask"], returns)
+    torch.testing.assert_close(pinned.returns * pinned.action_mask, returns)
 
 
 def test_adaptive_lambda_from_a_dotted_path_by_hand():
@@ -284,17 +289,18 @@ def test_adaptive_lambda_from_a_dotted_path_by_hand():
     a3 = (0.2 - 0.3) + lam * a4
     a2 = (0.3 - 0.4) + lam * a3
     expected = torch.tensor([[0.0, 0.0, a2, a3, a4, a5, 0.0]])
-    torch.testing.assert_close(pinned["advantages"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pinned.advantages, expected, atol=1e-6, rtol=0)
 
 
 def value_loss_case(strategy, bias: float):
     """A prepared rollout whose critic predicts ``bias`` everywhere (zero head weight), with
     rollout-time values 0 and returns 1.0 / -0.5 / 0.35 / 2.0 on rows 0..3."""
     pinned = prepared(strategy)
-    mask = pinned["next_loss_mask"]
+    mask = pinned.action_mask
     returns = torch.tensor([1.0, -0.5, 0.35, 2.0])[:, None].expand_as(mask)
-    pinned["returns"] = torch.where(mask, returns, 0.0)
-    pinned["old_values"] = torch.zeros_like(pinned["old_values"])
+    pinned = pinned.pin(
+        returns=torch.where(mask, returns, 0.0), old_values=torch.zeros_like(pinned.old_values)
+    )
     with torch.no_grad():
         strategy.critic.value_head.weight.zero_()
         strategy.critic.value_head.bias.fill_(bias)

@@ -9,6 +9,7 @@ from ardea.trainer.strategies import online_ppo as _online_ppo  # noqa: F401  ("
 from ardea.trainer.strategies import seq as _seq  # noqa: F401  (registers "seq")
 from ardea.trainer.strategies import sft as _sft  # noqa: F401  (registers "sft")
 from ardea.trainer.strategies.base import (
+    OnlineStrategy,
     Strategy,
     make_strategy,
     register_strategy,
@@ -16,4 +17,11 @@ from ardea.trainer.strategies.base import (
     strategy_names,
 )
 
-__all__ = ["Strategy", "make_strategy", "register_strategy", "strategy_class", "strategy_names"]
+__all__ = [
+    "OnlineStrategy",
+    "Strategy",
+    "make_strategy",
+    "register_strategy",
+    "strategy_class",
+    "strategy_names",
+]

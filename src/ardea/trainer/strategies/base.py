@@ -1,15 +1,17 @@
 """Training strategies: what loss a batch gives. The loop owns everything else.
 
 A strategy is created by registered name (``algo.name``). It declares which kind of
-training sample it consumes (``sample_kind``), collates samples into a micro-batch,
-and turns a micro-batch into a scalar loss plus metrics. Optimizer, accumulation,
-clipping, schedule, evaluation and checkpoints belong to the training loop, so every
-strategy runs under the same loop.
+training sample it consumes (``sample_kind``), collates samples into a
+:class:`~ardea.data.TrajectoryBatch`, and turns a micro-batch into a scalar loss plus
+metrics. Optimizer, accumulation, clipping, schedule, evaluation and checkpoints belong to
+the training loop, so every strategy runs under the same loop; an online strategy
+(:class:`OnlineStrategy`) also supplies what the RL step (:mod:`ardea.trainer.rl_step`)
+pins on a rollout before its updates.
 
 Sample kinds (built by :mod:`ardea.data`): ``text`` (every token trained), ``sft``
 (prompt + answer, loss on the answer), ``preference`` (prompt, chosen, rejected) and
-``group`` (a prompt with G scored completions) and ``prompt`` (task examples that an
-online strategy turns into groups with the rollout runner).
+``group`` (a prompt with G scored completions) and ``prompt`` (task examples that the RL
+step turns into scored rollouts).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any, ClassVar
 import torch
 
 from ardea.config import ArdeaConfig
+from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
+from ardea.model import sequence_logprobs
 
 SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
 
@@ -42,8 +46,6 @@ class Strategy(ABC):
         tokenizer: the policy's tokenizer (pad id for collation).
         make_reference: builds a fresh copy of the *initial* policy (same weights the run
             started from); strategies that need a frozen reference call it once.
-        runner: for ``prompt`` samples, the :class:`~ardea.rollout.RolloutRunner` that
-            turns prompts into scored completions from the live policy.
     """
 
     sample_kind: ClassVar[str] = "sft"
@@ -55,56 +57,23 @@ class Strategy(ABC):
         *,
         tokenizer: Any,
         make_reference: Callable[[], torch.nn.Module] | None = None,
-        runner: Any | None = None,
     ) -> None:
         self.policy = policy
         self.config = config
         self.tokenizer = tokenizer
         self.make_reference = make_reference
-        self.runner = runner
-
-    #: how many upcoming steps' samples :meth:`plan_step` wants to see (rollouts made ahead)
-    lookahead: int = 0
 
     @abstractmethod
-    def collate(self, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """Samples of ``sample_kind`` → one micro-batch of tensors."""
-
-    def plan_step(
-        self,
-        samples: Sequence[Any],
-        *,
-        step: int,
-        micro_batches: int,
-        upcoming: Sequence[Sequence[Any]] = (),
-    ) -> list[list[dict[str, torch.Tensor]]]:
-        """The optimizer updates of one training step, each a list of micro-batches on the
-        policy's device.
-
-        Default: one update; ``samples`` split into ``micro_batches`` collated chunks.
-        Online strategies generate here and may return several updates (PPO epochs and
-        mini-batches over one rollout). ``step`` is the index of the step (0-based);
-        ``upcoming`` holds the samples of the next ``lookahead`` steps.
-        """
-        size = -(-len(samples) // micro_batches)
-        chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
-        return [[self.to_device(self.collate(chunk)) for chunk in chunks]]
-
-    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        device = next(self.policy.parameters()).device
-        return {k: v.to(device) for k, v in batch.items()}
-
-    def bind_data(self, samples: Sequence[Any]) -> None:
-        """Called once with the whole training set (e.g. to draw refill prompts from it)."""
-        return None
+    def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
+        """Samples of ``sample_kind`` → one micro-batch."""
 
     @abstractmethod
-    def step_counts(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         """Normalisers over all micro-batches of one optimizer step."""
 
     @abstractmethod
     def loss(
-        self, batch: dict[str, torch.Tensor], step_counts: dict[str, float]
+        self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss of ``batch`` and its metrics (values that add up across micro-batches)."""
 
@@ -118,8 +87,8 @@ class Strategy(ABC):
         return None
 
     def after_train_step(self) -> None:
-        """Hook run once per training step, after all its optimizer steps (e.g. publishing
-        the new weights to the generation engine as the next policy version)."""
+        """Hook run once per training step, after all its optimizer steps (e.g. advancing a
+        critic's learning-rate schedule)."""
         return None
 
     def close(self) -> None:
@@ -139,7 +108,8 @@ class Strategy(ABC):
         return []
 
     def step_metrics(self) -> dict[str, float]:
-        """Metrics of the last step that are not sums over micro-batches (e.g. rollout stats)."""
+        """Metrics of the last step that are not sums over micro-batches (e.g. a critic's
+        gradient norm)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -150,9 +120,37 @@ class Strategy(ABC):
         """Restore :meth:`state_dict` when resuming."""
         return None
 
-    def step_samples(self) -> list[tuple[str, str, float]]:
-        """(prompt, completion, reward) examples generated since the last call."""
-        return []
+
+class OnlineStrategy(Strategy):
+    """A strategy trained on fresh rollouts (``sample_kind = "prompt"``).
+
+    The RL step (:mod:`ardea.trainer.rl_step`) generates and scores the rollout, keeps the
+    groups the step trains on, then calls :meth:`pin` once on the whole rollout: the
+    strategy pins everything its loss needs (advantages, returns, old values, proximal
+    log-probs, preference pairs), so every pass over the rollout reuses the same targets.
+    """
+
+    sample_kind = "prompt"
+    #: whether DAPO's dynamic sampling (``algo.dynamic_sampling``) applies to this strategy
+    supports_dynamic_sampling: ClassVar[bool] = False
+
+    def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
+        raise TypeError(f"{type(self).__name__} trains on rollouts, not collated samples")
+
+    @abstractmethod
+    def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
+        """The rollout with what the loss needs pinned; may add ``rollout/*`` metrics."""
+
+    @torch.no_grad()
+    def policy_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """``(N, S)`` next-token log-probs of the policy as it is now, at the batch's
+        temperature (decoupled PPO's proximal policy when called before the updates)."""
+        return sequence_logprobs(
+            self.policy,
+            **batch.model_inputs(),
+            chunk_size=self.config.model.logprob_chunk_size,
+            temperature=batch.temperature,
+        ).logprobs
 
 
 _STRATEGIES: dict[str, type[Strategy]] = {}

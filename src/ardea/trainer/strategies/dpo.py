@@ -6,16 +6,15 @@ sigmoid``); Azar et al. 2023, IPO, eq. 17 (``ipo``); both as implemented once in
 
 For each pair the sequence log-prob of a response under a model is
 ``log pi(y) = sum_t m[t] * logprobs[t]`` (``algo.dpo_reduction = sum``) or that sum divided
-by ``sum_t m[t]`` (``mean``), with ``m`` the response-token loss mask aligned to next-token
-positions. The policy scores chosen and rejected in one concatenated ``[2N, S]`` forward; a
-frozen reference (``make_reference()``, built once, eval mode, no gradients) scores the same
-rows under ``no_grad``. The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
+by ``sum_t m[t]`` (``mean``), with ``m`` the batch's action mask (response tokens, next-token
+aligned). The policy scores chosen and rejected in one ``[2P, S]`` forward; a frozen
+reference (``make_reference()``, built once, eval mode, no gradients) scores the same rows
+under ``no_grad``. The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
 whole optimizer step, ``l = -log sigmoid(beta * h)`` (DPO) or ``(h - 1 / (2 beta))^2`` (IPO),
 ``h = (log pi(y_w) - log pi(y_l)) - (log pi_ref(y_w) - log pi_ref(y_l))``.
 
-Batch (``collate_preference``): ``chosen_input_ids``, ``chosen_attention_mask``,
-``chosen_loss_mask``, ``rejected_input_ids``, ``rejected_attention_mask``,
-``rejected_loss_mask``, each ``[N, S]`` with the same ``S``; loss masks token-aligned.
+Batch: a :class:`~ardea.data.TrajectoryBatch` in the preference layout
+(:func:`ardea.data.preference_pairs`): ``P`` chosen rows, then their ``P`` rejected rows.
 
 Metrics (sums over micro-batches give the step value): ``train/loss``, ``train/dpo_loss``
 (or ``train/ipo_loss``), ``train/reward_chosen`` / ``train/reward_rejected`` (mean of
@@ -34,7 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from ardea import data
-from ardea.algo import dpo_loss, ipo_loss, next_token_align
+from ardea.algo import dpo_loss, ipo_loss
+from ardea.data import TrajectoryBatch, preference_pairs
 from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.trainer.strategies.base import Strategy, register_strategy
@@ -81,58 +81,40 @@ class DPOStrategy(Strategy):
         self.reference = frozen_reference(self.make_reference, "dpo")
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
 
-    def collate(self, samples: Sequence[Any]) -> dict[str, Tensor]:
+    def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         return data.collate_preference(samples, self.tokenizer.pad_token_id)
 
     def frozen_modules(self) -> list[nn.Module]:
         return [self.reference]
 
-    @staticmethod
-    def _rows(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """Chosen rows stacked over rejected rows: ``input_ids``, ``attention_mask`` and
-        token-aligned ``loss_mask``, each ``(2N, S)``."""
-        chosen, rejected = batch["chosen_input_ids"], batch["rejected_input_ids"]
-        if chosen.shape != rejected.shape:
-            raise ValueError(
-                f"chosen_input_ids {tuple(chosen.shape)} and rejected_input_ids "
-                f"{tuple(rejected.shape)} must have the same shape (pad both to one length)"
-            )
-        return tuple(
-            torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
-            for key in ("input_ids", "attention_mask", "loss_mask")
-        )
-
-    def step_counts(self, micro_batches: list[dict[str, Tensor]]) -> dict[str, float]:
-        pairs = float(sum(b["chosen_input_ids"].shape[0] for b in micro_batches))
-        forwards = [self._rows(b)[:2] for b in micro_batches]
-        return {"pairs": pairs} | self.moe.step_counts(forwards)
+    def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
+        pairs = float(sum(len(preference_pairs(b)[0]) for b in micro_batches))
+        return {"pairs": pairs} | self.moe.step_counts(micro_batches)
 
     def loss(
-        self, batch: dict[str, Tensor], step_counts: dict[str, float]
+        self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, float]]:
-        input_ids, attention_mask, loss_mask = self._rows(batch)  # (2N, S)
-        mask = next_token_align(loss_mask.bool(), False)  # (2N, S)
+        chosen, rejected = preference_pairs(batch)  # (P,) row indices each
+        mask = batch.action_mask  # (2P, S)
         chunk = self.config.model.logprob_chunk_size
-        out = sequence_logprobs(self.policy, input_ids, attention_mask, chunk_size=chunk)
-        logps = sequence_logps(out.logprobs, mask, self.reduction)  # (2N,)
+        out = sequence_logprobs(self.policy, **batch.model_inputs(), chunk_size=chunk)
+        logps = sequence_logps(out.logprobs, mask, self.reduction)  # (2P,)
         with torch.no_grad():
-            ref = sequence_logprobs(self.reference, input_ids, attention_mask, chunk_size=chunk)
-            ref_logps = sequence_logps(ref.logprobs, mask, self.reduction)  # (2N,)
-        n = batch["chosen_input_ids"].shape[0]
+            ref = sequence_logprobs(self.reference, **batch.model_inputs(), chunk_size=chunk)
+            ref_logps = sequence_logps(ref.logprobs, mask, self.reduction)  # (2P,)
         pairs = step_counts["pairs"]
         loss, parts = self.loss_fn(
-            logps[:n], logps[n:], ref_logps[:n], ref_logps[n:], beta=self.beta, global_pairs=pairs
+            logps[chosen],
+            logps[rejected],
+            ref_logps[chosen],
+            ref_logps[rejected],
+            beta=self.beta,
+            global_pairs=pairs,
         )
         metrics = {f"train/{self.loss_name}_loss": float(parts[f"loss/{self.loss_name}"])}
         for name in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy"):
             metrics[f"train/{name}"] = float(parts[f"loss/{name}"])
-        metrics["train/logps_chosen"] = float(logps[:n].detach().sum()) / max(pairs, 1.0)
-        metrics["train/logps_rejected"] = float(logps[n:].detach().sum()) / max(pairs, 1.0)
-        loss, moe_metrics = self.moe.add(
-            loss,
-            out,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            step_counts=step_counts,
-        )
+        metrics["train/logps_chosen"] = float(logps[chosen].detach().sum()) / max(pairs, 1.0)
+        metrics["train/logps_rejected"] = float(logps[rejected].detach().sum()) / max(pairs, 1.0)
+        loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ardea.data import TrajectoryBatch
 from ardea.model import entropy_from_logits
 from ardea.model.backbone import moe_routing
 
@@ -72,9 +73,10 @@ def router_diagnostics(
     return {f"moe/{name}": value for name, value in zip(names, means)}
 
 
-def routed_tokens(input_ids: Tensor, attention_mask: Tensor | None) -> float:
+def _routed(batch: TrajectoryBatch) -> float:
     """Tokens the router statistics count: attended tokens, or all of a packed batch."""
-    return float(input_ids.numel() if attention_mask is None else attention_mask.sum())
+    mask = batch.model_inputs()["attention_mask"]
+    return float(batch.input_ids.numel() if mask is None else mask.sum())
 
 
 class MoETerms:
@@ -92,29 +94,24 @@ class MoETerms:
     def active(self) -> bool:
         return self.top_k > 0
 
-    def step_counts(self, forwards: Sequence[tuple[Tensor, Tensor | None]]) -> dict[str, float]:
-        """``{"routed_tokens": ...}`` over the step's policy forwards ``(input_ids,
-        attention_mask)``; empty for a dense policy."""
+    def step_counts(self, forwards: Sequence[TrajectoryBatch]) -> dict[str, float]:
+        """``{"routed_tokens": ...}`` over the batches of the step's policy forwards; empty
+        for a dense policy."""
         if not self.active:
             return {}
-        return {ROUTED_TOKENS: sum(routed_tokens(ids, mask) for ids, mask in forwards)}
+        return {ROUTED_TOKENS: sum(_routed(batch) for batch in forwards)}
 
     def add(
-        self,
-        loss: Tensor,
-        output: object,
-        *,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        step_counts: dict[str, float],
+        self, loss: Tensor, output: object, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, float]]:
         """``(loss + coef * share * aux, metrics * share)``; ``share`` is this forward's
         fraction of the step's routed tokens. ``output`` is the policy's
-        :class:`~ardea.model.LogprobOutput` (or ``LogitsOutput``)."""
+        :class:`~ardea.model.LogprobOutput` (or ``LogitsOutput``) on ``batch``."""
         aux = getattr(output, "aux_loss", None)
         if aux is None or not self.active:
             return loss, {}
-        tokens = routed_tokens(input_ids, attention_mask)
+        attention_mask = batch.model_inputs()["attention_mask"]
+        tokens = _routed(batch)
         share = tokens / max(step_counts.get(ROUTED_TOKENS, tokens), 1.0)
         mask = None if attention_mask is None else attention_mask.reshape(-1)
         metrics = {"train/moe_aux_loss": float(aux.detach()) * share}

@@ -4,61 +4,40 @@ Each micro-batch is a rollout of the live policy (``rollout.group_size`` complet
 prompt, scored by ``reward.functions``); every group whose rewards are not all equal gives
 one pair (highest reward chosen, lowest rejected; the first in sampling order on ties) and
 the DPO loss of :mod:`ardea.trainer.strategies.dpo` runs on those pairs against the frozen
-reference. Groups without a reward spread carry no preference and are dropped (counted in
+reference. The pairs keep the rollout's group ids, so mini-batches (split by group) keep
+each pair whole. Groups without a reward spread carry no preference and are dropped (counted in
 ``rollout/pairs``); a step without any pair makes no optimizer step. Epochs, mini-batches
-(over pairs), staleness and version publication are those of
-:mod:`ardea.trainer.strategies.online`.
+(over pairs), staleness and version publication are those of the RL step
+(:mod:`ardea.trainer.rl_step`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
-from torch import Tensor, nn
 
-from ardea.data import Example
-from ardea.trainer.strategies.base import register_strategy
+from ardea.algo import groups_with_spread
+from ardea.data import TrajectoryBatch
+from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 from ardea.trainer.strategies.dpo import DPOStrategy
-from ardea.trainer.strategies.online import OnlineRollouts
-
-PAIR_KEYS = ("input_ids", "attention_mask", "loss_mask")
 
 
-def best_worst_pairs(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Group batch ([N, S] rows with ``rewards`` [N], ``group_ids`` [N]) → preference batch
-    (``chosen_*`` / ``rejected_*`` [P, S]) with one pair per group that has a reward spread."""
+def best_worst_pairs(batch: TrajectoryBatch) -> TrajectoryBatch:
+    """A rollout → the preference layout (:func:`ardea.data.preference_pairs`): for every
+    group whose rewards are not all equal, its highest-reward row (chosen; the first in
+    sampling order on ties) and its lowest (rejected)."""
+    spread = groups_with_spread(batch.rewards, batch.group_ids)
     chosen, rejected = [], []
-    for group in torch.unique(batch["group_ids"]).tolist():
-        rows = torch.nonzero(batch["group_ids"] == group).squeeze(-1)  # (G,)
-        rewards = batch["rewards"][rows]
-        if rewards.max() > rewards.min():
-            chosen.append(rows[int(rewards.argmax())])
-            rejected.append(rows[int(rewards.argmin())])
-    index_c = torch.tensor(chosen, dtype=torch.long)
-    index_r = torch.tensor(rejected, dtype=torch.long)
-    pairs = {}
-    for key in PAIR_KEYS:
-        pairs[f"chosen_{key}"] = batch[key][index_c]
-        pairs[f"rejected_{key}"] = batch[key][index_r]
-    return pairs
+    for group in torch.unique(batch.group_ids[spread]).tolist():
+        rows = torch.nonzero(batch.group_ids == group).squeeze(-1)  # (G,)
+        rewards = batch.rewards[rows]
+        chosen.append(rows[int(rewards.argmax())])
+        rejected.append(rows[int(rewards.argmin())])
+    return batch.select(torch.tensor(chosen + rejected, dtype=torch.long))
 
 
 @register_strategy("online_dpo")
-class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
-    sample_kind = "prompt"
-
-    def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
-        super().__init__(policy, config, **kwargs)
-        self._init_online()
-
-    def collate(self, samples: Sequence[Example]) -> dict[str, Tensor]:
-        raise TypeError("online_dpo builds its batches from rollouts (plan_step)")
-
-    def prepare_rollout(
-        self, batch: dict[str, Tensor], *, step: int, metrics: dict[str, float]
-    ) -> dict[str, Tensor]:
+class OnlineDPOStrategy(OnlineStrategy, DPOStrategy):
+    def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
         pairs = best_worst_pairs(batch)
-        metrics["rollout/pairs"] = float(len(pairs["chosen_input_ids"]))
+        metrics["rollout/pairs"] = float(pairs.rows // 2)
         return pairs

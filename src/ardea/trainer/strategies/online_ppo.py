@@ -17,7 +17,7 @@ Roles:
 - the reference: a frozen copy of the initial policy, built only when
   ``algo.ppo.kl_ctl > 0``.
 
-Pinned on the whole rollout before any update (:meth:`OnlinePPOStrategy.prepare_rollout`):
+Pinned on the whole rollout before any update (:meth:`OnlinePPOStrategy.pin`):
 the critic's values ``V`` at rollout time, then :func:`ardea.algo.compute_advantages` with
 ``algo.ppo``: outcome reward at the last completion token, ``-kl_ctl * KL(behaviour ||
 reference)`` on every completion token (``kl_estimator``), GAE at the token or turn level
@@ -28,8 +28,9 @@ ppo_epochs`` × ``algo.ppo_mini_batches``) optimizes these same advantages and r
 
 Loss of a micro-batch (all next-token aligned, aggregated by ``algo.ppo.loss_agg_mode``
 over the counts of the whole optimizer step):
-``policy_loss + vf_coef * value_loss`` with the clipped surrogate (clip-higher, dual-clip;
-decoupled PPO against recomputed proximal log-probs for stale rollouts) and
+``policy_loss + vf_coef * value_loss`` with the policy loss of ``algo.policy_loss`` (the
+clipped surrogate with clip-higher and dual-clip; decoupled PPO against the proximal
+log-probs pinned before the updates, the default for stale rollouts) and
 ``value_loss = 0.5 * max((V' - R)^2, (clip(V', V ± value_eps_clip) - R)^2)``.
 
 Metrics besides GRPO's ``train/*`` policy metrics: ``train/value_loss``,
@@ -51,7 +52,6 @@ estimator (seed: the log-ratio, which is ``k1``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,45 +61,38 @@ from torch import Tensor, nn
 from ardea.algo import (
     compute_advantages,
     explained_variance,
+    is_decoupled,
     kl_penalty,
     masked_mean,
-    next_token_align,
     value_loss,
 )
-from ardea.data import Example
+from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
-from ardea.model import ValueModel, sequence_logprobs
+from ardea.model import ValueModel
 from ardea.trainer.schedule import build_adamw
-from ardea.trainer.strategies.base import Strategy, register_strategy
+from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 from ardea.trainer.strategies.dpo import frozen_reference
 from ardea.trainer.strategies.grpo import (
-    check_behaviour_logprobs,
+    agg_counts,
+    check_policy_loss,
+    policy_forward,
+    policy_loss_name,
     policy_objective,
+    ratio_reference,
+    reference_logprobs,
     rl_step_counts,
 )
 from ardea.trainer.strategies.moe import MoETerms
-from ardea.trainer.strategies.online import OnlineRollouts
 
 CRITIC_DIR = "critic"
 
 
-def token_aligned(next_aligned: Tensor) -> Tensor:
-    """Next-token aligned ``(N, S)`` → token aligned: ``out[:, t + 1] = x[:, t]``, column 0
-    is 0 (the inverse of :func:`ardea.algo.next_token_align`)."""
-    out = torch.zeros_like(next_aligned)
-    out[:, 1:] = next_aligned[:, :-1]
-    return out
-
-
 @register_strategy("online_ppo")
-class OnlinePPOStrategy(OnlineRollouts, Strategy):
+class OnlinePPOStrategy(OnlineStrategy):
     """PPO with a learned critic on fresh rollouts (module docstring)."""
-
-    sample_kind = "prompt"
 
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
-        self._init_online()
         algo = config.algo
         if config.model.lora_r:
             raise ConfigError(
@@ -107,6 +100,8 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
                 "a copy of the adapted policy; train all weights (model.lora_r=0)"
             )
         self.ppo = algo.ppo
+        self.loss_name = policy_loss_name(config, online=True)
+        check_policy_loss(self.loss_name, self.ppo)
         self.critic = self._build_critic(algo.critic_path)
         self.critic_parameters = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer, self.critic_scheduler = build_adamw(
@@ -128,48 +123,28 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
             critic = ValueModel.from_pretrained(path, device=device)
         return critic.to(device).train().requires_grad_(True)
 
-    def collate(self, samples: Sequence[Example]) -> dict[str, Tensor]:
-        raise TypeError("online_ppo builds its batches from rollouts (plan_step)")
-
     def frozen_modules(self) -> list[nn.Module]:
         return [self.reference] if self.reference is not None else []
 
     # --------------------------------------------------------------- rollout
     @torch.no_grad()
-    def prepare_rollout(
-        self, batch: dict[str, Tensor], *, step: int, metrics: dict[str, float]
-    ) -> dict[str, Tensor]:
+    def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
         """Critic values, reference log-probs and GAE, pinned on the rollout."""
-        if "logprobs" not in batch:
-            raise ValueError(
-                "online_ppo needs the rollout's behaviour log-probs (batch['logprobs'], "
-                "token-aligned (N, S)); the engine records them with every completion"
-            )
-        check_behaviour_logprobs(batch["logprobs"], batch["input_ids"])
-        ids, attn = batch["input_ids"], batch["attention_mask"]
         self.critic.eval()
-        values = self.critic(ids, attn)  # (N, S), next-token aligned: V after tokens 0..t
+        values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S): V after 0..t
         self.critic.train()
-        inputs = {**batch, "values": values}
         if self.reference is not None:
-            ref = sequence_logprobs(
-                self.reference,
-                ids,
-                attn,
-                chunk_size=self.config.model.logprob_chunk_size,
-                temperature=self.temperature,
-            ).logprobs  # (N, S) next-token aligned
-            inputs["ref_logp"] = token_aligned(ref)
-        pinned = compute_advantages(inputs, self.ppo)
-        pinned["old_values"] = values
-        if self.decoupled:
-            pinned["proximal_logprobs"] = self.proximal_logprobs(batch)
-        metrics.update(self._rollout_metrics(pinned, inputs))
-        return pinned
+            batch = batch.pin(ref_logprobs=reference_logprobs(self, batch))
+        out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
+        batch = batch.pin(advantages=out["advantages"], returns=out["returns"], old_values=values)
+        if is_decoupled(self.loss_name):
+            batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
+        metrics.update(self._rollout_metrics(batch))
+        return batch
 
-    def _rollout_metrics(self, pinned: dict[str, Tensor], inputs: dict) -> dict[str, float]:
-        mask = pinned["next_loss_mask"]
-        values, returns, adv = pinned["old_values"], pinned["returns"], pinned["advantages"]
+    def _rollout_metrics(self, batch: TrajectoryBatch) -> dict[str, float]:
+        mask = batch.action_mask
+        values, returns, adv = batch.old_values, batch.returns, batch.advantages
         mean_adv = masked_mean(adv, mask)
         out = {
             "critic/explained_variance": float(explained_variance(values, returns, mask)),
@@ -177,43 +152,29 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
             "critic/return_mean": float(masked_mean(returns, mask)),
             "critic/advantage_std": float(masked_mean((adv - mean_adv).square(), mask).sqrt()),
         }
-        if "ref_logp" in inputs:
-            reference = next_token_align(inputs["ref_logp"])
-            kl = kl_penalty(pinned["next_logprobs"], reference, self.ppo.kl_estimator)
+        if batch.ref_logprobs is not None:
+            kl = kl_penalty(batch.behaviour_logprobs, batch.ref_logprobs, self.ppo.kl_estimator)
             out["rollout/kl"] = float(masked_mean(kl, mask))
         return out
 
     # ------------------------------------------------------------------ loss
-    def step_counts(self, micro_batches: list[dict[str, Tensor]]) -> dict[str, float]:
+    def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         return rl_step_counts(micro_batches, self.moe)
 
     def loss(
-        self, batch: dict[str, Tensor], step_counts: dict[str, float]
+        self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, float]]:
-        mask = batch["next_loss_mask"]  # (N, S) bool
-        ids, attn = batch["input_ids"], batch["attention_mask"]
-        out = sequence_logprobs(
-            self.policy,
-            ids,
-            attn,
-            chunk_size=self.config.model.logprob_chunk_size,
-            with_entropy=True,
-            temperature=self.temperature,
-        )
-        counts = dict(
-            global_tokens=step_counts["tokens"],
-            global_seqs=step_counts["seqs"],
-            horizon=int(step_counts["horizon"]),
-        )
+        mask = batch.action_mask  # (N, S) bool
+        out = policy_forward(self, batch)
+        counts = agg_counts(step_counts)
         policy_loss, metrics = policy_objective(
-            self.ppo, out.logprobs, batch["next_logprobs"].to(out.logprobs.dtype),
-            batch["advantages"], mask, counts, proximal=batch.get("proximal_logprobs"),
-        )  # fmt: skip
-        values = self.critic(ids, attn)  # (N, S) with gradient
+            self.ppo, self.loss_name, out.logprobs, batch, counts, old=ratio_reference(batch)
+        )
+        values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S) with gradient
         critic_loss, parts = value_loss(
             values,
-            batch["old_values"],
-            batch["returns"].to(values.dtype),
+            batch.old_values,
+            batch.returns.to(values.dtype),
             mask,
             value_eps_clip=self.ppo.value_eps_clip,
             loss_agg_mode=self.ppo.loss_agg_mode,
@@ -224,9 +185,7 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
         metrics["train/value_loss"] = float(critic_loss.detach())
         metrics["train/value_clip_fraction"] = float(parts["loss/value_clip_frac"])
         loss = policy_loss + self.config.algo.vf_coef * critic_loss
-        loss, moe_metrics = self.moe.add(
-            loss, out, input_ids=ids, attention_mask=attn, step_counts=step_counts
-        )
+        loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}
 
     # ---------------------------------------------------------------- critic
@@ -244,10 +203,9 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
 
     def after_train_step(self) -> None:
         self.critic_scheduler.step()
-        super().after_train_step()
 
     def step_metrics(self) -> dict[str, float]:
-        metrics = super().step_metrics()
+        metrics = {}
         norms, self._critic_norms = self._critic_norms, []
         if norms:
             metrics["critic/grad_norm"] = sum(norms) / len(norms)
@@ -272,7 +230,6 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            **super().state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "critic_scheduler": self.critic_scheduler.state_dict(),
         }
@@ -284,6 +241,5 @@ class OnlinePPOStrategy(OnlineRollouts, Strategy):
                 f"the checkpoint's trainer state has no {', '.join(missing)} for the critic "
                 "of online_ppo; it was not written by an online_ppo run"
             )
-        super().load_state_dict(state)
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.critic_scheduler.load_state_dict(state["critic_scheduler"])

@@ -13,9 +13,9 @@ Without label smoothing the loss comes from the chunked log-probs of
 full logits go through :func:`ardea.algo.masked_cross_entropy`. MoE policies add their
 load-balancing loss (:mod:`ardea.trainer.strategies.moe`).
 
-Batches (from ``ardea.data``): ``collate_sft`` gives ``input_ids``, ``attention_mask``,
-``loss_mask``; ``collate_packed`` gives ``input_ids``, ``position_ids`` (restarting at 0 per
-document) and ``loss_mask``, and no attention mask (documents attend only within themselves).
+Batches (from ``ardea.data``): ``collate_sft`` and ``collate_packed`` give
+:class:`~ardea.data.TrajectoryBatch`es; packed rows carry ``position_ids`` (restarting at 0
+per document), and the model attends only within each document.
 Metrics: ``train/loss`` (plus the MoE metrics).
 """
 
@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ardea import data
 from ardea.algo import agg_loss, masked_cross_entropy, next_token_align
+from ardea.data import TrajectoryBatch, action_positions
 from ardea.model import position_ids_from_mask, sequence_logprobs
 from ardea.model.logprobs import sequence_logits
 from ardea.trainer.strategies.base import Strategy, register_strategy
@@ -45,44 +46,38 @@ class NextTokenStrategy(Strategy):
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
 
     @abstractmethod
-    def trained_tokens(self, batch: dict[str, Tensor]) -> Tensor:
-        """Token-aligned ``(N, S)`` 0/1: tokens the loss is taken on."""
+    def trained_tokens(self, batch: TrajectoryBatch) -> Tensor:
+        """Token-aligned ``(N, S)`` bool: tokens the loss is taken on."""
 
-    def collate(self, samples: Sequence[Any]) -> dict[str, Tensor]:
+    def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         """Packed rows (samples with ``position_ids``) or right-padded sequences."""
         pad = self.tokenizer.pad_token_id
         if samples and getattr(samples[0], "position_ids", None) is not None:
             return data.collate_packed(samples, pad)
         return data.collate_sft(samples, pad)
 
-    def predicted_mask(self, batch: dict[str, Tensor]) -> Tensor:
+    def predicted_mask(self, batch: TrajectoryBatch) -> Tensor:
         """Next-token aligned ``(N, S)`` bool: position ``t`` counts when token ``t + 1`` is
         trained and is not the first token of its document."""
-        positions = batch.get("position_ids")
+        positions = batch.position_ids
         if positions is None:
-            positions = position_ids_from_mask(batch["attention_mask"])
-        tokens = self.trained_tokens(batch).bool() & (positions != 0)  # (N, S) token-aligned
-        return next_token_align(tokens, False)
+            positions = position_ids_from_mask(batch.attention_mask)
+        return action_positions(self.trained_tokens(batch) & (positions != 0))
 
-    def step_counts(self, micro_batches: list[dict[str, Tensor]]) -> dict[str, float]:
+    def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         counts = {"tokens": float(sum(self.predicted_mask(b).sum() for b in micro_batches))}
-        forwards = [(b["input_ids"], b.get("attention_mask")) for b in micro_batches]
-        return counts | self.moe.step_counts(forwards)
+        return counts | self.moe.step_counts(micro_batches)
 
     def loss(
-        self, batch: dict[str, Tensor], step_counts: dict[str, float]
+        self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, float]]:
         mask = self.predicted_mask(batch)  # (N, S)
-        inputs = dict(
-            input_ids=batch["input_ids"],
-            attention_mask=batch.get("attention_mask"),
-            position_ids=batch.get("position_ids"),
-        )
+        inputs = batch.model_inputs()
         if self.label_smoothing > 0:
             out = sequence_logits(self.policy, **inputs)
             loss, _ = masked_cross_entropy(
                 out.logits,  # (N, S, V): logits[:, t] predicts token t + 1
-                next_token_align(batch["input_ids"]),
+                next_token_align(batch.input_ids),
                 mask,
                 label_smoothing=self.label_smoothing,
                 global_tokens=step_counts["tokens"],
@@ -92,13 +87,7 @@ class NextTokenStrategy(Strategy):
                 self.policy, **inputs, chunk_size=self.config.model.logprob_chunk_size
             )
             loss = agg_loss(-out.logprobs, mask, "token-mean", global_tokens=step_counts["tokens"])
-        loss, metrics = self.moe.add(
-            loss,
-            out,
-            input_ids=batch["input_ids"],
-            attention_mask=inputs["attention_mask"],
-            step_counts=step_counts,
-        )
+        loss, metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics}
 
 
@@ -108,6 +97,7 @@ class SeqStrategy(NextTokenStrategy):
 
     sample_kind = "text"
 
-    def trained_tokens(self, batch: dict[str, Tensor]) -> Tensor:
-        mask = batch.get("attention_mask")
-        return batch["loss_mask"] if mask is None else mask
+    def trained_tokens(self, batch: TrajectoryBatch) -> Tensor:
+        if batch.position_ids is not None:  # packed: every document token but the first
+            return batch.loss_mask
+        return batch.attention_mask.bool()

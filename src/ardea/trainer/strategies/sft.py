@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ardea.data import TrajectoryBatch
 from ardea.trainer.strategies.base import register_strategy
 from ardea.trainer.strategies.seq import NextTokenStrategy
 
@@ -25,5 +26,5 @@ class SFTStrategy(NextTokenStrategy):
 
     sample_kind = "sft"
 
-    def trained_tokens(self, batch: dict[str, Tensor]) -> Tensor:
-        return batch["loss_mask"]
+    def trained_tokens(self, batch: TrajectoryBatch) -> Tensor:
+        return batch.loss_mask

@@ -1,0 +1,468 @@
+"""The one trajectory layout: :class:`TrajectoryBatch`, built from segments.
+
+Notation: ``N`` trajectories (rows), ``S`` columns (rows right-padded to the longest).
+
+A trajectory is one row: a prompt followed by everything after it, any number of
+**segments** (:class:`Segment`) of three kinds:
+
+    prompt      the text the model answers             loss_mask 0, turn id -1
+    generated   tokens the policy produced (or a       loss_mask 1, turn id k for the k-th
+                demonstration it is trained to          generated span, its behaviour
+                produce)                               log-probs and policy version
+    context     tool output, an environment reply,     loss_mask 0, turn id -1
+                the next user message
+
+A single-turn rollout is ``[prompt, generated]``; an agent episode alternates generated and
+context spans; SFT data marks its answer spans as generated (without log-probs).
+
+Alignment. The fields of the batch are **token-aligned**: column ``t`` describes token
+``input_ids[:, t]`` (``loss_mask``, ``logprobs`` = log π_behav(input_ids[:, t] | ...),
+``turn_ids``, ``versions``). A causal LM's outputs are **next-token aligned**: column ``t``
+describes the step that emits token ``t + 1`` (trainer log-probs, critic values). What a
+strategy pins on a batch (``advantages``, ``returns``, ``old_values``,
+``proximal_logprobs``, ``ref_logprobs``) is next-token aligned, as the model's outputs and
+:func:`ardea.algo.compute_advantages`' results are. :attr:`TrajectoryBatch.action_mask` and
+:attr:`TrajectoryBatch.behaviour_logprobs` are the token-aligned fields in that alignment;
+they (through :func:`ardea.algo.next_token_align`) are the only conversion.
+
+Every batch is validated when it is built (shapes, dtypes, masks, turn ids, versions);
+an error names the field and, where it is one row's fault, the row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ardea.algo import next_token_align
+
+SegmentKind = Literal["prompt", "generated", "context"]
+PINNED_FIELDS = ("advantages", "returns", "old_values", "proximal_logprobs", "ref_logprobs")
+_PAD = {"turn_ids": -1, "versions": -1}  # padding of token fields other than input_ids (0)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A span of one trajectory (module docstring). ``logprobs``, ``version`` and ``turn``
+    describe generated spans only: one behaviour log-prob per token (or None), the policy
+    version that produced them (-1: none, e.g. a demonstration), and the turn index (None:
+    the next one, counting the trajectory's generated spans from 0)."""
+
+    kind: SegmentKind
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    version: int = -1
+    turn: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("prompt", "generated", "context"):
+            raise ValueError(f"segment kind {self.kind!r}; choose prompt, generated or context")
+        if self.kind != "generated" and (self.logprobs is not None or self.version != -1):
+            raise ValueError(f"a {self.kind} segment carries no log-probs and no version")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"generated segment has {len(self.token_ids)} tokens but "
+                f"{len(self.logprobs)} log-probs"
+            )
+
+    @classmethod
+    def prompt(cls, token_ids: Sequence[int]) -> Segment:
+        return cls("prompt", tuple(token_ids))
+
+    @classmethod
+    def generated(
+        cls,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        *,
+        version: int = -1,
+        turn: int | None = None,
+    ) -> Segment:
+        lp = None if logprobs is None else tuple(float(x) for x in logprobs)
+        return cls("generated", tuple(token_ids), lp, version, turn)
+
+    @classmethod
+    def context(cls, token_ids: Sequence[int]) -> Segment:
+        return cls("context", tuple(token_ids))
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One row before collation: its segments, outcome ``reward``, ``group_id`` (which prompt
+    or environment row it answers) and ``no_eos`` (it ended at the length limit)."""
+
+    segments: tuple[Segment, ...]
+    reward: float = 0.0
+    group_id: int = 0
+    no_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TrajectoryBatch:
+    """Right-padded trajectories, one per row (module docstring for the alignment).
+
+    Token-aligned ``(N, S)``: ``input_ids`` (long), ``attention_mask`` (long, 1 on real
+    tokens, a prefix of each row), ``loss_mask`` (bool, 1 on trained tokens), ``logprobs``
+    (float32 behaviour log-probs on generated tokens, 0 elsewhere; None when the data has
+    none), ``turn_ids`` (long, assistant turn on generated tokens, -1 elsewhere),
+    ``versions`` (long, policy version of generated tokens, -1 elsewhere), and
+    ``position_ids`` (packed rows only: positions restarting at 0 per document; the model
+    then gets no attention mask). Per row ``(N,)``: ``rewards`` (float32), ``group_ids``
+    (long), ``no_eos`` (bool). ``temperature``: the softmax temperature the behaviour
+    log-probs were computed at; the trainer's log-probs use the same.
+
+    Pinned by strategies, next-token aligned ``(N, S)`` float: ``advantages``,
+    ``returns``, ``old_values`` (critic at rollout time), ``proximal_logprobs`` (decoupled
+    PPO), ``ref_logprobs`` (frozen reference). Build with :meth:`from_trajectories` or the
+    data layer's ``collate_*``; add pinned fields with :meth:`pin`.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    turn_ids: Tensor
+    versions: Tensor
+    rewards: Tensor
+    group_ids: Tensor
+    no_eos: Tensor
+    logprobs: Tensor | None = None
+    position_ids: Tensor | None = None
+    temperature: float = 1.0
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    old_values: Tensor | None = None
+    proximal_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_tensors(
+        cls,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        loss_mask: Tensor,
+        **fields: Tensor | float | None,
+    ) -> TrajectoryBatch:
+        """A batch from token tensors; missing fields get their neutral values: turn ``k``
+        on the ``k``-th run of trained tokens of a row (-1 elsewhere), versions -1, rewards
+        0, one group per row, no_eos False."""
+        rows = input_ids.shape[0]
+        loss_mask = loss_mask.bool()
+        defaults = {
+            "turn_ids": turn_ids_from_mask(loss_mask),
+            "versions": torch.full_like(input_ids, -1),
+            "rewards": torch.zeros(rows),
+            "group_ids": torch.arange(rows),
+            "no_eos": torch.zeros(rows, dtype=torch.bool),
+        }
+        values = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
+        return cls(input_ids, attention_mask.long(), loss_mask, **values)
+
+    @classmethod
+    def from_trajectories(
+        cls, trajectories: Sequence[Trajectory], *, pad_token_id: int, temperature: float = 1.0
+    ) -> TrajectoryBatch:
+        """Collate trajectories into one right-padded batch (module docstring for what
+        each segment kind contributes). Generated segments must all carry log-probs or
+        all carry none."""
+        if not trajectories:
+            raise ValueError("cannot build a TrajectoryBatch from no trajectories")
+        rows = [_row_lists(t, i) for i, t in enumerate(trajectories)]
+        with_logprobs = {r["logprobs"] is not None for r in rows if r["generated"]}
+        if len(with_logprobs) > 1:
+            raise ValueError(
+                "some generated segments carry behaviour log-probs and some do not; "
+                "give all of them log-probs or none"
+            )
+        width = max(len(r["input_ids"]) for r in rows)
+        tensors = {
+            key: _padded([r[key] for r in rows], width, pad, dtype)
+            for key, pad, dtype in (
+                ("input_ids", pad_token_id, torch.long),
+                ("attention_mask", 0, torch.long),
+                ("loss_mask", 0, torch.bool),
+                ("turn_ids", -1, torch.long),
+                ("versions", -1, torch.long),
+            )
+        }
+        if with_logprobs == {True}:
+            tensors["logprobs"] = _padded([r["logprobs"] for r in rows], width, 0.0, torch.float32)
+        return cls(
+            **tensors,
+            rewards=torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32),
+            group_ids=torch.tensor([int(t.group_id) for t in trajectories], dtype=torch.long),
+            no_eos=torch.tensor([bool(t.no_eos) for t in trajectories], dtype=torch.bool),
+            temperature=temperature,
+        )
+
+    # ------------------------------------------------------------------ views
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def action_mask(self) -> Tensor:
+        """``(N, S)`` bool, next-token aligned: position ``t`` emits a trained token ``t+1``."""
+        return action_positions(self.loss_mask)
+
+    @property
+    def behaviour_logprobs(self) -> Tensor:
+        """``(N, S)`` next-token aligned behaviour log-probs (0 off trained tokens)."""
+        if self.logprobs is None:
+            raise ValueError("this batch carries no behaviour log-probs (TrajectoryBatch.logprobs)")
+        return next_token_align(torch.where(self.loss_mask, self.logprobs, 0.0))
+
+    def advantage_inputs(self, *, values: Tensor | None = None) -> dict[str, Tensor]:
+        """The mapping :func:`ardea.algo.compute_advantages` reads, in its documented layout:
+        token-aligned per-token fields (behaviour log-probs 0 when the batch has none, the
+        pinned reference log-probs shifted back to token alignment), next-token aligned
+        critic ``values``."""
+        logprobs = self.logprobs if self.logprobs is not None else torch.zeros(self.loss_mask.shape)
+        inputs = {
+            "attention_mask": self.attention_mask,
+            "loss_mask": self.loss_mask,
+            "logprobs": logprobs.to(self.loss_mask.device),
+            "rewards": self.rewards,
+            "group_ids": self.group_ids,
+            "no_eos": self.no_eos,
+            "turn_ids": self.turn_ids,
+        }
+        if values is not None:
+            inputs["values"] = values
+        if self.ref_logprobs is not None:
+            inputs["ref_logp"] = _token_aligned(self.ref_logprobs)
+        return inputs
+
+    def model_inputs(self) -> dict[str, Tensor | None]:
+        """Keyword arguments of the model's forward: packed rows attend by position ids."""
+        packed = self.position_ids is not None
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": None if packed else self.attention_mask,
+            "position_ids": self.position_ids,
+        }
+
+    # --------------------------------------------------------------- row ops
+    def pin(self, **fields: Tensor) -> TrajectoryBatch:
+        """A copy with pinned fields set (validated like the rest)."""
+        unknown = sorted(set(fields) - set(PINNED_FIELDS))
+        if unknown:
+            raise ValueError(f"cannot pin {unknown}; pinned fields are {', '.join(PINNED_FIELDS)}")
+        return dataclasses.replace(self, **fields)
+
+    def select(self, index: Tensor) -> TrajectoryBatch:
+        """Rows ``index`` (a 1-D long tensor), in that order."""
+        return dataclasses.replace(self, **_map_rows(self, lambda x: x[index.to(x.device)]))
+
+    def to(self, device: torch.device | str) -> TrajectoryBatch:
+        return dataclasses.replace(self, **_map_rows(self, lambda x: x.to(device)))
+
+    def trim(self) -> TrajectoryBatch:
+        """Drop the columns right of every row's last real token."""
+        width = int(self.attention_mask.sum(dim=-1).max()) if self.rows else 0
+        if width == self.input_ids.shape[1]:
+            return self
+        changes = {
+            name: value[:, :width]
+            for name, value in _tensor_fields(self)
+            if value.dim() == 2 and value.shape[1] == self.input_ids.shape[1]
+        }
+        return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def concat(batches: Sequence[TrajectoryBatch], *, pad_token_id: int) -> TrajectoryBatch:
+        """The rows of ``batches`` stacked, right-padded to the widest. The batches must have
+        the same optional fields and temperature."""
+        first = batches[0]
+        present = [name for name, _ in _tensor_fields(first)]
+        for other in batches[1:]:
+            if [n for n, _ in _tensor_fields(other)] != present:
+                raise ValueError("cannot concatenate batches with different fields")
+            if other.temperature != first.temperature:
+                raise ValueError("cannot concatenate batches sampled at different temperatures")
+        width = max(b.input_ids.shape[1] for b in batches)
+        joined = {}
+        for name in present:
+            parts = [getattr(b, name) for b in batches]
+            if parts[0].dim() == 2:
+                pad = pad_token_id if name == "input_ids" else _PAD.get(name, 0)
+                parts = [_pad_columns(p, width, pad) for p in parts]
+            joined[name] = torch.cat(parts)
+        return dataclasses.replace(first, **joined)
+
+
+def action_positions(trained: Tensor) -> Tensor:
+    """Token-aligned ``(N, S)`` bool of trained tokens → next-token aligned: position ``t``
+    is True when it emits a trained token ``t + 1`` (the model's output alignment)."""
+    return next_token_align(trained.bool(), False)
+
+
+def _token_aligned(next_aligned: Tensor) -> Tensor:
+    """The inverse of :func:`ardea.algo.next_token_align`: ``out[:, t + 1] = x[:, t]``,
+    column 0 is 0."""
+    out = torch.zeros_like(next_aligned)
+    out[:, 1:] = next_aligned[:, :-1]
+    return out
+
+
+def turn_ids_from_mask(loss_mask: Tensor) -> Tensor:
+    """``(N, S)`` long: ``k`` on the ``k``-th run of True in each row of ``loss_mask``, -1
+    elsewhere (each contiguous span of trained tokens is one assistant turn)."""
+    starts = loss_mask.clone()
+    starts[:, 1:] &= ~loss_mask[:, :-1]
+    return torch.where(loss_mask, starts.long().cumsum(dim=-1) - 1, -1)
+
+
+def _tensor_fields(batch: TrajectoryBatch) -> list[tuple[str, Tensor]]:
+    return [
+        (f.name, getattr(batch, f.name))
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), Tensor)
+    ]
+
+
+def _map_rows(batch: TrajectoryBatch, fn) -> dict[str, Tensor]:
+    return {name: fn(value) for name, value in _tensor_fields(batch)}
+
+
+def _pad_columns(x: Tensor, width: int, value: float | int) -> Tensor:
+    if x.shape[1] == width:
+        return x
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def _padded(rows: list[list], width: int, pad, dtype: torch.dtype) -> Tensor:
+    return torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=dtype)
+
+
+def _row_lists(trajectory: Trajectory, index: int) -> dict[str, list | None | bool]:
+    """The token-aligned lists of one trajectory (module docstring)."""
+    out: dict = {k: [] for k in ("input_ids", "loss_mask", "turn_ids", "versions")}
+    logprobs: list[float] | None = []
+    next_turn, any_generated = 0, False
+    for segment in trajectory.segments:
+        n = len(segment.token_ids)
+        out["input_ids"] += list(segment.token_ids)
+        is_generated = segment.kind == "generated"
+        out["loss_mask"] += [is_generated] * n
+        if is_generated:
+            any_generated = True
+            turn = next_turn if segment.turn is None else segment.turn
+            if turn < next_turn:
+                raise ValueError(
+                    f"trajectory {index}: turn {turn} after turn {next_turn - 1}; generated "
+                    "spans take increasing turn indices"
+                )
+            next_turn = turn + 1
+            out["turn_ids"] += [turn] * n
+            out["versions"] += [segment.version] * n
+            if segment.logprobs is None:
+                logprobs = None
+            elif logprobs is not None:
+                logprobs += list(segment.logprobs)
+        else:
+            out["turn_ids"] += [-1] * n
+            out["versions"] += [-1] * n
+            if logprobs is not None:
+                logprobs += [0.0] * n
+    if not out["input_ids"]:
+        raise ValueError(f"trajectory {index} has no tokens")
+    out["attention_mask"] = [1] * len(out["input_ids"])
+    out["logprobs"] = logprobs if any_generated else None
+    out["generated"] = any_generated
+    return out
+
+
+# ------------------------------------------------------------------ validation
+def _fail(field: str, message: str, row: int | None = None) -> ValueError:
+    where = f" (row {row})" if row is not None else ""
+    return ValueError(f"TrajectoryBatch.{field}: {message}{where}")
+
+
+def _first_bad_row(bad: Tensor) -> int:
+    """The first row with a True entry of ``bad`` (N, ...)."""
+    return int(torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=-1))[0])
+
+
+def _check_tensor(batch: TrajectoryBatch, name: str, shape: tuple, kind: str) -> Tensor:
+    x = getattr(batch, name)
+    if not isinstance(x, Tensor):
+        raise _fail(name, f"must be a tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        dims = "(N, S)" if len(shape) == 2 else "(N,)"
+        raise _fail(name, f"must have shape {dims} = {shape}, got {tuple(x.shape)}")
+    ok = {
+        "int": not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool,
+        "bool": x.dtype == torch.bool,
+        "float": x.is_floating_point(),
+    }[kind]
+    if not ok:
+        raise _fail(name, f"must have a {kind} dtype, got {x.dtype}")
+    return x
+
+
+def _validate(batch: TrajectoryBatch) -> None:
+    ids = batch.input_ids
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        raise _fail("input_ids", f"must be an (N, S) tensor, got {getattr(ids, 'shape', ids)!r}")
+    grid, rows = tuple(ids.shape), (ids.shape[0],)
+    _check_tensor(batch, "input_ids", grid, "int")
+    attention = _check_tensor(batch, "attention_mask", grid, "int")
+    if bool(((attention != 0) & (attention != 1)).any()):
+        raise _fail("attention_mask", "must contain only 0 and 1")
+    if grid[1] > 1 and bool((attention[:, 1:] > attention[:, :-1]).any()):
+        row = _first_bad_row(attention[:, 1:] > attention[:, :-1])
+        raise _fail("attention_mask", "rows must be right-padded (1s, then 0s)", row)
+    trained = _check_tensor(batch, "loss_mask", grid, "bool")
+    if bool((trained & (attention == 0)).any()):
+        raise _fail(
+            "loss_mask", "marks a padding token", _first_bad_row(trained & (attention == 0))
+        )
+    _check_turn_ids(_check_tensor(batch, "turn_ids", grid, "int"), trained)
+    versions = _check_tensor(batch, "versions", grid, "int")
+    if bool((versions < -1).any()):
+        raise _fail("versions", "must be >= -1 (-1: not generated)", _first_bad_row(versions < -1))
+    if batch.logprobs is not None:
+        logprobs = _check_tensor(batch, "logprobs", grid, "float")
+        bad = trained & ~torch.isfinite(logprobs)
+        if bool(bad.any()):
+            raise _fail("logprobs", "must be finite on trained tokens", _first_bad_row(bad))
+    if batch.position_ids is not None:
+        _check_tensor(batch, "position_ids", grid, "int")
+    rewards = _check_tensor(batch, "rewards", rows, "float")
+    if not bool(torch.isfinite(rewards).all()):
+        raise _fail("rewards", "must be finite", _first_bad_row(~torch.isfinite(rewards)))
+    _check_tensor(batch, "group_ids", rows, "int")
+    _check_tensor(batch, "no_eos", rows, "bool")
+    if not batch.temperature > 0:
+        raise _fail("temperature", f"must be > 0, got {batch.temperature!r}")
+    for name in PINNED_FIELDS:
+        if getattr(batch, name) is not None:
+            _check_tensor(batch, name, grid, "float")
+
+
+def _check_turn_ids(turn_ids: Tensor, trained: Tensor) -> None:
+    """-1 or a turn index; every trained token in a turn; turns never decrease along a row."""
+    if bool((turn_ids < -1).any()):
+        raise _fail(
+            "turn_ids",
+            "must be >= -1 (-1: not in an assistant turn)",
+            _first_bad_row(turn_ids < -1),
+        )
+    if bool((trained & (turn_ids < 0)).any()):
+        raise _fail(
+            "turn_ids", "a trained token has no turn id", _first_bad_row(trained & (turn_ids < 0))
+        )
+    if turn_ids.shape[1]:
+        running = torch.cummax(turn_ids, dim=-1).values
+        bad = (turn_ids >= 0) & (turn_ids < running)
+        if bool(bad.any()):
+            raise _fail("turn_ids", "turn ids must not decrease along a row", _first_bad_row(bad))

@@ -1,0 +1,56 @@
+"""Weights reach an engine only through update_weights: after one trained step a separate
+engine generates exactly from the trained policy once the step is pushed to it."""
+
+import pytest
+import torch
+from online_testing import RUN, naive_token_logprobs
+
+from ardea.config import load_config
+from ardea.data import TrajectoryBatch
+from ardea.rollout import SamplingParams, make_engine
+from ardea.trainer import Trainer
+
+
+def test_a_trained_step_pushed_to_a_separate_engine(tmp_path, reward_module):
+    trainer = Trainer(
+        load_config(None, [*RUN, "trainer.max_steps=1", f"trainer.output_dir={tmp_path}"])
+    )
+    engine = make_engine("in_process", trainer.policy, trainer.tokenizer, share_weights=False)
+    trainer.train_step()  # one step of online GRPO at lr 1e-2 moves the policy
+    prompts = [trainer.tokenizer("12+34=")["input_ids"], trainer.tokenizer("5+6=")["input_ids"]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, n=4, seed=3)
+
+    def gap() -> float:
+        """Largest |engine log-prob - trained policy's recomputed log-prob| on the engine's
+        own completions (independent full forward in float64)."""
+        completions = engine.generate(prompts, params)
+        rows = [c.prompt_ids + c.token_ids for c in completions]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        recomputed = naive_token_logprobs(
+            trainer.policy, TrajectoryBatch.from_tensors(ids, attn, attn.bool())
+        )
+        worst = 0.0
+        for row, c in enumerate(completions):
+            start = len(c.prompt_ids) - 1  # column t scores token t + 1
+            mine = recomputed[row, start : start + len(c.token_ids)]
+            worst = max(
+                worst, float((mine - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max())
+            )
+        return worst
+
+    assert gap() > 1e-3  # the engine still holds the weights of before the step
+    engine.update_weights(trainer.policy.state_dict(), 1)
+    assert engine.version == 1
+    assert gap() <= 1e-5
+
+
+def test_the_live_engine_follows_the_policy_version(tmp_path, reward_module):
+    trainer = Trainer(
+        load_config(None, [*RUN, "trainer.max_steps=2", f"trainer.output_dir={tmp_path}"])
+    )
+    trainer.train()
+    assert trainer.rl.engine.version == 2
+    with pytest.raises(ValueError, match="version must increase"):
+        trainer.rl.engine.update_weights(trainer.policy.state_dict(), 2)
