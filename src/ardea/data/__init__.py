@@ -4,7 +4,8 @@ Training data files are read into :class:`Record`s (:mod:`ardea.data.records`), 
 is detected from their keys (:mod:`ardea.data.shapes`), and tokenized into the samples of
 one kind (:mod:`ardea.data.load`): ``text`` and ``sft`` → :class:`SFTSample` (optionally
 packed, :mod:`ardea.data.packing`), ``preference`` → :class:`PreferenceSample`, ``group``
-→ :class:`GroupSample`. Each sample type has its ``collate_*`` function producing
+→ :class:`GroupSample`, ``prompt`` → :class:`PromptSample` (online RL prompts whose other
+columns reach the reward functions, :mod:`ardea.data.prompt_data`). Each sample type has its ``collate_*`` function producing
 right-padded ``[N, S]`` tensors whose masks are 1 where a token counts.
 """
 
@@ -13,6 +14,7 @@ from ardea.data.groups import GroupSample, collate_groups
 from ardea.data.load import Sample, load_samples, tokenize_records
 from ardea.data.packing import PackedSample, collate_packed, pack_samples
 from ardea.data.preference import PreferenceSample, collate_preference
+from ardea.data.prompt_data import PromptSample, RolloutPrompt, reward_row, rollout_prompt_ids
 from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.records import Record, read_records
 from ardea.data.rows import batch_rows, concat_rows, select_rows, trim_padding
@@ -26,7 +28,9 @@ __all__ = [
     "GroupSample",
     "PackedSample",
     "PreferenceSample",
+    "PromptSample",
     "Record",
+    "RolloutPrompt",
     "SFTSample",
     "Sample",
     "Task",
@@ -45,6 +49,8 @@ __all__ = [
     "pack_samples",
     "read_records",
     "register_task",
+    "reward_row",
+    "rollout_prompt_ids",
     "select_rows",
     "task_names",
     "tokenize_examples",

@@ -1,6 +1,7 @@
 """The rollout runner: G completions per prompt from the live policy, scored, as one batch.
 
-One call turns task examples into a trajectory batch in the group layout of
+One call turns rollout prompts (task examples or prompt records, :mod:`ardea.data.prompt_data`)
+into a trajectory batch in the group layout of
 :func:`ardea.data.collate_groups` (one right-padded ``[N, S]`` row per completion,
 ``N = B·G``) plus the policy bookkeeping of DESIGN.md's trajectory layout:
 
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ardea.data import Example, GroupSample, Task, collate_groups, encode_prompt
+from ardea.data import GroupSample, RolloutPrompt, Task, collate_groups, rollout_prompt_ids
 from ardea.errors import ArdeaError
 from ardea.reward import RewardScorer, example_row, overlong_penalty
 from ardea.rollout.engine import GenerationEngine, SamplingParams
@@ -91,7 +92,8 @@ class RolloutRunner:
         chat_template: wrap prompts in the tokenizer's chat template.
         seed: the run seed (see the module docstring).
         task: when given, ``rollout/accuracy`` is the share of completions its verifier
-            accepts, whatever the reward functions are.
+            accepts, whatever the reward functions are (the prompts must then be its
+            examples).
         overlong_buffer, overlong_penalty: DAPO's soft overlong penalty
             (:func:`ardea.reward.overlong_penalty`; buffer 0 = off).
     """
@@ -139,11 +141,13 @@ class RolloutRunner:
         other.engine = copy_engine()
         return other
 
-    def rollout(self, examples: Sequence[Example], *, seed_index: Sequence[int] | int) -> Rollout:
+    def rollout(
+        self, examples: Sequence[RolloutPrompt], *, seed_index: Sequence[int] | int
+    ) -> Rollout:
         """Generate, score and collate G completions for each of ``examples``."""
         start = time.perf_counter()
         prompts = [
-            encode_prompt(self.tokenizer, e.prompt, chat_template=self.chat_template)
+            rollout_prompt_ids(self.tokenizer, e, chat_template=self.chat_template)
             for e in examples
         ]
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)

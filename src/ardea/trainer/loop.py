@@ -129,6 +129,8 @@ class Trainer:
             max_new_tokens=rollout.max_new_tokens,
         )
         reward = self.config.reward
+        # rollout/accuracy by the task's verifier only where the prompts are the task's own
+        accuracy_task = None if self.config.data.path else self.task
         return RolloutRunner(
             engine,
             self.tokenizer,
@@ -137,7 +139,7 @@ class Trainer:
             params=params,
             chat_template=self.config.data.chat_template,
             seed=self.config.trainer.seed,
-            task=self.task,
+            task=accuracy_task,
             overlong_buffer=reward.overlong_buffer,
             overlong_penalty=reward.overlong_penalty,
         )
