@@ -191,6 +191,12 @@ class AlgoConfig:
 @dataclass
 class RolloutConfig:
     max_new_tokens: int = option(16, "Longest completion generated per prompt.")
+    min_new_tokens: int = option(
+        0,
+        "Online RL rollouts: stop tokens (eos, stop ids) are masked out until a completion has "
+        "this many tokens, as transformers' min_new_tokens; behaviour log-probs are those of "
+        "the masked distribution sampled from (0 = off; at most max_new_tokens).",
+    )
     temperature: float = option(1.0, "Sampling temperature for pass@k and `generate` (0 = greedy).")
     top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).")
     top_k: int = option(0, "Top-k sampling (0 = off).")
@@ -202,6 +208,12 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
+        check_range("rollout.min_new_tokens", self.min_new_tokens, low=0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                f"rollout.min_new_tokens={self.min_new_tokens} exceeds rollout.max_new_tokens="
+                f"{self.max_new_tokens}; lower it or raise max_new_tokens"
+            )
         check_range("rollout.group_size", self.group_size, low=1)
         check_range("rollout.max_staleness", self.max_staleness, low=0)
         check_range("rollout.temperature", self.temperature, low=0.0)

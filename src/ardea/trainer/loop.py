@@ -127,6 +127,7 @@ class Trainer:
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             max_new_tokens=rollout.max_new_tokens,
+            min_new_tokens=rollout.min_new_tokens,
         )
         reward = self.config.reward
         # rollout/accuracy by the task's verifier only where the prompts are the task's own
