@@ -81,7 +81,10 @@ class DataConfig:
         "null generates it from data.task.",
     )
     eval_path: str | None = option(
-        None, "Held-out data in the same format as data.path; its loss is logged as eval/loss."
+        None,
+        "Held-out data in the same format as data.path; its loss is logged as eval/loss, or "
+        "for online strategies (prompt records) the reward of greedy completions as "
+        "eval/reward_mean.",
     )
     max_length: int = option(0, "Longest training sequence in tokens (0 = the model's context).")
     packing: bool = option(
