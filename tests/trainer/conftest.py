@@ -1,8 +1,9 @@
-"""Fixtures of the trainer tests."""
+"""Fixtures of the trainer tests: importable reward modules written for one test."""
 
 import sys
 
 import pytest
+from online_testing import REWARD_MODULE
 
 
 @pytest.fixture
@@ -20,3 +21,9 @@ def write_reward_module(tmp_path, monkeypatch):
     yield write
     for name in names:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def reward_module(write_reward_module):
+    """``ardea_test_rewards.digit_fraction``, the reward of :data:`online_testing.RUN`."""
+    write_reward_module("ardea_test_rewards", REWARD_MODULE)

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from online_testing import RUN
 from safetensors.torch import load_file
 
 from ardea.config import load_config
@@ -16,39 +17,6 @@ from ardea.reward import RewardError
 from ardea.rollout import StalenessError, check_staleness
 from ardea.trainer import Trainer
 from ardea.trainer.strategies.online_dpo import best_worst_pairs
-
-REWARD_MODULE = '''
-def digit_fraction(prompts, completions, rows):
-    """Share of completion characters that are digits: a random policy scores ~4%."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-'''
-
-RUN = [
-    "algo.name=online_grpo",
-    "reward.functions=[{name: ardea_test_rewards.digit_fraction}]",
-    "trainer.max_steps=30",
-    "trainer.batch_size=8",
-    "trainer.lr=1e-2",
-    "trainer.warmup_steps=1",
-    "trainer.lr_schedule=constant",
-    "trainer.eval_every=0",
-    "rollout.group_size=8",
-    "rollout.max_new_tokens=8",
-    "data.eval_size=8",
-    "logging.log_every=1",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=128",
-]
-
-
-@pytest.fixture
-def reward_module(write_reward_module):
-    write_reward_module("ardea_test_rewards", REWARD_MODULE)
 
 
 @pytest.mark.parametrize("strategy", ["online_grpo", "online_dpo"])

@@ -4,7 +4,7 @@ evaluation without a task, held-out prompts scored by the reward functions."""
 import json
 
 import pytest
-from test_online import RUN
+from online_testing import RUN
 
 from ardea.config import load_config
 from ardea.errors import ConfigError
