@@ -13,6 +13,7 @@ which see similar load from other processes. Threads: torch's default (``--threa
 
     python benchmarks/bench_rollout.py                 # the table in benchmarks/README.md
     python benchmarks/bench_rollout.py --prompts 64 --new-tokens 32 --repeats 2
+    python benchmarks/bench_rollout.py --smoke     # seconds: 4 prompts, 8 new tokens, 1 run
 """
 
 from __future__ import annotations
@@ -138,7 +139,11 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
+    parser.add_argument("--smoke", action="store_true", help="4 prompts, 8 tokens, 1 run, 1 thread")
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.new_tokens, args.repeats = [4], [8], 1
+        args.threads = args.threads or 1
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -9,6 +9,9 @@
                         (rejected) answer (``{"prompt", "chosen", "rejected"}``).
 - ``groups.jsonl``      200 arithmetic prompts with 4 completions each and 0/1 rewards
                         (``{"prompt", "completions", "rewards"}``).
+- ``prompts.jsonl``     200 arithmetic prompts for online RL with their answer and the
+                        operands (``{"prompt", "answer", "operands"}``): every column but
+                        the prompt reaches the reward functions.
 
 Prompts use the built-in arithmetic task's format (``"23+58="``), answers are bare numbers,
 so a tiny character-level model learns them quickly.
@@ -123,6 +126,15 @@ def groups(rng: random.Random, n: int = 200, size: int = 4) -> list[dict]:
     return rows
 
 
+def prompts(rng: random.Random, n: int = 200) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        prompt, answer = _sum(rng)
+        operands = [int(x) for x in prompt[:-1].split("+")]
+        rows.append({"prompt": prompt, "answer": str(answer), "operands": operands})
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
@@ -133,6 +145,7 @@ def main() -> None:
         ("text", text, 2),
         ("preference", preference, 3),
         ("groups", groups, 4),
+        ("prompts", prompts, 5),
     ):
         rows = make(random.Random(seed))
         write_jsonl(HERE / f"{name}.jsonl", rows)

@@ -52,3 +52,38 @@ def test_print_config_shows_overrides(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "max_steps: 12" in result.stdout
     assert "task: arithmetic" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("record", "needle"),
+    [
+        ('{"question": "1+1=", "answer": "2"}', "a 'prompt' sample needs the fields {'prompt'}"),
+        ('{"prompt": 7, "answer": "2"}', "field 'prompt' must be a string or a list of messages"),
+    ],
+)
+def test_bad_prompt_record_is_one_clear_line(record, needle, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n' + record + "\n")
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"algo: {{name: online_grpo}}\ndata: {{task: null, path: {data}}}\n"
+        "reward: {functions: [{name: exact_match}]}\n"
+    )
+    result = run_cli("train", str(config), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{data} line 2: {needle}" in lines[0], result.stderr
+
+
+def test_eval_without_a_task_is_one_clear_line(tmp_path):
+    from ardea.model import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                     intermediate_size=16).save_pretrained(tmp_path / "model")  # fmt: skip
+    tokenizer.save_pretrained(tmp_path / "model")
+    overrides = ["data.task=null", "data.path=prompts.jsonl"]  # as in a run on a prompt file
+    result = run_cli("eval", str(tmp_path / "model"), *overrides, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has data.task=null; name one" in lines[0], result.stderr

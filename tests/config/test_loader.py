@@ -48,6 +48,11 @@ def test_resolved_yaml_round_trips(tmp_path):
             r"divisible by trainer\.grad_accum_steps=3",
         ),
         (["rollout.top_p=0"], r"rollout\.top_p=0"),
+        (
+            ["rollout.max_new_tokens=8", "rollout.min_new_tokens=9"],
+            r"^rollout\.min_new_tokens=9 exceeds rollout\.max_new_tokens=8",
+        ),
+        (["rollout.min_new_tokens=-1"], r"^rollout\.min_new_tokens=-1 is out of range"),
         (["trainer.device=tpu"], r"trainer\.device='tpu'"),
         (["max_steps"], r"not of the form key=value"),
     ],

@@ -8,6 +8,7 @@ import pytest
 from ardea.data import (
     GroupSample,
     PreferenceSample,
+    PromptSample,
     Record,
     SFTSample,
     detect_format,
@@ -67,6 +68,7 @@ def test_detect_format_names_the_known_shapes():
         ("text.jsonl", "text", SFTSample, 200),
         ("preference.jsonl", "preference", PreferenceSample, 300),
         ("groups.jsonl", "group", GroupSample, 200),
+        ("prompts.jsonl", "prompt", PromptSample, 200),
     ],
 )
 def test_shipped_examples_load(tokenizer, name, kind, sample_type, count):
@@ -81,6 +83,10 @@ def test_shipped_examples_load(tokenizer, name, kind, sample_type, count):
         )
     if kind == "group":
         assert all(len(s.completions) == 4 and set(s.rewards) <= {0.0, 1.0} for s in samples)
+    if kind == "prompt":  # an addition, its answer and its operands, all kept for the rewards
+        for s in samples:
+            a, c = s.row["operands"]
+            assert s.prompt == f"{a}+{c}=" and s.row["answer"] == str(a + c)
 
 
 def test_prompt_completion_file(tokenizer, tmp_path):

@@ -155,6 +155,29 @@ def test_stop_token_ends_completion_and_is_included():
     assert e.token_ids == c.token_ids and e.finish_reason == "stop"
 
 
+def test_min_new_tokens_masks_stop_tokens_and_reports_the_masked_logprobs(prompts):
+    """Half the vocabulary stops a row; with min_new_tokens = 5 none of it is sampled in the
+    first 5 tokens and their log-probs are a teacher-forced log_softmax with those columns
+    at −inf (the distribution sampled from); later tokens are unmasked and stops work."""
+    model, stops = make_model("qwen2"), list(range(1, VOCAB // 2))
+    kwargs = dict(temperature=1.0, max_new_tokens=12, stop_token_ids=stops, seed=4, n=4)
+    free = engine_for(model).generate(prompts, SamplingParams(**kwargs))
+    assert min(len(c.token_ids) for c in free) < 5  # without the mask rows stop early
+    forced = engine_for(model).generate(prompts, SamplingParams(min_new_tokens=5, **kwargs))
+    assert min(len(c.token_ids) for c in forced) >= 5
+    assert not any(t in stops for c in forced for t in c.token_ids[:5])
+    assert any(c.finish_reason == "stop" and len(c.token_ids) < 12 for c in forced)
+    worst = 0.0
+    for c in forced:
+        with torch.no_grad():
+            logits = model(torch.tensor([c.prompt_ids + c.token_ids])).logits[0].float()
+        logits = logits[len(c.prompt_ids) - 1 : -1]  # (R, V): the logits of each token
+        logits[:5, stops] = float("-inf")
+        reference = torch.log_softmax(logits, -1)[torch.arange(len(c.token_ids)), c.token_ids]
+        worst = max(worst, (torch.tensor(c.logprobs) - reference).abs().max().item())
+    assert worst <= 1e-5
+
+
 def test_rows_stop_independently(prompts):
     model = make_model("llama")
     params = SamplingParams(temperature=0, max_new_tokens=9)

@@ -11,6 +11,7 @@ from ardea.rollout.sampling import (
     next_tokens,
     sample_inverse_cdf,
     sampling_logits,
+    suppress_tokens,
     top_k_filter,
     top_p_filter,
 )
@@ -92,3 +93,31 @@ def test_next_tokens_sampled_logprob_is_log_softmax_over_t():
 def test_next_tokens_needs_uniforms_when_sampling():
     with pytest.raises(ValueError, match="uniforms"):
         next_tokens(torch.zeros(1, 3), temperature=1.0)
+
+
+def test_suppressed_stop_token_renormalises_the_sampled_distribution():
+    """Vocabulary of 3 with p = (1/2, 1/4, 1/4) and token 0 a stop token: masked, the
+    sampled distribution is π = (0, 1/2, 1/2), and an unmasked recomputation of the same
+    token is lower by −log(1 − p_stop) = log 2."""
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]] * 2))
+    masked = suppress_tokens(logits, torch.tensor([0]))
+    assert masked[:, 0].tolist() == [NEG, NEG] and torch.equal(masked[:, 1:], logits[:, 1:])
+    tokens, logprobs = next_tokens(masked, temperature=1.0, uniforms=torch.tensor([0.3, 0.7]))
+    assert tokens.tolist() == [1, 2]  # the CDF of π is (0, 1/2, 1)
+    assert logprobs.tolist() == pytest.approx([math.log(0.5)] * 2, abs=1e-6)
+    unmasked = torch.log_softmax(logits, -1)[[0, 1], tokens]  # log(1/4)
+    assert (logprobs - unmasked).tolist() == pytest.approx([math.log(2)] * 2, abs=1e-6)
+    # T = 2: softmax(log p / 2) ∝ sqrt(p) = (√½, ½, ½), so p_stop = √½ / (√½ + 1) and the
+    # masked π is (0, 1/2, 1/2) again
+    tokens, logprobs = next_tokens(masked, temperature=2.0, uniforms=torch.tensor([0.3, 0.7]))
+    assert tokens.tolist() == [1, 2]
+    assert logprobs.tolist() == pytest.approx([math.log(0.5)] * 2, abs=1e-6)
+    p_stop = math.sqrt(0.5) / (math.sqrt(0.5) + 1)
+    unmasked = torch.log_softmax(logits / 2, -1)[[0, 1], tokens]
+    assert (logprobs - unmasked).tolist() == pytest.approx([-math.log(1 - p_stop)] * 2, abs=1e-6)
+    # greedy: logits (3, 1, 2) with token 0 masked pick token 2, log-prob 2 − log(e + e²)
+    tokens, logprobs = next_tokens(
+        suppress_tokens(torch.tensor([[3.0, 1.0, 2.0]]), torch.tensor([0])), temperature=0.0
+    )
+    assert tokens.tolist() == [2]
+    assert logprobs.item() == pytest.approx(2 - math.log(math.e + math.e**2), abs=1e-6)

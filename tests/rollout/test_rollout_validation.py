@@ -60,6 +60,8 @@ def test_params_must_be_sampling_params(engine):
         ("top_k", -1),
         ("top_k", 2.5),
         ("max_new_tokens", 0),
+        ("min_new_tokens", -1),
+        ("min_new_tokens", 65),  # above max_new_tokens=64
         ("n", 0),
         ("seed", -1),
         ("seed", 2**64),

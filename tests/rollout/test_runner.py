@@ -7,6 +7,7 @@ import pytest
 import torch
 from runner_testing import EXAMPLES, TASK, TOKENIZER, make_runner, one, rollout
 
+from ardea.data import Record, tokenize_records
 from ardea.model import sequence_logprobs
 from ardea.rollout import sampling_seed
 
@@ -92,3 +93,25 @@ def test_metrics_and_samples():
 def test_overlong_buffer_beyond_the_budget_is_refused():
     with pytest.raises(ValueError, match="overlong_buffer=9 exceeds rollout.max_new_tokens=6"):
         make_runner(overlong_buffer=9)
+
+
+def test_prompt_records_reach_the_reward_functions_with_their_columns():
+    seen = []
+
+    def bonus(prompts, completions, rows):
+        seen.append((prompts, rows))
+        return [float(row["bonus"]) for row in rows]
+
+    chat = [{"role": "user", "content": "hi"}]
+    data = [{"prompt": "1+2=", "answer": "3", "bonus": 0.5}, {"prompt": chat, "bonus": 2}]
+    samples = tokenize_records([Record(d) for d in data], TOKENIZER, "prompt", max_length=32)
+    runner, _ = make_runner(group_size=2, reward=bonus)
+    batch = rollout(runner, samples, seed_index=0).batch
+    [(prompts, rows)] = seen
+    assert prompts == ["1+2=", "1+2=", chat, chat]  # as written in the records
+    assert rows == [data[0], data[0], data[1], data[1]]  # every column, at the top level
+    assert batch.rewards.tolist() == [0.5, 0.5, 2.0, 2.0]
+    for row, sample in zip((0, 2), samples):  # the engine completed the records' own ids
+        width = len(sample.prompt_ids)
+        assert batch.input_ids[row, :width].tolist() == list(sample.prompt_ids)
+        assert not batch.loss_mask[row, :width].any() and batch.loss_mask[row, width]

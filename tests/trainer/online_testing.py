@@ -62,12 +62,12 @@ def record_rollouts(trainer, change=None) -> list:
     return seen
 
 
-def completion_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def completion_lengths(batch) -> torch.Tensor:
     """``(N,)`` generated tokens per row of a rollout batch (its loss-mask count)."""
     return batch.loss_mask.sum(dim=-1)
 
 
-def naive_token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def naive_token_logprobs(model, batch) -> torch.Tensor:
     """``(N, S - 1)`` float64 log-probs at T = 1 from one full forward (no ardea code):
     entry ``t`` is ``log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``."""
     ids, attn = batch.input_ids, batch.attention_mask

@@ -18,6 +18,7 @@ READY_CONFIGS = (
     "online_dpo.yaml",
     "online_grpo.yaml",
     "online_grpo_dapo.yaml",
+    "online_grpo_prompts.yaml",
     "online_ppo.yaml",
     "online_ppo_adaptive_lambda.yaml",
     "seq_text.yaml",

@@ -70,6 +70,11 @@ def evaluate(args: argparse.Namespace) -> int:
     from ardea.trainer.evaluate import evaluate_task
 
     config, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
+    if config.data.task is None:
+        raise ArdeaError(
+            f"ardea eval measures a task's held-out accuracy, and the config of {args.path} "
+            "has data.task=null; name one, e.g. `ardea eval PATH data.task=arithmetic`"
+        )
     task = make_task(config.data.task, seed=config.data.seed, **config.data.task_args)
     size = (
         config.data.eval_size

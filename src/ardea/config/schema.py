@@ -81,7 +81,10 @@ class DataConfig:
         "null generates it from data.task.",
     )
     eval_path: str | None = option(
-        None, "Held-out data in the same format as data.path; its loss is logged as eval/loss."
+        None,
+        "Held-out data in the same format as data.path; its loss is logged as eval/loss, or "
+        "for online strategies (prompt records) the reward of greedy completions as "
+        "eval/reward_mean.",
     )
     max_length: int = option(0, "Longest training sequence in tokens (0 = the model's context).")
     packing: bool = option(
@@ -205,6 +208,12 @@ class RolloutConfig:
         "policy in this process).",
     )
     max_new_tokens: int = option(16, "Longest completion generated per prompt.")
+    min_new_tokens: int = option(
+        0,
+        "Online RL rollouts: stop tokens (eos, stop ids) are masked out until a completion has "
+        "this many tokens, as transformers' min_new_tokens; behaviour log-probs are those of "
+        "the masked distribution sampled from (0 = off; at most max_new_tokens).",
+    )
     temperature: float = option(
         1.0,
         "Sampling temperature of online RL rollouts and of `ardea eval --k` (0 = greedy); the "
@@ -222,6 +231,12 @@ class RolloutConfig:
         if not isinstance(self.engine, str) or not self.engine:
             raise ConfigError(f"rollout.engine={self.engine!r} must name a generation engine")
         check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
+        check_range("rollout.min_new_tokens", self.min_new_tokens, low=0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                f"rollout.min_new_tokens={self.min_new_tokens} exceeds rollout.max_new_tokens="
+                f"{self.max_new_tokens}; lower it or raise max_new_tokens"
+            )
         check_range("rollout.group_size", self.group_size, low=1)
         check_range("rollout.max_staleness", self.max_staleness, low=0)
         check_temperature("rollout.temperature", self.temperature)

@@ -4,9 +4,11 @@ Training data files are read into :class:`Record`s (:mod:`ardea.data.records`), 
 is detected from their keys (:mod:`ardea.data.shapes`), and tokenized into the samples of
 one kind (:mod:`ardea.data.load`): ``text`` and ``sft`` → :class:`SFTSample` (optionally
 packed, :mod:`ardea.data.packing`), ``preference`` → :class:`PreferenceSample`, ``group``
-→ :class:`GroupSample`. Each sample type has its ``collate_*`` function producing a
-:class:`TrajectoryBatch` (:mod:`ardea.data.trajectory`), the one layout every strategy
-consumes and rollouts produce, built from prompt / generated / context segments.
+→ :class:`GroupSample`, ``prompt`` → :class:`PromptSample` (online RL prompts whose other
+columns reach the reward functions, :mod:`ardea.data.prompt_data`). Each sample type has its
+``collate_*`` function producing a :class:`TrajectoryBatch` (:mod:`ardea.data.trajectory`),
+the one layout every strategy consumes and rollouts produce, built from prompt / generated /
+context segments.
 """
 
 from ardea.data.chat import chat_tokens
@@ -14,6 +16,7 @@ from ardea.data.groups import GroupSample, collate_groups
 from ardea.data.load import Sample, load_samples, tokenize_records
 from ardea.data.packing import PackedSample, collate_packed, pack_samples
 from ardea.data.preference import PreferenceSample, collate_preference, preference_pairs
+from ardea.data.prompt_data import PromptSample, RolloutPrompt, reward_row, rollout_prompt_ids
 from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.records import Record, read_records
 from ardea.data.sft import SFTSample, collate_sft, tokenize_examples
@@ -27,7 +30,9 @@ __all__ = [
     "GroupSample",
     "PackedSample",
     "PreferenceSample",
+    "PromptSample",
     "Record",
+    "RolloutPrompt",
     "SFTSample",
     "Segment",
     "Sample",
@@ -49,6 +54,8 @@ __all__ = [
     "preference_pairs",
     "read_records",
     "register_task",
+    "reward_row",
+    "rollout_prompt_ids",
     "task_names",
     "tokenize_examples",
     "tokenize_records",

@@ -82,6 +82,15 @@ def render(
     return list(ids)
 
 
+def generation_prompt_ids(
+    tokenizer: Any, messages: Sequence[Message], record: Record, *, tools: list[Any] | None
+) -> list[int]:
+    """Token ids of ``messages`` followed by the assistant's generation prompt: what a
+    model sees before it answers (online RL prompts)."""
+    _require_template(tokenizer, record)
+    return render(tokenizer, messages, record, add_generation_prompt=True, tools=tools)
+
+
 def _trained_length(added: Sequence[int], special_ids: set[int]) -> int:
     """How many leading tokens of ``added`` (an assistant message's tokens after its header)
     are trained: up to and including the last special token, or all if there is none."""

@@ -7,9 +7,12 @@
     preference    {"prompt", "chosen", "rejected"}   PreferenceSample
     group         {"prompt", "completions",          GroupSample
                   "rewards", "logprobs"?}
+    prompt        {"prompt", <any other columns>}    PromptSample (online RL; the other
+                                                     columns reach the reward functions)
 
 Nothing is truncated: a record longer than ``max_length`` is an error naming the file,
-line, token count and limit (``text`` records are cut into chunks instead).
+line, token count and limit (``text`` records are cut into chunks instead). For ``prompt`` samples ``max_length`` is the
+longest prompt, the context minus the room the completion needs.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from typing import Any
 from ardea.data.chat import tokenize_chat, tokenize_prompt_completion
 from ardea.data.groups import GroupSample, tokenize_group
 from ardea.data.preference import PreferenceSample, tokenize_preference
+from ardea.data.prompt_data import PromptSample, tokenize_prompt
 from ardea.data.records import Record, read_records
 from ardea.data.sft import SFTSample
 from ardea.data.shapes import KIND_SHAPES, check_kind
 from ardea.data.text import tokenize_text
 from ardea.errors import ArdeaError
 
-Sample = SFTSample | PreferenceSample | GroupSample
+Sample = SFTSample | PreferenceSample | GroupSample | PromptSample
 
 
 def _tokenize_one(
@@ -43,6 +47,10 @@ def _tokenize_one(
             tokenize_prompt_completion(
                 tokenizer, record, max_length=max_length, chat_template=chat_template
             )
+        ]
+    if shape == "prompt":
+        return [
+            tokenize_prompt(tokenizer, record, max_length=max_length, chat_template=chat_template)
         ]
     if shape == "preference":
         return [
@@ -67,7 +75,7 @@ def tokenize_records(
         records: from :func:`~ardea.data.records.read_records` (or built in memory).
         tokenizer: a Hugging Face tokenizer (with an eos token; with a chat template for
             conversational records or ``chat_template=True``).
-        kind: ``text``, ``sft``, ``preference`` or ``group``.
+        kind: ``text``, ``sft``, ``preference``, ``group`` or ``prompt``.
         max_length: the longest sample in tokens (>= 1).
         chat_template: render *string* prompts as a user turn with the chat template;
             message lists always use it.

@@ -10,8 +10,11 @@ absent, as Parquet and ``datasets`` fill missing columns with nulls):
     group               {"prompt": str | messages, "completions": [str, ...],
                          "rewards": [float, ...], "logprobs"?: [[float, ...], ...]}
     text                {"text": str}
+    prompt              {"prompt": str | messages, <any other columns>}
 
-Each sample kind accepts some shapes (:data:`KIND_SHAPES`). Every accessor raises an
+Each sample kind accepts some shapes (:data:`KIND_SHAPES`); the ``prompt`` kind (online RL)
+accepts any record with a ``prompt``: its other columns are data for the reward functions,
+whatever their names. Every accessor raises an
 :class:`~ardea.errors.ArdeaError` naming the file, line, field and what was expected.
 """
 
@@ -29,6 +32,7 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "preference": ("prompt", "chosen", "rejected"),
     "group": ("prompt", "completions", "rewards"),
     "text": ("text",),
+    "prompt": ("prompt",),
 }
 
 KIND_SHAPES: dict[str, tuple[str, ...]] = {
@@ -36,6 +40,7 @@ KIND_SHAPES: dict[str, tuple[str, ...]] = {
     "sft": ("chat", "prompt_completion"),
     "preference": ("preference",),
     "group": ("group",),
+    "prompt": ("prompt",),
 }
 
 Message = dict[str, Any]
@@ -55,8 +60,8 @@ def _got_fields(data: dict[str, Any]) -> str:
 
 
 def detect_format(record: Record | dict[str, Any]) -> str:
-    """The shape of ``record``: ``chat``, ``prompt_completion``, ``preference``, ``group``
-    or ``text`` (see module docstring); raises if none of their keys is present."""
+    """The shape of ``record``: ``chat``, ``prompt_completion``, ``preference``, ``group``,
+    ``text`` or ``prompt`` (see module docstring); raises if none of their keys is present."""
     if not isinstance(record, Record):
         record = Record(record)
     data = record.data
@@ -70,6 +75,8 @@ def detect_format(record: Record | dict[str, Any]) -> str:
         return "prompt_completion"
     if _has(data, "text"):
         return "text"
+    if _has(data, "prompt"):
+        return "prompt"
     known = "; ".join(f"{shape}: {_fields_text(shape)}" for shape in SHAPE_FIELDS)
     raise record.error(f"unknown record shape (fields: {_got_fields(data)}); known shapes: {known}")
 
@@ -80,10 +87,13 @@ def check_kind(record: Record, kind: str) -> str:
     if kind not in KIND_SHAPES:
         raise ArdeaError(f"unknown sample kind {kind!r}; known kinds: {', '.join(KIND_SHAPES)}")
     expected = " or ".join(f"{{{_fields_text(shape)}}}" for shape in KIND_SHAPES[kind])
-    try:
-        shape = detect_format(record)
-    except ArdeaError:
-        shape = None
+    if kind == "prompt":  # every other column is data, even one named like another shape's
+        shape = "prompt" if _has(record.data, "prompt") else None
+    else:
+        try:
+            shape = detect_format(record)
+        except ArdeaError:
+            shape = None
     if shape not in KIND_SHAPES[kind]:
         raise record.error(
             f"a {kind!r} sample needs the fields {expected}; this record has fields "

@@ -1,7 +1,8 @@
 """Built-in reward functions (registered on import of :mod:`ardea.reward`).
 
 Each takes ``(prompts, completions, rows)`` and returns one value per completion; answer
-checks read the reference from ``rows[i]["answer"]``.
+checks read the reference from ``rows[i]["answer"]`` (a prompt record's ``answer`` column, or
+a task example's answer: :func:`example_row`).
 
 ================  ==========================================================================
 ``exact_match``   1 if ``completion.strip() == str(answer).strip()``.
@@ -21,19 +22,20 @@ checks read the reference from ``rows[i]["answer"]``.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from typing import Any
 
+from ardea.data.prompt_data import RolloutPrompt, reward_row
 from ardea.data.tasks import Example, Task
 from ardea.data.tasks.answers import last_number, math_equal, parse_number
 from ardea.errors import ConfigError
 from ardea.reward.registry import RewardFn, make_reward, register_reward
 
 
-def example_row(example: Example) -> dict[str, Any]:
-    """The row of a task example as reward functions receive it:
-    ``{"prompt", "answer", "meta"}``."""
-    return asdict(example)
+def example_row(example: RolloutPrompt) -> dict[str, Any]:
+    """The row reward functions receive with a completion of ``example``: a task example's
+    ``{"prompt", "answer", "meta"}``, or a prompt record's columns as they are in its file
+    (:func:`ardea.data.reward_row`)."""
+    return reward_row(example)
 
 
 def _answer(row: dict) -> Any:

@@ -4,8 +4,10 @@ A reward function is called on a batch::
 
     fn(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]
 
-``rows[i]`` holds the dataset row / example fields of sample ``i`` (at least ``answer``;
-tasks add ``prompt`` and ``meta``, see :func:`ardea.reward.example_row`). It returns one
+``prompts[i]`` is the prompt of sample ``i`` as written (a string, or a list of messages for a
+conversational prompt record) and ``rows[i]`` its row: a prompt record's columns at the top
+level, as in the file (``prompt``, ``answer``, any other column), or a task example's
+``{"prompt", "answer", "meta"}`` (see :func:`ardea.reward.example_row`). It returns one
 number per completion, or ``None`` for "no opinion" (scored 0 and counted as skipped).
 Options are explicit keyword-only arguments after the three lists; :func:`make_reward`
 binds them and rejects unknown or missing ones.

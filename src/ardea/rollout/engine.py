@@ -40,6 +40,13 @@ class SamplingParams:
     max_new_tokens: int = field(
         default=64, metadata={"help": "Most tokens generated per completion (>= 1)."}
     )
+    min_new_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Stop tokens (eos and stop_token_ids) are masked out until this many "
+            "tokens exist (<= max_new_tokens); log-probs are those of the masked distribution."
+        },
+    )
     stop_token_ids: list[int] = field(
         default_factory=list,
         metadata={"help": "Extra stop tokens; the engine's eos ids always stop too."},
@@ -63,6 +70,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
         _check_int("top_k", self.top_k, 0, "0 = off")
         _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("min_new_tokens", self.min_new_tokens, 0, upper=self.max_new_tokens)
         _check_int("n", self.n, 1)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "or None", upper=2**63 - 1)

@@ -11,16 +11,20 @@ How a batch is decoded:
    n samples of one prompt, are prefilled once); then one forward per new token over
    ``(N, 1)`` with the cache, whose layers append into buffers preallocated for ``P + T``
    positions, and with 4D attention masks prepared once per batch.
-3. Each step samples every row from its last logits (see :mod:`ardea.rollout.sampling`). A row
+3. Each step samples every row from its last logits (see :mod:`ardea.rollout.sampling`); for
+   the first ``params.min_new_tokens`` steps the stop tokens are suppressed first. A row
    that emits a stop token is finished: later outputs are padding, and once half of the rows
    are finished they are dropped from the batch and the cache. Decoding stops when every row
    is finished or after ``T`` tokens.
 
 Log-probs (behaviour log-probs): for ``T > 0`` the log-prob of the sampled token under the
 distribution it was drawn from, ``log_softmax(logits / T)`` renormalised over the top-k /
-top-p kept set. With truncation off (top_k = 0, top_p = 1) they equal what the trainer
-recomputes with ``log_softmax(logits / T)`` on the same tokens and weights; with greedy
-(``T = 0``) they are ``log_softmax(logits)`` (temperature 1).
+top-p kept set, and over the non-stop tokens while stop tokens are suppressed
+(``min_new_tokens``). With truncation off (top_k = 0, top_p = 1) they equal what the trainer
+recomputes with ``log_softmax(logits / T)`` on the same tokens and weights, except at the
+first ``min_new_tokens`` tokens, where the engine's is higher by ``−log(1 − p_stop)`` (the
+stop tokens' mass; :mod:`ardea.rollout.sampling`); with greedy (``T = 0``) they are
+``log_softmax(logits)`` (temperature 1).
 
 Concurrency: ``generate`` and ``update_weights`` hold one lock, so a call runs on one set of
 weights and labels its completions with their version; an update waits for a running call.
@@ -54,7 +58,7 @@ from ardea.rollout.engine import (
     stop_token_ids,
 )
 from ardea.rollout.kv_cache import new_cache
-from ardea.rollout.sampling import next_tokens
+from ardea.rollout.sampling import next_tokens, suppress_tokens
 
 _COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
 _Result = tuple[list[int], list[float], str]  # a row's token ids, log-probs, finish reason
@@ -199,6 +203,8 @@ class InProcessEngine(GenerationEngine):
         n_done = 0
         for t in range(steps):
             u = None if uniforms is None else uniforms[out.index(), t]
+            if t < params.min_new_tokens:
+                logits = suppress_tokens(logits, stop_ids)
             tok, lp = next_tokens(
                 logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                 uniforms=u,

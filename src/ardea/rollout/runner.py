@@ -1,6 +1,7 @@
 """The rollout runner: G completions per prompt from a generation engine, then scored.
 
-A rollout is two calls, so that the training step can time and place them separately:
+A rollout of rollout prompts (task examples or prompt records, :mod:`ardea.data.prompt_data`)
+is two calls, so that the training step can time and place them separately:
 
 - :meth:`RolloutRunner.generate`: the engine completes every prompt ``group_size`` times
   (a :class:`Generation`: completions with behaviour log-probs and policy versions);
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ardea.data import Example, Segment, Task, Trajectory, TrajectoryBatch, encode_prompt
+from ardea.data import RolloutPrompt, Segment, Task, Trajectory, TrajectoryBatch, rollout_prompt_ids
 from ardea.errors import ArdeaError
 from ardea.reward import RewardScorer, example_row, overlong_penalty
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
@@ -74,7 +75,7 @@ class Generation:
     ``prompts`` (token ids), ``completions`` (``group_size`` per prompt, prompt-major) and
     the ``seconds`` generation took."""
 
-    examples: list[Example]
+    examples: list[RolloutPrompt]
     prompts: list[list[int]]
     completions: list[Completion]
     seconds: float
@@ -103,7 +104,8 @@ class RolloutRunner:
         chat_template: wrap prompts in the tokenizer's chat template.
         seed: the run seed (see the module docstring).
         task: when given, ``rollout/accuracy`` is the share of completions its verifier
-            accepts, whatever the reward functions are.
+            accepts, whatever the reward functions are (the prompts must then be its
+            examples).
         overlong_buffer, overlong_penalty: DAPO's soft overlong penalty
             (:func:`ardea.reward.overlong_penalty`; buffer 0 = off).
     """
@@ -138,16 +140,16 @@ class RolloutRunner:
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty = overlong_penalty
 
-    def encode(self, examples: Sequence[Example]) -> list[list[int]]:
-        """The prompt token ids of ``examples``."""
+    def encode(self, examples: Sequence[RolloutPrompt]) -> list[list[int]]:
+        """The prompt token ids of ``examples`` (task examples or prompt records)."""
         return [
-            encode_prompt(self.tokenizer, e.prompt, chat_template=self.chat_template)
+            rollout_prompt_ids(self.tokenizer, e, chat_template=self.chat_template)
             for e in examples
         ]
 
     def generate(
         self,
-        examples: Sequence[Example],
+        examples: Sequence[RolloutPrompt],
         *,
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,

@@ -18,6 +18,15 @@ functions as the trainer's log-probs (:func:`ardea.model.scale_logits`,
 :func:`ardea.model.logprobs_from_logits`). With k = 0 and p = 1 this is
 ``log_softmax(logits / T)``. Greedy (``T = 0``) picks ``argmax logits`` and reports
 ``log_softmax(logits)[argmax]`` (the T = 1 distribution).
+
+Suppressed tokens (stop tokens before ``min_new_tokens``, :func:`suppress_tokens`) have their
+logits set to −inf *before* all of the above, as transformers' ``min_new_tokens`` does, so π
+and the reported log-prob are those of the masked distribution actually sampled from. With
+truncation off and ``p_S = Σ_{s ∈ S} softmax(logits / T)_s`` the mass of the suppressed set S,
+
+    log π(v) = log_softmax(logits / T)_v − log(1 − p_S)        for v ∉ S,
+
+so an unmasked recomputation of the same token is lower by ``−log(1 − p_S) ≥ 0``.
 """
 
 from __future__ import annotations
@@ -67,6 +76,15 @@ def sampling_logits(
     z = scale_logits(logits, temperature)
     z = top_k_filter(z, top_k)
     return top_p_filter(z, top_p)
+
+
+def suppress_tokens(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``logits`` with the columns ``token_ids`` set to −inf (a new tensor).
+
+    logits: (N, V); token_ids: (K,) long, K < V. The row keeps its other V − K entries, so
+    softmax of the result is renormalised over them.
+    """
+    return logits.index_fill(-1, token_ids, float("-inf"))
 
 
 def sample_inverse_cdf(z: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Where a run's training samples come from: a data file or a built-in task.
 
 The strategy says which kind of sample it needs (``text``, ``sft``, ``preference``,
-``group``); a file named by ``data.path`` is read and tokenized into that kind, and
-without a file the task named by ``data.task`` generates ``sft`` samples. With
-``data.packing`` the ``text``/``sft`` samples are packed into rows of ``max_length``.
+``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
+and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
+strategies, ``prompt`` examples. With ``data.packing`` the ``text``/``sft`` samples are
+packed into rows of ``max_length``. A prompt file's prompts must leave room for
+``rollout.max_new_tokens`` within ``max_length``.
 """
 
 from __future__ import annotations
@@ -23,15 +25,38 @@ def max_sequence_length(config: ArdeaConfig, context: int) -> int:
     return wanted
 
 
+def _sample_length(config: ArdeaConfig, kind: str, max_length: int) -> int:
+    """The longest sample of ``kind`` in a file: ``max_length``, or for prompts what is left
+    of it after the completion's ``rollout.max_new_tokens``."""
+    if kind != "prompt":
+        return max_length
+    room = max_length - config.rollout.max_new_tokens
+    if room < 1:
+        raise ConfigError(
+            f"rollout.max_new_tokens={config.rollout.max_new_tokens} leaves no room for a "
+            f"prompt in a sequence of {max_length} tokens (data.max_length or the model's "
+            "context); lower it"
+        )
+    return room
+
+
+def _load(config: ArdeaConfig, path: str, tokenizer: Any, kind: str, max_length: int):
+    return load_samples(
+        path,
+        tokenizer,
+        kind,
+        max_length=_sample_length(config, kind, max_length),
+        chat_template=config.data.chat_template,
+    )
+
+
 def training_samples(
     config: ArdeaConfig, tokenizer: Any, kind: str, task: Task | None, *, max_length: int
 ) -> list[Any]:
     """The samples the strategy trains on, in a fixed order."""
     data = config.data
     if data.path:
-        samples = load_samples(
-            data.path, tokenizer, kind, max_length=max_length, chat_template=data.chat_template
-        )
+        samples = _load(config, data.path, tokenizer, kind, max_length)
     elif kind == "sft" and task is not None:
         examples = task.examples("train", data.train_size)
         samples = tokenize_examples(
@@ -52,18 +77,8 @@ def training_samples(
 
 
 def eval_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length: int) -> list[Any]:
-    """Held-out samples from ``data.eval_path`` (empty when it is not set)."""
+    """Held-out samples from ``data.eval_path`` (empty when it is not set); for online
+    strategies a file of prompt records, scored by the reward functions."""
     if not config.data.eval_path:
         return []
-    if kind == "prompt":
-        raise ConfigError(
-            f"data.eval_path is not used by online strategies (algo.name={config.algo.name}): "
-            "they are evaluated on data.task's held-out split; unset data.eval_path"
-        )
-    return load_samples(
-        config.data.eval_path,
-        tokenizer,
-        kind,
-        max_length=max_length,
-        chat_template=config.data.chat_template,
-    )
+    return _load(config, config.data.eval_path, tokenizer, kind, max_length)

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy exact-match accuracy and sampled pass@k."""
+"""Held-out evaluation: greedy exact-match accuracy and sampled pass@k on a task, the mean
+reward of greedy completions on held-out prompt records, the loss on held-out samples."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 import torch
 
-from ardea.data import Example, Task, encode_prompt
+from ardea.data import Example, PromptSample, RolloutPrompt, Task, reward_row, rollout_prompt_ids
 from ardea.errors import ArdeaError
+from ardea.reward import RewardScorer, build_scorer
 from ardea.rollout import GenerationEngine, SamplingParams
 
 
@@ -39,14 +41,14 @@ class EvalResult:
 def _generate_texts(
     engine: GenerationEngine,
     tokenizer: Any,
-    examples: Sequence[Example],
+    examples: Sequence[RolloutPrompt],
     params: SamplingParams,
     *,
     chat_template: bool,
     batch_size: int,
 ) -> list[list[str]]:
     """``params.n`` decoded completions per example, in example order."""
-    prompts = [encode_prompt(tokenizer, e.prompt, chat_template=chat_template) for e in examples]
+    prompts = [rollout_prompt_ids(tokenizer, e, chat_template=chat_template) for e in examples]
     texts: list[list[str]] = []
     for start in range(0, len(prompts), batch_size):
         completions = engine.generate(prompts[start : start + batch_size], params)
@@ -117,13 +119,41 @@ def evaluate_task(
     return EvalResult(metrics, samples)
 
 
+def evaluate_rewards(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    scorer: RewardScorer,
+    prompts: Sequence[PromptSample],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 256,
+) -> EvalResult:
+    """One greedy completion per held-out prompt record, scored by the reward functions
+    with the record's row; metrics ``reward_mean`` (the weighted sum, averaged over prompts)."""
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    texts = [
+        t[0]
+        for t in _generate_texts(
+            engine, tokenizer, prompts, greedy, chat_template=False, batch_size=batch_size
+        )
+    ]
+    scored = scorer.score([p.prompt for p in prompts], texts, [reward_row(p) for p in prompts])
+    metrics = {"reward_mean": sum(scored.rewards) / len(scored.rewards)}
+    return EvalResult(
+        metrics, [(p.prompt, t, r) for p, t, r in zip(prompts, texts, scored.rewards)]
+    )
+
+
 class Evaluator:
     """The evaluations of a training run, each optional.
 
     - ``eval/accuracy``: greedy exact match on the task's held-out split (when a task is set);
-    - ``eval/loss``: the strategy's loss on ``data.eval_path`` samples (when set).
+    - ``eval/reward_mean``: online strategies, mean reward of greedy completions of the
+      ``data.eval_path`` prompt records (when set), by ``reward.functions``;
+    - ``eval/loss``: other strategies, the loss on ``data.eval_path`` samples (when set).
 
-    Each evaluation also appends a few decoded completions to ``samples.jsonl``.
+    With neither a task nor ``data.eval_path`` nothing is evaluated. Each evaluation also
+    appends a few decoded completions to ``samples.jsonl``.
     """
 
     def __init__(self, config, task, engine, tokenizer, strategy, held_out_samples) -> None:
@@ -134,9 +164,23 @@ class Evaluator:
         self.strategy = strategy
         self.held_out_samples = held_out_samples
         self.examples = task.examples("test", config.data.eval_size) if task is not None else []
+        self.scorer = None
+        if held_out_samples and strategy.sample_kind == "prompt":
+            self.scorer = build_scorer(config.reward, task)
 
     def run(self, step: int, run_dir) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        if self.scorer is not None:
+            result = evaluate_rewards(
+                self.engine,
+                self.tokenizer,
+                self.scorer,
+                self.held_out_samples,
+                max_new_tokens=self.config.rollout.max_new_tokens,
+                batch_size=self.config.rollout.batch_size,
+            )
+            metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
+            append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])
         if self.examples:
             result = evaluate_task(
                 self.engine,
@@ -149,7 +193,7 @@ class Evaluator:
             )
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
             append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])
-        if self.held_out_samples:
+        if self.held_out_samples and self.scorer is None:
             metrics["eval/loss"] = self.held_out_loss()
         return metrics
 

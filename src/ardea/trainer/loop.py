@@ -103,7 +103,10 @@ class Trainer:
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             max_new_tokens=rollout.max_new_tokens,
+            min_new_tokens=rollout.min_new_tokens,
         )
+        # rollout/accuracy by the task's verifier only where the prompts are the task's own
+        accuracy_task = None if config.data.path else self.task
         runner = RolloutRunner(
             self.engine,
             self.tokenizer,
@@ -112,7 +115,7 @@ class Trainer:
             params=params,
             chat_template=config.data.chat_template,
             seed=config.trainer.seed,
-            task=self.task,
+            task=accuracy_task,
             overlong_buffer=reward.overlong_buffer,
             overlong_penalty=reward.overlong_penalty,
         )

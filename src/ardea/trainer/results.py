@@ -50,10 +50,11 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         results["accuracy"] = accuracies[-1][1]
         results["best_accuracy"] = max(a for _, a in accuracies)
         results["eval_examples"] = len(trainer.evaluator.examples)
-    losses = trainer.history.get("eval/loss", [])
-    if losses:
-        results["eval_loss_initial"] = losses[0][1]
-        results["eval_loss"] = losses[-1][1]
+    for metric, key in (("eval/reward_mean", "eval_reward"), ("eval/loss", "eval_loss")):
+        values = trainer.history.get(metric, [])
+        if values:
+            results[f"{key}_initial"] = values[0][1]
+            results[key] = values[-1][1]
     results["nonfinite_steps"] = trainer.nonfinite["total"]
     results["train_seconds"] = round(trainer.train_seconds, 1)
     results["wall_seconds"] = round(wall_seconds, 1)

@@ -1,0 +1,395 @@
+"""One GRPO optimizer step: ardea's ``online_grpo`` (through ``ardea train``) against TRL's
+``GRPOTrainer`` on the same CPU work, measured side by side in one run.
+
+The workload, identical on both sides:
+
+- a Qwen2-architecture model (hidden 256, intermediate 768, 4 layers, 4 heads, 2 KV heads,
+  tied embeddings, random init, seed 0) and ardea's character-level tokenizer (a
+  ``PreTrainedTokenizerFast``), both written once with ``save_pretrained``; both sides load
+  that directory;
+- a prompt JSONL of 2-digit additions ``{"prompt": "a+b=", "answer": "a+b"}`` (a, b in
+  [10, 99], so every prompt is 6 tokens), an exact-match reward on the ``answer`` column;
+- 8 prompts × 8 completions per optimizer step in one micro-batch, exactly 64 new tokens
+  (ardea ``rollout.min_new_tokens = max_new_tokens = 64``; TRL
+  ``generation_kwargs={"min_new_tokens": 64}``, ``max_completion_length=64``), temperature
+  1, no top-k / top-p, one PPO iteration per rollout, clip ε = 0.2, token-level loss (ardea
+  ``token-mean``, TRL ``loss_type="dapo"``), group-normalised advantages, AdamW at lr 1e-5
+  constant (betas 0.9 / 0.999, no weight decay, no warm-up), gradient clipping at 1.0;
+- cases: ``fp32`` (no reference model), ``fp32+ref`` (a frozen reference model and the k3
+  KL, β = 0.04, as a loss term on both sides), ``bf16`` (TRL ``bf16=True``: autocast with
+  fp32 weights; ardea ``model.dtype=bfloat16``: bf16 weights, ardea has no autocast yet).
+  TRL's own defaults turn bf16 and gradient checkpointing on; the fp32 cases run it with
+  ``bf16=False, gradient_checkpointing=False``, every case with ``use_cpu=True``, no
+  logging, saving or progress bar (``trl_grpo_worker.py`` lists every GRPOConfig field set).
+
+Timing: seconds per optimizer step = the wall time between the ends of consecutive steps
+(everything a step costs, logging included): on TRL's side the ``on_step_end`` callbacks
+of a ``TrainerCallback``, on ardea's the ``time`` of consecutive records in the run's
+``metrics.jsonl`` (one per step, ``logging.log_every=1``). The first ``--warmup`` steps (2)
+are dropped. Each repetition runs both sides once, one after the other (which goes first
+alternates), never at the same time; per side the median over all measured steps of all
+repetitions, and per repetition the ratio TRL / ardea of the two medians, whose median is
+the reported ratio (> 1: ardea is faster).
+
+FLOPs of one step (``N`` sequences of ``P`` prompt + ``R`` completion tokens, ``M`` the matmul
+parameters per token: ``L · (2H² + 2H·H_kv + 3H·I) + V·H``, the tied LM head counted as a
+matmul; causal attention ``2·H·S·(S+1)`` per layer for a forward over ``S`` positions):
+
+    F(S)  = 2·M·S + L·2·H·S·(S+1)                     forward over S positions
+    step  = N · [F(P + R − 1) + 3·F(P + R) (+ F(P + R) with the reference)]
+
+(generation feeds P + R − 1 positions; forward + backward ≈ 3 forwards). Achieved FLOP/s =
+step FLOPs / seconds per step, against the matmul peak measured in the same run (the best
+``torch.matmul`` rate on square matrices, fp32 and bf16, at the runs' thread count).
+
+The TRL environment is created by the script on first use (``benchmarks/.venv-trl``,
+git-ignored: ``torch`` at this environment's version first, then ``trl==1.16.0`` and
+``transformers`` at this environment's version); TRL is never a dependency of ardea.
+
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py               # the README table (minutes)
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --cases fp32 --repeats 2
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --threads 1   # one torch thread per side
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --smoke       # seconds; TRL only if set up
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "trl_grpo_worker.py"
+TRL_VERSION = "1.16.0"
+CASES = {
+    "fp32": {"beta": 0.0, "bf16": False},
+    "fp32+ref": {"beta": 0.04, "bf16": False},
+    "bf16": {"beta": 0.0, "bf16": True},
+}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Model shape, batch and run lengths (module docstring)."""
+
+    hidden: int = 256
+    intermediate: int = 768
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    prompts: int = 8
+    group: int = 8
+    new_tokens: int = 64
+    lr: float = 1e-5
+    warmup: int = 2
+    steps: int = 5
+    repeats: int = 3
+    dataset: int = 256
+
+
+SMOKE = Workload(
+    hidden=32, intermediate=64, layers=2, heads=2, kv_heads=1, prompts=2, group=2,
+    new_tokens=8, warmup=1, steps=1, repeats=1, dataset=16,
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------ inputs
+def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
+    """The model + tokenizer directory and the prompt JSONL; returns them and the shape
+    figures the FLOP count needs."""
+    from ardea.model import build_char_tokenizer, build_tiny_model
+
+    transformers.utils.logging.disable_progress_bar()
+    tokenizer = build_char_tokenizer(model_max_length=128)
+    model = build_tiny_model(
+        tokenizer, hidden_size=work.hidden, num_layers=work.layers, num_heads=work.heads,
+        num_kv_heads=work.kv_heads, intermediate_size=work.intermediate,
+        max_position_embeddings=128, tie_word_embeddings=True, seed=0,
+    )  # fmt: skip
+    model_dir = root / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    rng = random.Random(0)
+    data = root / "prompts.jsonl"
+    with data.open("w", encoding="utf-8") as handle:
+        for _ in range(work.dataset):
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            handle.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+    shape = {
+        "vocab": model.config.vocab_size,
+        "prompt_tokens": len(tokenizer("10+10=", add_special_tokens=False)["input_ids"]),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    return model_dir, data, shape
+
+
+def step_flops(work: Workload, shape: dict, *, reference: bool) -> float:
+    """FLOPs of one optimizer step (module docstring)."""
+    h, kv = work.hidden, work.hidden // work.heads * work.kv_heads
+    matmul = work.layers * (2 * h * h + 2 * h * kv + 3 * h * work.intermediate)
+    matmul += shape["vocab"] * h
+
+    def forward(s: int) -> float:
+        return 2.0 * matmul * s + work.layers * 2.0 * h * s * (s + 1)
+
+    seq = shape["prompt_tokens"] + work.new_tokens
+    passes = forward(seq - 1) + (4 if reference else 3) * forward(seq)
+    return work.prompts * work.group * passes
+
+
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 5) -> float:
+    """Best GFLOP/s of ``n × n`` ``torch.matmul`` in ``dtype`` (2n³ FLOPs each)."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(3):
+            torch.matmul(a, b)
+        best = min(best, (time.perf_counter() - start) / 3)
+    return 2.0 * n**3 / best / 1e9
+
+
+# ---------------------------------------------------------------- TRL venv
+def trl_python(venv: Path, *, create: bool) -> Path | None:
+    """The TRL environment's python, created with pip when missing and ``create``; None
+    when it is missing and not to be created."""
+    python = venv / "bin" / "python"
+    if python.exists() and _imports_trl(python):
+        return python
+    if not create:
+        return None
+    torch_version = torch.__version__.split("+")[0]
+    steps = [
+        [sys.executable, "-m", "venv", str(venv)],
+        [str(python), "-m", "pip", "install", "--quiet", f"torch=={torch_version}"],
+        [
+            str(python), "-m", "pip", "install", "--quiet", f"trl=={TRL_VERSION}",
+            f"transformers=={transformers.__version__}",
+        ],
+    ]  # fmt: skip
+    for command in steps:  # torch first: a bare torch requirement would pull a CUDA build
+        print("# " + " ".join(command), flush=True)
+        subprocess.run(command, check=True)
+    return python
+
+
+def _imports_trl(python: Path) -> bool:
+    probe = subprocess.run([str(python), "-c", "import trl"], capture_output=True)
+    return probe.returncode == 0
+
+
+# -------------------------------------------------------------------- sides
+def ardea_config(work: Workload, case: str, model_dir: Path, data: Path, out: Path) -> dict:
+    """The ``ardea train`` config of one run (module docstring's settings)."""
+    beta, bf16 = CASES[case]["beta"], CASES[case]["bf16"]
+    return {
+        "model": {"path": str(model_dir), "dtype": "bfloat16" if bf16 else "float32"},
+        "data": {"task": None, "path": str(data)},
+        "algo": {
+            "name": "online_grpo",
+            "ppo": {
+                "adv_estimator": "grpo", "eps_clip": 0.2, "loss_agg_mode": "token-mean",
+                "kl_ctl": beta, "kl_estimator": "k3",
+            },
+        },
+        "rollout": {
+            "group_size": work.group, "max_new_tokens": work.new_tokens,
+            "min_new_tokens": work.new_tokens, "temperature": 1.0,
+        },
+        "reward": {"functions": [{"name": "exact_match"}]},
+        "trainer": {
+            "output_dir": str(out), "max_steps": work.warmup + work.steps,
+            "batch_size": work.prompts, "lr": work.lr, "lr_schedule": "constant",
+            "warmup_steps": 0, "weight_decay": 0.0, "adam_betas": [0.9, 0.999],
+            "max_grad_norm": 1.0, "eval_every": 0, "save_every": 0, "seed": 0,
+        },
+        "logging": {"log_every": 1, "progress": False, "tensorboard": False},
+    }  # fmt: skip
+
+
+def run_ardea(config: dict, run_dir: Path, threads: int) -> dict:
+    """``ardea train`` (this environment's entry point) on ``config``; the seconds per step
+    (ends of consecutive steps) and the generate / train phases of each step."""
+    config["trainer"]["num_threads"] = threads
+    path = run_dir.with_suffix(".yaml")
+    path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+    ardea = Path(sys.executable).parent / "ardea"
+    _run([str(ardea), "train", str(path)], f"ardea train {path}")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, lines) if "train/loss" in r]
+    return {
+        "ends": [r["time"] for r in steps],
+        "generate": [r["perf/time_generate"] for r in steps],
+        "train": [r["perf/time_forward_backward"] + r["perf/time_optimizer"] for r in steps],
+    }
+
+
+def run_trl(python: Path, work: Workload, case: str, model_dir, data, run_dir, threads):
+    """``trl_grpo_worker.py`` in the TRL environment; the ends of its steps."""
+    spec = {
+        "model": str(model_dir), "data": str(data), "output_dir": str(run_dir),
+        "prompts": work.prompts, "group": work.group, "max_new_tokens": work.new_tokens,
+        "min_new_tokens": work.new_tokens, "lr": work.lr, "steps": work.warmup + work.steps,
+        "seed": 0, "threads": threads, **CASES[case],
+    }  # fmt: skip
+    spec_path, out_path = run_dir.with_suffix(".spec.json"), run_dir.with_suffix(".out.json")
+    spec_path.write_text(json.dumps(spec))
+    _run([str(python), str(WORKER), str(spec_path), str(out_path)], f"TRL {case}")
+    result = json.loads(out_path.read_text())
+    return {"ends": result["step_end"], "versions": result["versions"]}
+
+
+def _run(command: list[str], what: str) -> None:
+    env = {**os.environ, **OFFLINE}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"{what} failed with status {done.returncode}:\n{tail}")
+
+
+def measured(ends: list[float], warmup: int) -> list[float]:
+    """Seconds of each step after the warm-up: differences of consecutive step ends."""
+    return [b - a for a, b in zip(ends[warmup - 1 : -1], ends[warmup:])]
+
+
+# ------------------------------------------------------------------ report
+def run_case(case, work, model_dir, data, root, trl, threads) -> dict:
+    """Alternate ardea and TRL over ``work.repeats`` repetitions of one case."""
+    ardea_steps, trl_steps, ratios, phases, versions = [], [], [], [], None
+    for rep in range(work.repeats):
+        sides = ["ardea", "trl"] if rep % 2 == 0 else ["trl", "ardea"]
+        reps: dict[str, list[float]] = {}
+        for side in sides if trl else ["ardea"]:
+            run_dir = root / f"{case}-{side}-{rep}"
+            if side == "ardea":
+                config = ardea_config(work, case, model_dir, data, run_dir)
+                result = run_ardea(config, run_dir, threads)
+                phases.append((result["generate"][work.warmup :], result["train"][work.warmup :]))
+            else:
+                result = run_trl(trl, work, case, model_dir, data, run_dir, threads)
+                versions = result["versions"]
+            reps[side] = measured(result["ends"], work.warmup)
+        ardea_steps += reps["ardea"]
+        if trl:
+            trl_steps += reps["trl"]
+            ratios.append(statistics.median(reps["trl"]) / statistics.median(reps["ardea"]))
+    generate = statistics.median(g for gen, _ in phases for g in gen)
+    train = statistics.median(t for _, tr in phases for t in tr)
+    return {
+        "ardea_steps": ardea_steps, "trl_steps": trl_steps, "ratios": ratios,
+        "ardea_generate_s": generate, "ardea_train_s": train, "trl_versions": versions,
+    }  # fmt: skip
+
+
+def summarise(case: str, raw: dict, flops: float, peaks: dict) -> dict:
+    peak = peaks["bf16" if CASES[case]["bf16"] else "fp32"]
+    row = {"case": case, "flops_per_step": flops, "peak_gflops": peak, **raw}
+    for side in ("ardea", "trl"):
+        steps = raw[f"{side}_steps"]
+        if steps:
+            median = statistics.median(steps)
+            row[f"{side}_s_per_step"] = median
+            row[f"{side}_gflops"] = flops / median / 1e9
+            row[f"{side}_percent_of_peak"] = 100 * flops / median / 1e9 / peak
+    if raw["ratios"]:
+        row["ratio_trl_over_ardea"] = statistics.median(raw["ratios"])
+    return row
+
+
+def _gflops(row: dict, side: str) -> str:
+    if f"{side}_gflops" not in row:
+        return "–"
+    return f"{row[side + '_gflops']:.1f} ({row[side + '_percent_of_peak']:.0f} %)"
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of benchmarks/README.md."""
+    lines = [
+        "| case | ardea s/step | TRL s/step | TRL / ardea (per repetition) | ardea GFLOP/s "
+        "(% of peak) | TRL GFLOP/s (% of peak) | ardea generate / train s |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        trl, ratio = "–", "TRL skipped"
+        if "ratio_trl_over_ardea" in r:
+            trl = f"{r['trl_s_per_step']:.3f}"
+            each = ", ".join(f"{x:.2f}" for x in r["ratios"])
+            ratio = f"**{r['ratio_trl_over_ardea']:.2f}x** ({each})"
+        lines.append(
+            f"| {r['case']} | {r['ardea_s_per_step']:.3f} | {trl} | {ratio} | "
+            f"{_gflops(r, 'ardea')} | {_gflops(r, 'trl')} | "
+            f"{r['ardea_generate_s']:.3f} / {r['ardea_train_s']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cases", nargs="+", choices=list(CASES), help="default: all; fp32+ref with --smoke"
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 3)")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per run (5)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's; 1 in smoke)"
+    )
+    parser.add_argument("--trl-venv", type=Path, default=HERE / ".venv-trl")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; never creates TRL")
+    args = parser.parse_args()
+    work = SMOKE if args.smoke else Workload()
+    cases = args.cases or (["fp32+ref"] if args.smoke else list(CASES))
+    work = dataclasses.replace(
+        work, repeats=args.repeats or work.repeats, steps=args.steps or work.steps
+    )
+    threads = args.threads if args.threads is not None else int(args.smoke)  # 0 = torch's
+    if threads:
+        torch.set_num_threads(threads)
+    trl = trl_python(args.trl_venv, create=not args.smoke)
+    if trl is None:
+        print(f"# TRL side skipped: no TRL environment at {args.trl_venv} (smoke mode)")
+    with tempfile.TemporaryDirectory(prefix="bench_grpo_vs_trl-") as scratch:
+        root = args.workdir or Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        rows = bench(work, cases, root, trl, threads, peak_size=256 if args.smoke else 2048)
+    print(table(rows))
+
+
+def bench(work: Workload, cases, root: Path, trl, threads: int, *, peak_size: int) -> list:
+    """Write the inputs, measure the matmul peaks, run every case; one JSON line each."""
+    model_dir, data, shape = write_inputs(work, root)
+    peaks = {dtype: matmul_peak(getattr(torch, name), peak_size) for dtype, name in
+             (("fp32", "float32"), ("bf16", "bfloat16"))}  # fmt: skip
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+        f"{torch.__version__} ({torch.get_num_threads()} threads), transformers "
+        f"{transformers.__version__}; model {shape['parameters'] / 1e6:.2f}M parameters; "
+        f"matmul peak {peaks['fp32']:.0f} GFLOP/s fp32, {peaks['bf16']:.0f} GFLOP/s bf16",
+        flush=True,
+    )
+    rows = []
+    for case in cases:
+        raw = run_case(case, work, model_dir, data, root, trl, threads)
+        flops = step_flops(work, shape, reference=CASES[case]["beta"] > 0)
+        rows.append(summarise(case, raw, flops, peaks))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
