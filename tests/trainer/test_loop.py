@@ -135,3 +135,28 @@ def test_time_budget_ends_the_run_like_max_steps(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evaluated = [r["step"] for r in records if "eval/accuracy" in r]
     assert evaluated == [0, results["steps"]]  # once at the start, once at the end
+
+
+def test_evaluation_sees_the_trained_weights(tmp_path):
+    """An offline run's evaluations generate with the weights trained so far (handed to the
+    engine with update_weights), the same greedy answers as a fresh engine on the policy."""
+    from ardea.rollout import make_engine
+    from ardea.trainer.evaluate import evaluate_task
+
+    trainer = make(tmp_path, "trainer.max_steps=40", "trainer.eval_every=20", "trainer.lr=1e-2")
+    results = trainer.train()
+    fresh = make_engine("in_process", trainer.policy, trainer.tokenizer, share_weights=False)
+    again = evaluate_task(
+        fresh,
+        trainer.tokenizer,
+        trainer.task,
+        trainer.evaluator.examples,
+        max_new_tokens=trainer.config.rollout.max_new_tokens,
+    )
+    assert trainer.engine.version == 2  # the evaluations of steps 20 and 40
+    lines = (tmp_path / "samples.jsonl").read_text().splitlines()
+    shown = [json.loads(x)["completion"] for x in lines if json.loads(x)["step"] == 40]
+    first = [json.loads(x)["completion"] for x in lines if json.loads(x)["step"] == 0]
+    assert shown == [completion for _, completion, _ in again.samples[: len(shown)]]
+    assert shown != first  # training changed the answers, and the evaluation saw it
+    assert results["accuracy"] == again.metrics["accuracy"]

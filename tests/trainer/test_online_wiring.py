@@ -474,3 +474,15 @@ def test_a_config_that_cannot_run_is_refused_before_training(
         config = load_config(None, [*ONE_STEP, *overrides, f"trainer.output_dir={tmp_path}"])
         check_config(config)
         Trainer(config)
+
+
+def test_bfloat16_compute_trains_with_ratios_near_one(tmp_path, reward_module):
+    """model.compute_dtype=bfloat16 (fp32 parameters): engine and trainer both compute in
+    bf16 but with differently shaped matmuls, so the first update's ratio is 1 only up to
+    bf16 rounding: approx KL above fp32's 1e-9 and still far below any clipping."""
+    trainer = trainer_for(tmp_path, "model.compute_dtype=bfloat16", "trainer.max_steps=2")
+    assert trainer.precision.compute == torch.bfloat16
+    out = one_step(trainer)
+    assert 1e-9 < out["train/approx_kl"] < 1e-3
+    assert out["train/clip_fraction"] < 0.01
+    assert math.isfinite(one_step(trainer)["train/loss"])

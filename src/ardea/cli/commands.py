@@ -49,7 +49,7 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
 
 
 def _load_for_inference(path: str, overrides: list[str]):
-    from ardea.model import load_model_and_tokenizer
+    from ardea.model import Precision, load_model_and_tokenizer
     from ardea.rollout import make_engine
     from ardea.trainer.setup import resolve_device
 
@@ -59,7 +59,9 @@ def _load_for_inference(path: str, overrides: list[str]):
     model, tokenizer = load_model_and_tokenizer(
         str(model_dir), dtype=config.model.dtype, device=str(device)
     )
-    engine = make_engine(config.rollout.engine, model, tokenizer)
+    params = next(model.parameters()).dtype
+    precision = Precision.resolve(config.model.compute_dtype, device, params)
+    engine = make_engine(config.rollout.engine, model, tokenizer, precision=precision)
     return config, model_dir, tokenizer, engine
 
 

@@ -17,6 +17,7 @@ from ardea.config.reward import RewardConfig
 from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+COMPUTE_DTYPES = ("auto", *DTYPES)
 ARCHS = ("qwen2", "llama")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 
@@ -34,6 +35,12 @@ class ModelConfig:
     intermediate_size: int = option(384, "Tiny model: MLP inner size.")
     max_position_embeddings: int = option(256, "Tiny model: longest sequence it accepts.")
     dtype: str = option("float32", "Parameter dtype: float32, bfloat16 or float16.")
+    compute_dtype: str = option(
+        "auto",
+        "The dtype matmuls run in (autocast) for training, log-probs and generation; "
+        "parameters stay model.dtype. auto: bfloat16 on CPUs with AVX-512 BF16 or AMX and on "
+        "CUDA GPUs with bf16, else model.dtype; float32, bfloat16 or float16 to choose.",
+    )
     logprob_chunk_size: int = option(
         1024, "Tokens per chunk when computing log-probs (bounds the float32 logits kept at once)."
     )
@@ -48,6 +55,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_choice("model.arch", self.arch, ARCHS)
         check_choice("model.dtype", self.dtype, DTYPES)
+        check_choice("model.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
             check_range(f"model.{name}", getattr(self, name), low=1)
         check_range("model.max_position_embeddings", self.max_position_embeddings, low=8)

@@ -24,6 +24,7 @@ from ardea.model.logprobs import (
     scale_logits,
     sequence_logprobs,
 )
+from ardea.model.precision import COMPUTE_DTYPES, Precision
 from ardea.model.tiny import TINY_ARCHS, build_tiny_model, tiny_config
 from ardea.model.tokenizer import (
     BOS_TOKEN,
@@ -39,12 +40,14 @@ from ardea.model.value import ValueModel
 
 __all__ = [
     "BOS_TOKEN",
+    "COMPUTE_DTYPES",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
     "IM_END_TOKEN",
     "IM_START_TOKEN",
     "PAD_TOKEN",
     "PLAIN_HEAD_MODEL_TYPES",
+    "Precision",
     "TINY_ARCHS",
     "UNK_TOKEN",
     "LogprobOutput",

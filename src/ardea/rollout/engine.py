@@ -191,9 +191,11 @@ ENGINES: dict[str, EngineFactory] = {}
 
 
 def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Decorator registering ``factory(model, tokenizer, *, share_weights) -> engine`` as
-    ``rollout.engine=<name>``. ``share_weights=False`` asks for an engine with its own copy
-    of the weights (e.g. for generating in a background thread while the model trains)."""
+    """Decorator registering ``factory(model, tokenizer, *, share_weights, precision) ->
+    engine`` as ``rollout.engine=<name>``. ``share_weights=False`` asks for an engine with
+    its own copy of the weights (e.g. for generating in a background thread while the model
+    trains); ``precision`` (:class:`ardea.model.Precision` or None) is the autocast its
+    forwards run under."""
 
     def decorate(factory: EngineFactory) -> EngineFactory:
         if name in ENGINES:
@@ -215,11 +217,17 @@ def engine_factory(name: str) -> EngineFactory:
 
 
 def make_engine(
-    name: str, model: torch.nn.Module, tokenizer: Any, *, share_weights: bool = True
+    name: str,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    *,
+    share_weights: bool = True,
+    precision: Any = None,
 ) -> GenerationEngine:
     """The engine ``rollout.engine=<name>`` on ``model``, stopping at the model's
-    end-of-sequence ids (:func:`stop_token_ids`)."""
-    return engine_factory(name)(model, tokenizer, share_weights=share_weights)
+    end-of-sequence ids (:func:`stop_token_ids`), computing under ``precision``."""
+    factory = engine_factory(name)
+    return factory(model, tokenizer, share_weights=share_weights, precision=precision)
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:

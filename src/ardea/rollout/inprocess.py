@@ -39,6 +39,7 @@ seed and r, not on ``max_batch_size``, padding or the other prompts.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import threading
@@ -48,6 +49,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
+from ardea.model import Precision
 from ardea.rollout.engine import (
     Completion,
     GenerationEngine,
@@ -57,6 +59,7 @@ from ardea.rollout.engine import (
     register_engine,
     stop_token_ids,
 )
+from ardea.rollout.fast_decode import fast_decoder
 from ardea.rollout.kv_cache import new_cache
 from ardea.rollout.sampling import next_tokens, suppress_tokens
 
@@ -77,6 +80,8 @@ class InProcessEngine(GenerationEngine):
         max_batch_size: most rows (prompts × n) per forward; None = all rows at once. Rows are
             sorted by prompt length before batching to reduce padding.
         version: policy version of the initial weights.
+        precision: forwards run under its autocast (:class:`ardea.model.Precision`); None
+            computes in the parameters' dtype.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class InProcessEngine(GenerationEngine):
         eos_token_ids: int | Sequence[int],
         max_batch_size: int | None = None,
         version: int = 0,
+        precision: Precision | None = None,
     ) -> None:
         self._model = model
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -107,11 +113,14 @@ class InProcessEngine(GenerationEngine):
         self.eos_token_ids = eos
         self.max_batch_size = max_batch_size
         self._version = version
+        self._precision = precision
         self._lock = threading.Lock()
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._keep_last = "logits_to_keep" in params
         self._mask_dtype = _additive_mask_dtype(model)
+        compute = precision.compute if precision is not None else None
+        self._fast = fast_decoder(model, compute) if self._mask_dtype is not None else None
 
     @property
     def version(self) -> int:
@@ -145,6 +154,8 @@ class InProcessEngine(GenerationEngine):
                 for name, tensor in named_tensors.items():
                     if own[name].data_ptr() != tensor.data_ptr():
                         own[name].copy_(tensor)
+            if self._fast is not None:
+                self._fast.refresh()
             self._version = version
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -167,7 +178,8 @@ class InProcessEngine(GenerationEngine):
         with self._lock:
             version = self._version
             uniforms = _uniform_table(len(rows), params)
-            with _eval_mode(self._model), torch.inference_mode():
+            autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
+            with _eval_mode(self._model), torch.inference_mode(), autocast:
                 results = self._generate_rows(rows, params, uniforms)
         return [Completion(p, *result, version) for p, result in zip(rows, results, strict=True)]
 
@@ -224,8 +236,11 @@ class InProcessEngine(GenerationEngine):
                 out.select(keep)
                 masks.select(keep)
                 cache.batch_select_indices(keep)
-            mask, positions = masks.step(t)
-            logits = self._forward(tok[:, None], mask, positions, cache)
+            if self._fast is not None:
+                logits = self._fast.step(tok, masks.lens + t, masks.step_keys(t), cache)
+            else:
+                mask, positions = masks.step(t)
+                logits = self._forward(tok[:, None], mask, positions, cache)
         return out.results()
 
     def _prefill(
@@ -245,7 +260,8 @@ class InProcessEngine(GenerationEngine):
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in unique], device=device)
         masks = _Masks(lens, width, steps, self._mask_dtype)
         mask, positions = masks.prefill()
-        cache = new_cache(self._model, width + steps)
+        dtype = self._fast.compute_dtype if self._fast is not None else None
+        cache = new_cache(self._model, width + steps, dtype)
         logits = self._forward(input_ids, mask, positions, cache)  # (N_unique, V)
         if len(unique) < len(rows):
             index = torch.tensor(inverse, device=device)
@@ -305,6 +321,7 @@ class _Masks:
     def __init__(self, lens: torch.Tensor, width: int, steps: int, dtype: torch.dtype | None):
         self.lens, self.width, self.dtype = lens, width, dtype
         cols = torch.arange(width + steps, device=lens.device)
+        self.columns = cols  # (P + T,)
         self.keys = cols >= (width - lens)[:, None]  # (N, P + T) bool, True = real token
         if dtype is not None:
             self.additive = torch.zeros(self.keys.shape, dtype=dtype, device=lens.device)
@@ -321,6 +338,11 @@ class _Masks:
         allowed = causal & keys[:, None, None, :]  # (N, 1, P, P)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=keys.device)
         return mask.masked_fill(~allowed, torch.finfo(self.dtype).min), positions
+
+    def step_keys(self, t: int) -> torch.Tensor:
+        """(N, P + T) bool: the real keys when feeding generated token t (False from
+        column P + t + 1 on)."""
+        return self.keys & (self.columns <= self.width + t)
 
     def step(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mask over the P + t + 1 keys seen when feeding generated token t; positions (N, 1)."""
@@ -373,10 +395,15 @@ def _eval_mode(model: torch.nn.Module):
 
 
 @register_engine("in_process")
-def in_process_engine(model: torch.nn.Module, tokenizer, *, share_weights: bool) -> InProcessEngine:
+def in_process_engine(
+    model: torch.nn.Module, tokenizer, *, share_weights: bool, precision: Precision | None = None
+) -> InProcessEngine:
     """The in-process engine on ``model`` (``share_weights``) or on a frozen copy of it."""
     if not share_weights:
         model = copy.deepcopy(model).requires_grad_(False).eval()
     return InProcessEngine(
-        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=stop_token_ids(model, tokenizer)
+        model,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=stop_token_ids(model, tokenizer),
+        precision=precision,
     )

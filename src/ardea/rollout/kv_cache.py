@@ -15,16 +15,19 @@ except ImportError:  # transformers < 4.56: caches hold plain lists of tensors
     DynamicLayer = None
 
 
-def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
+def new_cache(
+    model: torch.nn.Module, capacity: int, dtype: torch.dtype | None = None
+) -> DynamicCache:
     """A ``DynamicCache`` whose plain full-attention layers are :class:`PreallocatedLayer`s
-    holding ``capacity`` positions; any other layer kind keeps the stock implementation."""
+    holding ``capacity`` positions (in ``dtype``, default: that of the first keys written);
+    any other layer kind keeps the stock implementation."""
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:  # transformers < 4.56 has no config argument
         return DynamicCache()
     layers = getattr(cache, "layers", None)
     if DynamicLayer is not None and layers and all(type(x) is DynamicLayer for x in layers):
-        cache.layers = [PreallocatedLayer(capacity) for _ in layers]
+        cache.layers = [PreallocatedLayer(capacity, dtype) for _ in layers]
     return cache
 
 
@@ -33,15 +36,19 @@ class PreallocatedLayer(DynamicLayer or object):
     buffers and attention gets ``(N, H, length, D)`` views, so a step writes one position
     instead of copying the whole cache as ``torch.cat`` does."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.capacity, self.length = capacity, 0
+        self.capacity, self.length, self.buffer_dtype = capacity, 0, dtype
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         n, heads, _, _ = key_states.shape
         self.device = key_states.device
-        self.key_buffer = key_states.new_zeros(n, heads, self.capacity, key_states.shape[-1])
-        self.value_buffer = value_states.new_zeros(n, heads, self.capacity, value_states.shape[-1])
+        dtype = self.buffer_dtype or key_states.dtype
+        shape = (n, heads, self.capacity, key_states.shape[-1])
+        self.key_buffer = key_states.new_zeros(shape, dtype=dtype)
+        self.value_buffer = value_states.new_zeros(
+            shape[:-1] + value_states.shape[-1:], dtype=dtype
+        )
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

@@ -156,8 +156,11 @@ class Evaluator:
     appends a few decoded completions to ``samples.jsonl``.
     """
 
-    def __init__(self, config, task, engine, tokenizer, strategy, held_out_samples) -> None:
+    def __init__(
+        self, config, task, engine, tokenizer, strategy, held_out_samples, precision
+    ) -> None:
         self.config = config
+        self.precision = precision
         self.task = task
         self.engine = engine
         self.tokenizer = tokenizer
@@ -209,7 +212,8 @@ class Evaluator:
         counts = self.strategy.step_counts(batches)
         was_training = self.strategy.policy.training
         self.strategy.policy.eval()
-        total = sum(float(self.strategy.loss(b, counts)[0]) for b in batches)
+        with self.precision.autocast():
+            total = sum(float(self.strategy.loss(b, counts)[0]) for b in batches)
         self.strategy.policy.train(was_training)
         return total
 

@@ -24,6 +24,7 @@ from ardea.config import ArdeaConfig, config_to_yaml
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
+from ardea.model import Precision
 from ardea.model.lora import load_policy_weights
 from ardea.reward import build_scorer
 from ardea.rollout import RolloutRunner, SamplingParams, make_engine
@@ -31,6 +32,7 @@ from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
+from ardea.trainer.profile import StepProfile
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
 from ardea.trainer.results import finish_run
@@ -71,23 +73,28 @@ class Trainer:
         )
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         prepare_run_directory(config)  # only once the inputs are known to be good
-        self.engine = make_engine(config.rollout.engine, self.policy, self.tokenizer)
+        params = next(self.policy.parameters()).dtype
+        self.precision = Precision.resolve(config.model.compute_dtype, self.device, params)
+        self.engine = make_engine(
+            config.rollout.engine, self.policy, self.tokenizer, precision=self.precision
+        )
         self.strategy = strategy_cls(
             self.policy, config, tokenizer=self.tokenizer, make_reference=self._make_reference
         )
         for module in self.strategy.frozen_modules():
             module.to(self.device)
-        self.updater = Updater(self.policy, self.strategy, config)
+        self.updater = Updater(self.policy, self.strategy, config, self.precision)
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
         )
         self.rl = self._build_rl_step() if kind == "prompt" else None
         self.evaluator = Evaluator(
-            config, self.task, self.engine, self.tokenizer, self.strategy, held_out
+            config, self.task, self.engine, self.tokenizer, self.strategy, held_out, self.precision
         )
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
+        self.profile = StepProfile()  # this invocation's steps (like its wall time)
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -128,7 +135,11 @@ class Trainer:
             samples=self.train_samples,
             sampler=self.sampler,
             make_worker_engine=lambda: make_engine(
-                rollout.engine, self.policy, self.tokenizer, share_weights=False
+                rollout.engine,
+                self.policy,
+                self.tokenizer,
+                share_weights=False,
+                precision=self.precision,
             ),
         )
 
@@ -200,6 +211,8 @@ class Trainer:
         return every > 0 and self.step % every == 0 and not self._done()
 
     def _evaluate(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
+        if self.rl is None and self.step:  # offline steps publish no weights: hand them over
+            self.engine.update_weights(self.policy.state_dict(), self.engine.version + 1)
         metrics = self.evaluator.run(self.step, self.run_dir)
         if not metrics:
             return
@@ -225,7 +238,9 @@ class Trainer:
         while not self._done():
             started = time.perf_counter()
             metrics = self.train_step()
-            self.train_seconds += time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            self.train_seconds += seconds
+            self.profile.add(metrics, seconds)
             self.step += 1
             samples = self.rl.last_samples if self.rl is not None else []
             if self.step % cfg.logging.log_every == 0 or self._done():

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ardea.trainer.profile import print_profile
+
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> Path:
     path = Path(run_dir) / "results.json"
@@ -60,6 +62,8 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
     results["wall_seconds"] = round(wall_seconds, 1)
     results["checkpoint"] = str(Path(checkpoint) / "policy") if checkpoint else None
     results["run_dir"] = str(trainer.run_dir)
+    results["profile"] = trainer.profile.summary()
     write_results(trainer.run_dir, results)
-    print_results(results)
+    print_results({k: v for k, v in results.items() if k != "profile"})
+    print_profile(results["profile"])
     return results

@@ -2,8 +2,8 @@
 
 A training step hands :meth:`Updater.run` a list of updates, each a list of micro-batches
 (offline: one update; online: ``algo.ppo_epochs`` × ``algo.ppo_mini_batches``). Per update:
-``forward_backward`` (every micro-batch's loss, normalised by the update's counts, is
-back-propagated, so the accumulated gradient is that of the whole update) and ``optimizer``
+``forward_backward`` (every micro-batch's loss, normalised by the update's counts and computed
+under the run's autocast (:class:`ardea.model.Precision`), is back-propagated, so the accumulated gradient is that of the whole update) and ``optimizer``
 (clip, step, the strategy's hook). An update whose loss or gradient is NaN/Inf is skipped
 and counted. After the updates the learning-rate schedule advances once (verl's
 convention) and the strategy's end-of-step hook runs. Each phase is timed under its name
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ardea.data import TrajectoryBatch
+from ardea.model import Precision
 from ardea.trainer.schedule import build_adamw
 from ardea.trainer.strategies import Strategy
 
@@ -46,9 +47,12 @@ class PhaseTimer:
 class Updater:
     """Owns the policy's optimizer, schedule and non-finite-step counts (module docstring)."""
 
-    def __init__(self, policy: torch.nn.Module, strategy: Strategy, config: Any) -> None:
+    def __init__(
+        self, policy: torch.nn.Module, strategy: Strategy, config: Any, precision: Precision
+    ) -> None:
         trainer = config.trainer
         self.strategy = strategy
+        self.precision = precision
         self.max_grad_norm = trainer.max_grad_norm or float("inf")
         self.parameters = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_adamw(
@@ -81,7 +85,8 @@ class Updater:
         counts = self.strategy.step_counts(micro_batches)
         totals: dict[str, float] = {}
         for batch in micro_batches:
-            loss, metrics = self.strategy.loss(batch, counts)
+            with self.precision.autocast():  # forward in the compute dtype, backward outside
+                loss, metrics = self.strategy.loss(batch, counts)
             loss.backward()
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value

@@ -1,0 +1,74 @@
+"""The precision matmuls run in: parameters keep ``model.dtype``; forwards (training, log-probs,
+generation) run under ``torch.autocast`` in the compute dtype (``model.compute_dtype``).
+
+``auto`` picks bfloat16 where the hardware runs it fast and float32 elsewhere:
+
+- CPU: bfloat16 when the CPU has AVX-512 BF16 or AMX tiles (oneDNN then multiplies bf16
+  matrices several times faster than fp32; measured in ``benchmarks/README.md``), float32
+  otherwise (without them bf16 matmuls are emulated and slower than fp32);
+- CUDA: bfloat16 when the GPU supports it (Ampere and newer), else float32.
+
+Under autocast the logits come out of the LM head in the compute dtype; log-probs, entropies
+and sampling probabilities are then computed in float32 (:mod:`ardea.model.logprobs`). The
+behaviour log-probs of the engine and the trainer's recomputed ones agree less closely than in
+float32 (their matmuls are shaped differently), which the online-RL tests bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ardea.config.schema import COMPUTE_DTYPES
+from ardea.errors import ConfigError
+
+
+def fast_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices natively (module docstring)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        cpu = torch.cpu
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    return False
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where and in which dtypes a model computes: ``params`` its parameters' dtype,
+    ``compute`` the dtype its matmuls run in (module docstring)."""
+
+    device: torch.device
+    params: torch.dtype
+    compute: torch.dtype
+
+    @classmethod
+    def resolve(cls, name: str, device: torch.device, params: torch.dtype) -> Precision:
+        """``model.compute_dtype=name`` on ``device``: ``auto`` is bfloat16 on fast-bf16
+        hardware (never above the parameters' own precision), else the parameters' dtype.
+
+        Raises:
+            ConfigError: an unknown name, or a compute dtype more precise than the parameters.
+        """
+        if name not in COMPUTE_DTYPES:
+            known = ", ".join(COMPUTE_DTYPES)
+            raise ConfigError(f"model.compute_dtype={name!r}; choose one of {known}")
+        if name == "auto":
+            fast = params == torch.float32 and fast_bfloat16(device)
+            return cls(device, params, torch.bfloat16 if fast else params)
+        dtype = getattr(torch, name)
+        if torch.finfo(dtype).bits > torch.finfo(params).bits:
+            raise ConfigError(
+                f"model.compute_dtype={name} is more precise than the parameters "
+                f"(model.dtype={str(params).removeprefix('torch.')}); set model.dtype=float32"
+            )
+        return cls(device, params, dtype)
+
+    def autocast(self):
+        """``torch.autocast`` to the compute dtype, or a no-op when the parameters are
+        already in it."""
+        if self.compute == self.params:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute)

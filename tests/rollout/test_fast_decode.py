@@ -1,0 +1,82 @@
+"""The compact decode step: used for plain Qwen2 / Llama decoders, never for what it does
+not reproduce, and equal to the Hugging Face forward (fp32) or close to it (bf16)."""
+
+import pytest
+import torch
+from rollout_models import EOS, PAD, make_model
+
+from ardea.model import Precision
+from ardea.rollout import InProcessEngine, SamplingParams
+from ardea.rollout.fast_decode import fast_decoder
+
+PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "fast"),
+    [
+        ("qwen2", {}, True),
+        ("llama", {}, True),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, False),
+        ("llama", {"mlp_bias": True}, False),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, False),
+    ],
+    ids=["qwen2", "llama", "rope-scaling", "mlp-bias", "sliding-window"],
+)
+def test_only_plain_decoders_take_the_fast_step(arch, overrides, fast):
+    assert (fast_decoder(make_model(arch, **overrides), None) is not None) == fast
+
+
+def engine(model, fast: bool, precision=None) -> InProcessEngine:
+    out = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=[EOS], precision=precision)
+    if not fast:
+        out._fast = None  # the Hugging Face forward at every step
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_fast_step_equals_the_hugging_face_forward_in_float32(arch):
+    model = make_model(arch)
+    params = SamplingParams(temperature=0.9, max_new_tokens=16, seed=4, n=3)
+    fast, stock = (
+        engine(model, True).generate(PROMPTS, params),
+        engine(model, False).generate(PROMPTS, params),
+    )
+    for a, b in zip(fast, stock, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 2e-6
+
+
+def test_weights_reach_the_fast_step_through_update_weights():
+    model = make_model("qwen2", seed=0)
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    fast = engine(model, True)
+    other = make_model("qwen2", seed=1)
+    fast.update_weights(other.state_dict(), 1)
+    assert [c.token_ids for c in fast.generate(PROMPTS, greedy)] == [
+        c.token_ids for c in engine(other, False).generate(PROMPTS, greedy)
+    ]
+
+
+def test_bfloat16_compute_stays_close_to_the_float32_distribution():
+    """bf16 matmuls (fp32 parameters, as under autocast): the behaviour log-probs of the
+    sampled tokens stay within 0.05 of the float32 engine's on the same tokens."""
+    model = make_model("qwen2")
+    bf16 = Precision(torch.device("cpu"), torch.float32, torch.bfloat16)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7, n=2)
+    low = engine(model, True, bf16).generate(PROMPTS, params)
+    assert {c.version for c in low} == {0}
+    rows = [c.prompt_ids + c.token_ids for c in low]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.double(), -1)
+    worst = 0.0
+    for i, c in enumerate(low):
+        start = len(c.prompt_ids) - 1
+        exact = logp[i, torch.arange(start, start + len(c.token_ids)), torch.tensor(c.token_ids)]
+        worst = max(
+            worst, float((exact - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max())
+        )
+    assert 1e-4 < worst < 0.05  # bf16 is visibly not fp32, and close to it
