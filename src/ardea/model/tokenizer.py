@@ -23,7 +23,9 @@ Decisions a caller must know:
   (``add_bos_token = add_eos_token = False``). Task code appends ``<eos>`` to targets and
   adds ``<bos>`` itself if it wants one.
 - The chat template is ChatML: each message is ``<|im_start|>{role}\n{content}<|im_end|>\n``;
-  ``add_generation_prompt=True`` appends ``<|im_start|>assistant\n``. An assistant turn
+  ``add_generation_prompt=True`` appends ``<|im_start|>assistant\n``. It supports tools
+  (``apply_chat_template(..., tools=[...])``): a ``system`` turn lists them, calls are
+  ``<tool_call>{json}</tool_call>``, results are ``tool`` turns (see ``CHAT_TEMPLATE``). An assistant turn
   therefore ends with ``<|im_end|>``, which is why the tiny model stops on ``<eos>`` *and*
   ``<|im_end|>`` (see :mod:`ardea.model.tiny`).
 - Padding is on the right with ``<pad>`` (id 0), matching the ``[N, S]`` right-padded
@@ -55,9 +57,25 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 BYTE_OFFSET = len(SPECIAL_TOKENS)  # byte b has id BYTE_OFFSET + b
 
 # ChatML. Jinja string literals carry the newlines so no template whitespace leaks in.
+# With ``tools=`` a short system turn lists each tool as ``name(arg, ...)`` and the call
+# format (Hermes/Qwen style); an assistant message's ``tool_calls`` render as one
+# ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` each after its content, and
+# tool results are ``tool`` turns. Kept short: every character is a token of the tiny model.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\ntools: ' }}"
+    "{% for tool in tools %}{% set f = tool['function'] if 'function' in tool else tool %}"
+    "{{ f['name'] + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', '))"
+    " + ')' }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
+    "{{ '. call: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set f = call['function'] if 'function' in call else call %}"
+    "{% set args = f['arguments'] if f['arguments'] is string else (f['arguments'] | tojson) %}"
+    "{{ '<tool_call>{\"name\": ' + (f['name'] | tojson) + ', \"arguments\": ' + args"
+    " + '}</tool_call>' }}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

@@ -1,0 +1,53 @@
+"""Agents: multi-turn interactions, environments with tools, the OpenAI-compatible
+recording client and the episode runner (``interaction`` for calls and their export into
+trajectories, ``conversation`` for appending a call to its parent's tokens, ``tools`` for
+tool calls, ``env`` for the environment protocol and registry, ``builtin_envs`` for
+``guess_number`` and ``calculator``, ``client`` and ``server`` for the chat-completions
+interface in process and over HTTP, ``episodes`` for G episodes per environment row).
+
+Beside ``rollout`` in the layers: imports rollout, data, reward, model, algo and config.
+"""
+
+from ardea.agent import builtin_envs  # noqa: F401  (registers the built-in environments)
+from ardea.agent.client import ChatRequest, RecordingClient
+from ardea.agent.env import (
+    ENVIRONMENTS,
+    Environment,
+    StepResult,
+    check_env_args,
+    env_class,
+    make_env,
+    register_env,
+)
+from ardea.agent.interaction import (
+    EXPORT_STYLES,
+    HISTORY_POLICIES,
+    HistoryRewriteError,
+    Interaction,
+    discount_rewards,
+    export_trajectories,
+)
+from ardea.agent.tools import ToolBox, ToolCall, ToolResult, parse_tool_calls, tool_schema
+
+__all__ = [
+    "ENVIRONMENTS",
+    "EXPORT_STYLES",
+    "HISTORY_POLICIES",
+    "ChatRequest",
+    "Environment",
+    "HistoryRewriteError",
+    "Interaction",
+    "RecordingClient",
+    "StepResult",
+    "ToolBox",
+    "ToolCall",
+    "ToolResult",
+    "check_env_args",
+    "discount_rewards",
+    "env_class",
+    "export_trajectories",
+    "make_env",
+    "parse_tool_calls",
+    "register_env",
+    "tool_schema",
+]

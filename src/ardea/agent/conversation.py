@@ -1,0 +1,106 @@
+"""Turning a chat request into token ids by appending to the parent call's tokens.
+
+A request's ``messages`` continue an earlier call (its parent) when they start with the
+parent's messages followed by the reply the parent returned. The child's input ids are then
+the parent's input + output tokens (never re-tokenized), followed by the tokens of the text
+the chat template adds after the reply: the end of the assistant turn the model did not
+generate itself (e.g. the ``\\n`` after ``<|im_end|>``, or the whole end marker when the
+reply stopped at the length limit or at another stop token), the new messages and the
+generation prompt. That text is found by rendering the template: with
+``A = render(parent messages + reply)`` and ``C = render(child messages, generation
+prompt)``, the template kept history iff ``C`` starts with ``A``, and the new text is
+``C[len(A):]``. A template that rewrote history (``C`` does not start with ``A``, e.g. it
+dropped a ``<think>`` block of the earlier reply) or an agent that changed the reply
+before sending it back is a :class:`~ardea.agent.interaction.HistoryRewriteError` under
+``history="error"``; under ``new_trajectory`` the call is tokenized from scratch and the
+export starts a new trajectory there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ardea.agent.interaction import HistoryRewriteError, Interaction
+
+Message = dict[str, Any]
+
+
+def normalize(message: Any) -> Message:
+    """A message as a plain dict with what the template and the comparison read: role,
+    content (None → ""), tool calls as ``{"name", "arguments": dict}``, tool_call_id."""
+    if hasattr(message, "model_dump"):
+        message = message.model_dump(exclude_none=True)
+    out: Message = {"role": message["role"], "content": message.get("content") or ""}
+    calls = []
+    for call in message.get("tool_calls") or []:
+        f = call.get("function", call)
+        args = f.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        calls.append({"name": f["name"], "arguments": args})
+    if calls:
+        out["tool_calls"] = calls
+    if message.get("tool_call_id"):
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
+
+
+def message_key(messages: Sequence[Message]) -> str:
+    """A hashable key of normalized messages."""
+    return json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
+
+
+def render(tokenizer: Any, messages: Sequence[Message], tools, *, generation: bool) -> str:
+    """The chat template's text of ``messages`` (with ``tools``)."""
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools, tokenize=False, add_generation_prompt=generation
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def continuation_ids(
+    tokenizer: Any,
+    parent: Interaction,
+    new_messages: Sequence[Message],
+    tools,
+    stop_texts: Sequence[str],
+) -> list[int] | None:
+    """The child's input ids appended to ``parent`` (module docstring), or None when the
+    template rewrote history. ``parent.info`` holds its ``messages`` and ``reply``."""
+    before = [*parent.info["messages"], parent.info["reply"]]
+    rendered_parent = render(tokenizer, before, tools, generation=False)
+    rendered_child = render(tokenizer, [*before, *new_messages], tools, generation=True)
+    if not rendered_child.startswith(rendered_parent):
+        return None
+    glue = _turn_end(tokenizer, rendered_parent, parent, stop_texts)
+    return parent.tokens + encode(tokenizer, glue + rendered_child[len(rendered_parent) :])
+
+
+def _turn_end(tokenizer: Any, rendered: str, parent: Interaction, stop_texts) -> str:
+    """The text after the reply's last generated token up to the end of ``rendered``: the
+    template's turn end, minus the stop token when the model generated that one."""
+    at, marker = max(((rendered.rfind(t), t) for t in stop_texts), default=(-1, ""))
+    if at < 0:
+        return ""
+    last = tokenizer.convert_ids_to_tokens(parent.output_ids[-1:]) if parent.output_ids else []
+    generated_marker = parent.stop_reason == "stop" and last == [marker]
+    return rendered[at + len(marker) :] if generated_marker else rendered[at:]
+
+
+def rewrite_error(parent: Interaction, reason: str) -> HistoryRewriteError:
+    """The error of a call whose history was rewritten, naming the call and the fix."""
+    return HistoryRewriteError(
+        f"the request continues call {parent.id} but {reason}, so its tokens would not "
+        "extend that call's tokens. Chat templates that drop <think> blocks of earlier turns "
+        "do this; use a template that keeps earlier turns unchanged, send the reply back as "
+        "returned, or set agent.history=new_trajectory (history='new_trajectory') to start a "
+        "new trajectory at such a call"
+    )

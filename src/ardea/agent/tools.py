@@ -1,0 +1,129 @@
+"""Tool calling: parse the model's calls, run registered Python tools with a timeout.
+
+The model calls a tool in its chat template's tool format, one
+``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`` per call (Hermes/Qwen style,
+the format of ardea's tiny chat template). :func:`parse_tool_calls` finds them;
+:class:`ToolBox` runs them. Nothing a model writes can crash a rollout: a malformed call,
+an unknown tool, a tool that raises and one that runs past its timeout each become a
+:class:`ToolResult` with ``error`` set, whose text the model sees as the tool's reply, and
+are counted (``tool_errors``).
+
+Tools are plain Python callables taking keyword arguments and returning something
+``str()`` can show. Their OpenAI-style schema (for ``tools=`` of the chat template) is
+built from the signature: every parameter a string unless annotated ``int``/``float``/
+``bool``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: ``name`` and ``arguments``, or ``error`` when it was malformed."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call returned (``content``) or why it failed (``error``, then ``content`` is
+    the error text shown to the model)."""
+
+    name: str
+    content: str
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """The ``<tool_call>`` blocks of ``text`` in order; one whose body is not a JSON object
+    with a string ``name`` and an object ``arguments`` is a call with ``error`` set."""
+    calls = []
+    for body in TOOL_CALL.findall(text):
+        try:
+            payload = json.loads(body)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall("", {}, f"malformed tool call (not JSON: {exc.msg})"))
+            continue
+        name = payload.get("name") if isinstance(payload, dict) else None
+        args = payload.get("arguments", {}) if isinstance(payload, dict) else None
+        if not isinstance(name, str) or not isinstance(args, dict):
+            calls.append(ToolCall("", {}, 'malformed tool call (needs {"name", "arguments"})'))
+        else:
+            calls.append(ToolCall(name, args))
+    if "<tool_call>" in text and text.count("<tool_call>") > len(calls):
+        calls.append(ToolCall("", {}, "malformed tool call (unclosed <tool_call>)"))
+    return calls
+
+
+def tool_schema(name: str, fn: Callable[..., Any]) -> dict[str, Any]:
+    """The OpenAI function-tool schema of ``fn`` (module docstring)."""
+    properties, required = {}, []
+    for param in inspect.signature(fn).parameters.values():
+        properties[param.name] = {"type": _JSON_TYPES.get(param.annotation, "string")}
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+    doc = (inspect.getdoc(fn) or "").split("\n")[0]
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": doc, "parameters": parameters},
+    }
+
+
+class ToolBox:
+    """Registered tools run with a per-call timeout (module docstring).
+
+    Args:
+        tools: name → callable.
+        timeout: seconds one call may run; a call past it is reported as timed out (the
+            thread it ran on is left to finish; Python cannot kill it, so tools should not
+            block forever).
+    """
+
+    def __init__(self, tools: Mapping[str, Callable[..., Any]], *, timeout: float = 5.0) -> None:
+        if not timeout > 0:
+            raise ValueError(f"tool timeout must be > 0 seconds, got {timeout!r}")
+        self.tools = dict(tools)
+        self.timeout = float(timeout)
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ardea-tool")
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' schemas, for ``tools=`` of the chat template and the OpenAI API."""
+        return [tool_schema(name, fn) for name, fn in self.tools.items()]
+
+    def run(self, call: ToolCall) -> ToolResult:
+        """Run one parsed call; every failure is a result with ``error`` set."""
+        if call.error is not None:
+            return ToolResult(call.name, f"error: {call.error}", call.error)
+        fn = self.tools.get(call.name)
+        if fn is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            error = f"unknown tool {call.name!r} (tools: {known})"
+            return ToolResult(call.name, f"error: {error}", error)
+        future = self._pool.submit(fn, **call.arguments)
+        try:
+            value = future.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            error = f"tool {call.name!r} timed out after {self.timeout:g} s"
+            return ToolResult(call.name, f"error: {error}", error)
+        except Exception as exc:  # a tool's failure is the model's observation, not a crash
+            error = f"tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+            return ToolResult(call.name, f"error: {error}", error)
+        return ToolResult(call.name, str(value))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,49 @@
+"""Helpers of the agent tests: a scripted engine, and log-probs recomputed independently."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ardea.rollout import Completion, GenerationEngine, SamplingParams
+
+
+class ScriptedEngine(GenerationEngine):
+    """Replies with the given texts in order (log-prob -0.5 each token), ending each with
+    ``<|im_end|>``; records the prompts it was given and how many calls it served."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer = tokenizer
+        self.replies = list(replies)
+        self.prompts: list[list[int]] = []
+        self.calls = 0
+        # stops like the tiny model: <eos> and <|im_end|> (what the client reads)
+        ends = tokenizer.convert_tokens_to_ids(["<eos>", "<|im_end|>"])
+        self.model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=ends))
+
+    def generate(self, prompts, params: SamplingParams):
+        self.calls += 1
+        out = []
+        for p in prompts:
+            self.prompts.append(list(p))
+            ids = self.tokenizer(self.replies.pop(0) + "<|im_end|>", add_special_tokens=False)
+            ids = ids["input_ids"]
+            out.append(Completion(list(p), ids, [-0.5] * len(ids), "stop", self.version))
+        return out
+
+    def update_weights(self, named_tensors, version):
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return 0
+
+
+def recomputed_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """``(N, S)`` token-aligned log π(x_t | x_<t) by one full forward of the plain HF model
+    (column 0 is 0); independent of ardea's log-prob code."""
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits.float()  # (N, S, V)
+    lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    return torch.nn.functional.pad(lp, (1, 0))

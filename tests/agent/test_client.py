@@ -1,0 +1,174 @@
+"""The recording client in process: conversations through a real engine become one
+trajectory each (the seed's turn-level cases through the real path), history rewrites are
+detected, concurrent calls are batched."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from ardea.agent import HistoryRewriteError, RecordingClient
+from ardea.algo import compute_advantages
+from ardea.config import PPOConfig
+from ardea.data import TrajectoryBatch
+
+from .agent_testing import ScriptedEngine, recomputed_logprobs
+
+CONTEXT = "<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+
+
+def two_turn_batch(engine, tokenizer, reward=2.0):
+    """A conversation of two calls (the first cut at the length limit), exported."""
+    client = RecordingClient(engine, tokenizer, max_tokens=6)
+    messages = [{"role": "user", "content": "guess 1-8"}]
+    first = client.chat.completions.create(messages=messages, seed=3, logprobs=True)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "higher"}]
+    second = client.chat.completions.create(messages=messages, seed=4, max_tokens=5)
+    client.set_reward(second.id, reward)
+    batch = TrajectoryBatch.from_trajectories(client.export(), pad_token_id=0)
+    return client, first, second, batch
+
+
+def test_conversation_is_one_trajectory_with_turns_and_exact_logprobs(engine, model, tokenizer):
+    client, first, second, b = two_turn_batch(engine, tokenizer)
+    calls = client.interactions
+    assert b.rows == 1 and first.choices[0].finish_reason == "length"
+    ids = b.input_ids[0].tolist()
+    n0, n1 = len(calls[0].input_ids), len(calls[0].output_ids)
+    assert ids[: n0 + n1] == calls[0].input_ids + calls[0].output_ids  # parent kept as is
+    context = ids[n0 + n1 : len(calls[1].input_ids)]
+    assert tokenizer.decode(context) == "<|im_end|>\n" + CONTEXT  # the turn end it did not write
+    assert ids[len(calls[1].input_ids) :] == calls[1].output_ids
+    expected_turns = [-1] * n0 + [0] * n1 + [-1] * len(context) + [1] * len(calls[1].output_ids)
+    assert b.turn_ids[0].tolist() == expected_turns
+    assert b.loss_mask[0].tolist() == [t >= 0 for t in expected_turns]
+    lp = [x.logprob for x in first.choices[0].logprobs.content]
+    assert lp == calls[0].logprobs
+    reference = recomputed_logprobs(model, b.input_ids)
+    torch.testing.assert_close(b.logprobs[b.loss_mask], reference[b.loss_mask], atol=1e-5, rtol=0)
+
+
+def test_turn_level_gae_steps_once_per_turn_on_a_served_conversation(engine, tokenizer):
+    """Zero values, γ = 1, λ = 0.5, outcome R = 2: A = (γλ) R on turn 0, R on turn 1."""
+    *_, b = two_turn_batch(engine, tokenizer)
+    cfg = PPOConfig(gae_timestep_unit="turn", gae_lambda=0.5)
+    out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
+    turns = b.turn_ids[0, 1:]  # the turn of the token each next-token position emits
+    adv = out["advantages"][0, :-1]
+    assert torch.all(adv[turns == 0] == 1.0) and torch.all(adv[turns == 1] == 2.0)
+    assert torch.all(adv[turns < 0] == 0.0)
+
+
+def test_lambda_adapts_to_the_turn_count(engine, tokenizer):
+    """VAPO λ = 1 − 1/(α · turns) with α = 1 and 2 turns is 0.5, whatever the token count."""
+    *_, b = two_turn_batch(engine, tokenizer)
+    cfg = PPOConfig(
+        gae_timestep_unit="turn",
+        gae_lambda="ardea.algo.lambda_fn.vapo_length_adaptive_gae",
+        gae_lambda_kwargs={"alpha": 1.0},
+    )
+    out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
+    turns, adv = b.turn_ids[0, 1:], out["advantages"][0, :-1]
+    assert torch.all(adv[turns == 0] == 1.0) and torch.all(adv[turns == 1] == 2.0)
+
+
+def test_kl_stays_token_local_in_turn_mode(engine, tokenizer):
+    """With kl_ctl = 1 and a zero reference, each action's advantage is its turn's
+    advantage plus its own −(log π_behav − 0); returns stay task-only."""
+    *_, b = two_turn_batch(engine, tokenizer)
+    b = b.pin(ref_logprobs=torch.zeros(b.loss_mask.shape))
+    cfg = PPOConfig(gae_timestep_unit="turn", kl_ctl=1.0)
+    out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
+    act = b.loss_mask[0, 1:]
+    torch.testing.assert_close(out["returns"][0, :-1][act], torch.full((int(act.sum()),), 2.0))
+    expected = 2.0 - b.logprobs[0, 1:][act]
+    torch.testing.assert_close(out["advantages"][0, :-1][act], expected, atol=1e-6, rtol=0)
+
+
+# A template that drops <think> blocks of earlier assistant turns (as Qwen3's does).
+THINK_STRIPPING = (
+    "{% for m in messages %}{% set c = m['content'] or '' %}"
+    "{% if m['role'] == 'assistant' and not loop.last and '</think>' in c %}"
+    "{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def think_conversation(tokenizer, history):
+    tokenizer = _with_template(tokenizer, THINK_STRIPPING)
+    engine = ScriptedEngine(tokenizer, ["<think>hmm</think>4", "6"])
+    client = RecordingClient(engine, tokenizer, history=history)
+    messages = [{"role": "user", "content": "guess 1-8"}]
+    first = client.chat.completions.create(messages=messages)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "higher"}]
+    return client, messages
+
+
+def _with_template(tokenizer, template):
+    import copy
+
+    out = copy.deepcopy(tokenizer)
+    out.chat_template = template
+    return out
+
+
+def test_a_template_that_strips_think_blocks_is_detected(tokenizer):
+    client, messages = think_conversation(tokenizer, "error")
+    with pytest.raises(HistoryRewriteError, match="rewrote.*<think>.*new_trajectory"):
+        client.chat.completions.create(messages=messages)
+
+
+def test_new_trajectory_policy_splits_at_the_stripped_turn(tokenizer):
+    client, messages = think_conversation(tokenizer, "new_trajectory")
+    second = client.chat.completions.create(messages=messages)
+    client.set_reward(second.id, 1.0)
+    b = TrajectoryBatch.from_trajectories(client.export(), pad_token_id=0)
+    assert b.rows == 2
+    first_text = tokenizer.decode(b.input_ids[0][b.attention_mask[0].bool()])
+    assert first_text.endswith("<think>hmm</think>4<|im_end|>")
+    second_ids = b.input_ids[1][b.attention_mask[1].bool()]
+    assert tokenizer.decode(second_ids) == (
+        "<|im_start|>user\nguess 1-8<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+        + CONTEXT
+        + "6<|im_end|>"
+    )
+    assert b.turn_ids[1][b.loss_mask[1]].unique().tolist() == [0]  # its own turn 0
+    assert b.rewards.tolist() == [0.0, 1.0]
+
+
+def test_a_changed_reply_is_detected(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["4", "6"])
+    client = RecordingClient(engine, tokenizer)
+    messages = [{"role": "user", "content": "guess 1-8"}]
+    client.chat.completions.create(messages=messages)
+    messages += [{"role": "assistant", "content": "5"}, {"role": "user", "content": "higher"}]
+    with pytest.raises(HistoryRewriteError, match="differs from that call's reply"):
+        client.chat.completions.create(messages=messages)
+
+
+def test_concurrent_calls_are_generated_in_one_engine_call(engine, tokenizer):
+    client = RecordingClient(engine, tokenizer, max_tokens=4, batch_window=0.3)
+    replies = {}
+
+    def play(i):
+        msg = [{"role": "user", "content": f"guess 1-{i + 2}"}]
+        replies[i] = client.chat.completions.create(messages=msg)
+
+    threads = [threading.Thread(target=play, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(replies) == 4 and client.engine_calls == 1
+
+
+def test_unsupported_options_are_errors(engine, tokenizer):
+    client = RecordingClient(engine, tokenizer)
+    msg = [{"role": "user", "content": "hi"}]
+    with pytest.raises(TypeError, match="frequency_penalty"):
+        client.chat.completions.create(messages=msg, frequency_penalty=0.5)
+    with pytest.raises(ValueError, match="stream"):
+        client.chat.completions.create(messages=msg, stream=True)
