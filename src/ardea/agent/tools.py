@@ -20,6 +20,7 @@ import concurrent.futures
 import inspect
 import json
 import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,8 +72,12 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 def tool_schema(name: str, fn: Callable[..., Any]) -> dict[str, Any]:
     """The OpenAI function-tool schema of ``fn`` (module docstring)."""
     properties, required = {}, []
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: describe it as a string
+        hints = {}
     for param in inspect.signature(fn).parameters.values():
-        properties[param.name] = {"type": _JSON_TYPES.get(param.annotation, "string")}
+        properties[param.name] = {"type": _JSON_TYPES.get(hints.get(param.name), "string")}
         if param.default is inspect.Parameter.empty:
             required.append(param.name)
     doc = (inspect.getdoc(fn) or "").split("\n")[0]

@@ -1,0 +1,66 @@
+"""The recording client over HTTP, called with the real ``openai`` client on loopback."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+import torch
+
+from ardea.agent import RecordingClient
+from ardea.agent.server import ChatServer
+from ardea.data import TrajectoryBatch
+
+from .agent_testing import recomputed_logprobs
+
+
+@pytest.fixture
+def served(engine, tokenizer):
+    client = RecordingClient(engine, tokenizer, max_tokens=5, batch_window=0.3)
+    with ChatServer(client) as server:
+        yield client, openai.OpenAI(base_url=server.url, api_key="-", max_retries=0)
+
+
+def test_http_conversation_is_recorded_with_exact_logprobs(served, model, tokenizer):
+    client, api = served
+    messages = [{"role": "user", "content": "guess 1-8"}]
+    first = api.chat.completions.create(model="any", messages=messages, seed=1, logprobs=True)
+    assert isinstance(first, openai.types.chat.ChatCompletion)
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    messages += [{"role": "user", "content": "lower"}]
+    second = api.chat.completions.create(model="any", messages=messages, seed=2)
+    client.set_reward(second.id, 1.0)
+    (row,) = client.export()
+    b = TrajectoryBatch.from_trajectories([row], pad_token_id=0)
+    parent, child = client.interactions
+    assert child.parent is parent and b.rewards.tolist() == [1.0]
+    assert [x.logprob for x in first.choices[0].logprobs.content] == parent.logprobs
+    generated = b.input_ids[0][b.loss_mask[0]].tolist()
+    assert generated == parent.output_ids + child.output_ids
+    reference = recomputed_logprobs(model, b.input_ids)
+    torch.testing.assert_close(b.logprobs[b.loss_mask], reference[b.loss_mask], atol=1e-5, rtol=0)
+
+
+def test_concurrent_http_calls_share_one_engine_call(served):
+    client, api = served
+    done = []
+
+    def call(i):
+        msg = [{"role": "user", "content": f"guess 1-{i + 2}"}]
+        done.append(api.chat.completions.create(model="ardea", messages=msg))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(done) == 4 and client.engine_calls == 1
+
+
+def test_bad_requests_are_400s_naming_the_problem(served):
+    _, api = served
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        api.chat.completions.create(
+            model="ardea", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0
+        )

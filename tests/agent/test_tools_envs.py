@@ -1,0 +1,99 @@
+"""Tool calls (parsing, errors as observations) and the built-in environments."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ardea.agent import ToolBox, env_class, make_env, parse_tool_calls, tool_schema
+from ardea.agent.builtin_envs import calculate
+from ardea.errors import ConfigError
+
+
+def slow(seconds: float) -> str:
+    time.sleep(seconds)
+    return "late"
+
+
+def boom() -> str:
+    raise RuntimeError("kaput")
+
+
+def test_parse_calls_in_order_and_flag_malformed_ones():
+    text = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
+        "<tool_call>not json</tool_call>"
+        '<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "x"'
+    )
+    calls = parse_tool_calls(text)
+    assert calls[0].name == "calculator" and calls[0].arguments == {"expression": "1+2"}
+    assert [c.error is not None for c in calls] == [False, True, True, True]
+    assert "unclosed" in calls[3].error
+    assert parse_tool_calls("just 5") == []
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        ('{"name": "nope", "arguments": {}}', "unknown tool 'nope'"),
+        ('{"name": "boom", "arguments": {}}', "RuntimeError: kaput"),
+        ('{"name": "slow", "arguments": {"seconds": 2}}', "timed out after 0.2 s"),
+        ('{"name": "calc", "arguments": {"wrong": 1}}', "TypeError"),
+        ("{oops", "not JSON"),
+    ],
+)
+def test_every_tool_failure_is_an_observation(call, error):
+    box = ToolBox({"boom": boom, "slow": slow, "calc": calculate}, timeout=0.2)
+    (parsed,) = parse_tool_calls(f"<tool_call>{call}</tool_call>")
+    result = box.run(parsed)
+    assert error in result.error and result.content == f"error: {result.error}"
+
+
+def test_tool_schema_from_the_signature():
+    schema = tool_schema("slow", slow)["function"]
+    assert schema["name"] == "slow"
+    assert schema["parameters"]["properties"] == {"seconds": {"type": "number"}}
+    assert schema["parameters"]["required"] == ["seconds"]
+
+
+def test_guess_number_feedback_and_reward():
+    env = make_env("guess_number", max_turns=4, high=8)
+    assert env.reset({"target": 5}) == [{"role": "user", "content": "guess 1-8"}]
+    assert env.step("3").observation == [{"role": "user", "content": "higher"}]
+    assert env.step("7")[0][0]["content"] == "lower"
+    assert env.step("no idea")[:3] == ([{"role": "user", "content": "a number"}], 0.0, False)
+    obs, reward, done, info = env.step("5")
+    assert (obs, reward, done, info["success"]) == ([], 1.0, True, True)
+    assert env_class("guess_number").rows(20, 0, split="eval", high=8) == [
+        {"target": t} for t in range(1, 9)
+    ]
+
+
+def test_calculator_runs_the_tool_and_scores_the_answer():
+    env = make_env("calculator", max_turns=3)
+    (row,) = env_class("calculator").rows(1, 0, split="train")
+    env.reset(row)
+    a, op, b = row["question"].removeprefix("what is ").removesuffix("?").split()
+    expression = f"{a}{ {'plus': '+', 'minus': '-', 'times': '*'}[op] }{b}".replace(" ", "")
+    call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+    obs, reward, done, info = env.step(call)
+    assert obs == [{"role": "tool", "content": str(row["answer"])}] and not done
+    assert info == {"tool_calls": 1, "tool_errors": 0}
+    bad = env.step(
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**9"}}</tool_call>'
+    )
+    assert (
+        bad.info["tool_errors"] == 1 and "unsupported expression" in bad.observation[0]["content"]
+    )
+    assert env.step(f"it is {row['answer']}")[1:3] == (1.0, True)
+
+
+def test_environment_names_and_options_are_checked():
+    with pytest.raises(ConfigError, match="known environments: calculator, guess_number"):
+        env_class("guess")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['size'\].*high"):
+        make_env("guess_number", max_turns=3, size=4)
+    with pytest.raises(ConfigError, match="agent.max_turns"):
+        make_env("guess_number", max_turns=0)
+    assert env_class("ardea.agent.builtin_envs.GuessNumber") is env_class("guess_number")
