@@ -14,6 +14,7 @@ Reward 1 when the answer (the first integer of a reply without a tool call) is r
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import random
 import re
@@ -67,6 +68,21 @@ class GuessNumber(Environment):
         hint = "higher" if guess < self.target else "lower"
         return StepResult([{"role": "user", "content": hint}], 0.0, False, {})
 
+    def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
+        """An imperfect player: every guess is consistent with the feedback so far, the
+        midpoint of what is left half of the time and a random candidate otherwise (so
+        demonstrations are not all optimal and RL has room to improve)."""
+        messages = self.reset(row)
+        low, high = 1, self.high
+        while True:
+            guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
+            messages.append({"role": "assistant", "content": str(guess)})
+            observation, _, done, _ = self.step(str(guess))
+            if done:
+                return messages
+            messages += observation
+            low, high = (guess + 1, high) if guess < self.target else (low, guess - 1)
+
 
 def calculate(expression: str) -> int:
     """Evaluate an integer expression with + - * and parentheses."""
@@ -118,3 +134,18 @@ class Calculator(Environment):
             return tools
         correct = first_int(action) == self.answer
         return StepResult([], float(correct), True, {"success": correct})
+
+    def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
+        """Call the calculator on the question's expression, then answer its result."""
+        messages = self.reset(row)
+        a, word, b = str(row["question"]).removeprefix("what is ").removesuffix("?").split()
+        symbol = {w: s for s, w in _WORDS.items()}[word]
+        call = {"name": "calculator", "arguments": {"expression": f"{a}{symbol}{b}"}}
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        messages += self.run_tools(_tool_text(call)).observation
+        messages.append({"role": "assistant", "content": str(self.answer)})
+        return messages
+
+
+def _tool_text(call: dict[str, Any]) -> str:
+    return f"<tool_call>{json.dumps(call)}</tool_call>"

@@ -62,6 +62,10 @@ _OPTIONS = ("model", "tools", "temperature", "top_p", "max_tokens", "max_complet
             "seed", "logprobs", "n", "stream", "tool_choice")  # fmt: skip
 
 
+class ContextLengthError(ValueError):
+    """A request's prompt plus ``max_tokens`` does not fit the model's context."""
+
+
 @dataclasses.dataclass
 class ChatRequest:
     """One chat-completions request after checking (module docstring)."""
@@ -105,6 +109,8 @@ class RecordingClient:
         self.defaults = SamplingParams(temperature=temperature, max_new_tokens=max_tokens)
         self.history = history
         self.batch_window = batch_window
+        config = getattr(getattr(engine, "model", None), "config", None)
+        self.max_positions = getattr(config, "max_position_embeddings", None)
         self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), tokenizer))
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
@@ -143,12 +149,10 @@ class RecordingClient:
             raise request.result
         return request.result
 
-    def create_many(self, requests: Sequence[ChatRequest]) -> list[ChatCompletion]:
-        """Serve ``requests`` (from :meth:`request`) as one batch; errors are raised."""
+    def create_many(self, requests: Sequence[ChatRequest]) -> list[ChatCompletion | BaseException]:
+        """Serve ``requests`` (from :meth:`request`) as one batch: each one's completion, or
+        the exception that request failed with (e.g. :class:`ContextLengthError`)."""
         self._serve(list(requests))
-        for r in requests:
-            if isinstance(r.result, BaseException):
-                raise r.result
         return [r.result for r in requests]
 
     def request(self, *, messages: Sequence[Any], **options: Any) -> ChatRequest:
@@ -203,6 +207,7 @@ class RecordingClient:
         for r in batch:
             try:
                 self._prepare(r)
+                self._check_length(r)
                 ready.append(r)
             except Exception as exc:  # a bad request fails alone, not its batch
                 r.result = exc
@@ -238,6 +243,14 @@ class RecordingClient:
         if not r.input_ids:
             text = render(self.tokenizer, messages, r.tools, generation=True)
             r.input_ids = encode(self.tokenizer, text)
+
+    def _check_length(self, r: ChatRequest) -> None:
+        room = self.max_positions
+        if room is not None and len(r.input_ids) + r.params.max_new_tokens > room:
+            raise ContextLengthError(
+                f"the prompt has {len(r.input_ids)} tokens; with max_tokens="
+                f"{r.params.max_new_tokens} that exceeds the model's context of {room}"
+            )
 
     def _rewritten(self, parent: Interaction, reason: str) -> None:
         if self.history == "error":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import importlib
 import inspect
+import random
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -65,6 +66,14 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     def step(self, action: str) -> StepResult:
         """The model replied ``action``: what it sees next, the reward, whether it is over."""
+
+    def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
+        """A demonstration episode of ``row`` (its whole conversation, for SFT before RL);
+        environments that have no scripted player raise."""
+        raise ConfigError(
+            f"environment {type(self).__name__} has no demonstrations; SFT on an agent.env "
+            "needs one that implements demonstration(row, rng), or SFT data in data.path"
+        )
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:

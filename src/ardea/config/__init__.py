@@ -1,5 +1,6 @@
 """Typed configuration: dataclasses per section, YAML + dotted overrides (OmegaConf)."""
 
+from ardea.config.agent import AgentConfig
 from ardea.config.loader import (
     DEFAULT_RECIPE,
     config_to_yaml,
@@ -20,6 +21,7 @@ from ardea.config.schema import (
 
 __all__ = [
     "DEFAULT_RECIPE",
+    "AgentConfig",
     "AlgoConfig",
     "ArdeaConfig",
     "DataConfig",

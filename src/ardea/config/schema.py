@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ardea.config.agent import AgentConfig
 from ardea.config.fields import check_choice, check_range, check_temperature, option
 from ardea.config.ppo import PPOConfig
 from ardea.config.reward import RewardConfig
@@ -113,8 +114,6 @@ class DataConfig:
         check_range("data.train_size", self.train_size, low=1)
         check_range("data.eval_size", self.eval_size, low=1)
         check_range("data.max_length", self.max_length, low=0)
-        if self.task is None and self.path is None:
-            raise ConfigError("data.task and data.path are both null; name a task or a data file")
 
 
 @dataclass
@@ -347,6 +346,7 @@ class ArdeaConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     stages: dict[str, Any] = option(
         help="Run these stages one after the other, in order: name -> overrides of the "
         "sections above (e.g. {sft: {algo: {name: sft}}, rl: {algo: {name: online_grpo}}}); "
@@ -356,6 +356,13 @@ class ArdeaConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.data.task is None and self.data.path is None and self.agent.env is None:
+            raise ConfigError(
+                "data.task, data.path and agent.env are all null; name a task, a data file "
+                "or an environment"
+            )
+        if self.agent.env is not None:
+            _check_agent_reward(self.reward)
         if self.reward.overlong_buffer > self.rollout.max_new_tokens:
             raise ConfigError(
                 f"reward.overlong_buffer={self.reward.overlong_buffer} exceeds "
@@ -369,3 +376,12 @@ class ArdeaConfig:
                     f"stages.{name} must map sections to overrides, e.g. "
                     f"{{algo: {{name: sft}}}}; got {overrides!r}"
                 )
+
+
+def _check_agent_reward(reward: RewardConfig) -> None:
+    """Agent runs are rewarded by their environment: reward options would not be used."""
+    if reward.functions != RewardConfig().functions or reward.overlong_buffer:
+        raise ConfigError(
+            "agent.env is set: episodes are rewarded by the environment, so reward.functions "
+            "and reward.overlong_buffer are not used; remove them from the config"
+        )

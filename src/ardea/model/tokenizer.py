@@ -66,7 +66,7 @@ CHAT_TEMPLATE = (
     "{% for tool in tools %}{% set f = tool['function'] if 'function' in tool else tool %}"
     "{{ f['name'] + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', '))"
     " + ')' }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
-    "{{ '. call: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\\n' }}"
+    '{{ \'. call: <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\\n\' }}'
     "{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"

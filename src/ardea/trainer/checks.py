@@ -11,6 +11,7 @@ for every stage of a staged run before the first one starts.
 
 from __future__ import annotations
 
+from ardea.agent import check_env_args
 from ardea.config import ArdeaConfig
 from ardea.data import make_task
 from ardea.model import check_model_dir
@@ -34,7 +35,10 @@ def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
         policy_loss_fn(config.algo.policy_loss)
     data = config.data
     task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
-    if strategy.sample_kind == "prompt":  # online strategies score their rollouts
+    if config.agent.env is not None:  # the environment rewards the episodes
+        check_env_args(config.agent.env, dict(config.agent.env_args))
+        check_reward_names(config.reward)
+    elif strategy.sample_kind == "prompt":  # online strategies score their rollouts
         build_scorer(config.reward, task)
     else:
         check_reward_names(config.reward)

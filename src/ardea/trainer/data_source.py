@@ -3,7 +3,8 @@
 The strategy says which kind of sample it needs (``text``, ``sft``, ``preference``,
 ``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
 and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
-strategies, ``prompt`` examples. With ``data.packing`` the ``text``/``sft`` samples are
+strategies, ``prompt`` examples (an ``agent.env`` gives its rows and demonstrations,
+:mod:`ardea.trainer.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
 packed into rows of ``max_length``. A prompt file's prompts must leave room for
 ``rollout.max_new_tokens`` within ``max_length``.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from ardea.config import ArdeaConfig
 from ardea.data import Task, load_samples, pack_samples, tokenize_examples
 from ardea.errors import ConfigError
+from ardea.trainer.agent_runs import agent_samples
 
 
 def max_sequence_length(config: ArdeaConfig, context: int) -> int:
@@ -57,6 +59,8 @@ def training_samples(
     data = config.data
     if data.path:
         samples = _load(config, data.path, tokenizer, kind, max_length)
+    elif config.agent.env is not None:
+        samples = agent_samples(config, tokenizer, kind, max_length=max_length)
     elif kind == "sft" and task is not None:
         examples = task.examples("train", data.train_size)
         samples = tokenize_examples(

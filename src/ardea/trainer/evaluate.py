@@ -150,7 +150,9 @@ class Evaluator:
     - ``eval/accuracy``: greedy exact match on the task's held-out split (when a task is set);
     - ``eval/reward_mean``: online strategies, mean reward of greedy completions of the
       ``data.eval_path`` prompt records (when set), by ``reward.functions``;
-    - ``eval/loss``: other strategies, the loss on ``data.eval_path`` samples (when set).
+    - ``eval/loss``: other strategies, the loss on ``data.eval_path`` samples (when set);
+    - ``eval/success_rate`` (+ ``eval/reward_mean``, ``eval/turns_per_episode``): agent runs,
+      one greedy episode per held-out environment row.
 
     With neither a task nor ``data.eval_path`` nothing is evaluated. Each evaluation also
     appends a few decoded completions to ``samples.jsonl``.
@@ -168,11 +170,17 @@ class Evaluator:
         self.held_out_samples = held_out_samples
         self.examples = task.examples("test", config.data.eval_size) if task is not None else []
         self.scorer = None
+        self.agent = None  # an agent run's AgentEvaluation (set by the trainer)
         if held_out_samples and strategy.sample_kind == "prompt":
             self.scorer = build_scorer(config.reward, task)
 
     def run(self, step: int, run_dir) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        if self.agent is not None:
+            with self.precision.autocast():
+                agent_metrics, samples = self.agent.run()
+            metrics.update(agent_metrics)
+            append_samples(run_dir, step, samples[:SAMPLES_PER_EVAL])
         if self.scorer is not None:
             result = evaluate_rewards(
                 self.engine,

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ardea.agent.episodes import EpisodeRunner
 from ardea.config import ArdeaConfig, config_to_yaml
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
@@ -28,6 +29,7 @@ from ardea.model import Precision
 from ardea.model.lora import load_policy_weights
 from ardea.reward import build_scorer
 from ardea.rollout import RolloutRunner, SamplingParams, make_engine
+from ardea.trainer.agent_runs import AgentEvaluation, agent_rows, episode_runner
 from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.evaluate import Evaluator, append_samples
@@ -91,6 +93,9 @@ class Trainer:
         self.evaluator = Evaluator(
             config, self.task, self.engine, self.tokenizer, self.strategy, held_out, self.precision
         )
+        if config.agent.env is not None:
+            runner = episode_runner(config, self.engine, self.tokenizer, greedy=True)
+            self.evaluator.agent = AgentEvaluation(runner, agent_rows(config, "eval"))
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
@@ -105,6 +110,8 @@ class Trainer:
     def _build_rl_step(self) -> RLStep:
         config = self.config
         rollout, reward = config.rollout, config.reward
+        if config.agent.env is not None:
+            return self._rl_step(episode_runner(config, self.engine, self.tokenizer))
         params = SamplingParams(
             temperature=rollout.temperature,
             top_p=rollout.top_p,
@@ -126,8 +133,12 @@ class Trainer:
             overlong_buffer=reward.overlong_buffer,
             overlong_penalty=reward.overlong_penalty,
         )
+        return self._rl_step(runner)
+
+    def _rl_step(self, runner: RolloutRunner | EpisodeRunner) -> RLStep:
+        rollout = self.config.rollout
         return RLStep(
-            config,
+            self.config,
             policy=self.policy,
             strategy=self.strategy,
             runner=runner,

@@ -52,7 +52,12 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         results["accuracy"] = accuracies[-1][1]
         results["best_accuracy"] = max(a for _, a in accuracies)
         results["eval_examples"] = len(trainer.evaluator.examples)
-    for metric, key in (("eval/reward_mean", "eval_reward"), ("eval/loss", "eval_loss")):
+    metrics = (
+        ("eval/reward_mean", "eval_reward"),
+        ("eval/loss", "eval_loss"),
+        ("eval/success_rate", "success"),
+    )
+    for metric, key in metrics:
         values = trainer.history.get(metric, [])
         if values:
             results[f"{key}_initial"] = values[0][1]

@@ -11,7 +11,9 @@ report) and starts from the final policy of stage ``k − 1`` unless it sets ``m
 The run directory itself gets the full ``config.yaml`` and a ``results.json`` with each
 stage's results under its name, ``wall_seconds`` for the whole run and, when the run has
 online RL stages, ``accuracy_before_rl`` (held-out accuracy when the first online stage
-started) and ``accuracy_after_rl`` (when the last one ended).
+started) and ``accuracy_after_rl`` (when the last one ended); agent runs
+(``agent.env``) likewise get ``success_before_rl`` and ``success_after_rl``, the held-out
+success rates of greedy episodes.
 
 ``trainer.resume=auto`` continues where the run stopped: finished stages are not trained
 again (their final checkpoint is reloaded and their results are read back), the stage
@@ -94,6 +96,9 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     if online and "accuracy_initial" in results[online[0]]:
         results["accuracy_before_rl"] = results[online[0]]["accuracy_initial"]
         results["accuracy_after_rl"] = results[online[-1]]["accuracy"]
+    if online and "success_initial" in results[online[0]]:  # agent runs
+        results["success_before_rl"] = results[online[0]]["success_initial"]
+        results["success_after_rl"] = results[online[-1]]["success"]
     results["wall_seconds"] = round(time.time() - start, 1)
     results["checkpoint"] = previous
     results["run_dir"] = str(top)
@@ -114,7 +119,8 @@ def _summary(results: dict[str, Any], stages) -> dict[str, Any]:
             rows[f"{name}: accuracy (start)"] = stage["accuracy_initial"]
             rows[f"{name}: accuracy (end)"] = stage["accuracy"]
         rows[f"{name}: wall_seconds"] = stage["wall_seconds"]
-    for key in ("accuracy_before_rl", "accuracy_after_rl", "wall_seconds", "checkpoint"):
+    keys = ("accuracy_before_rl", "accuracy_after_rl", "success_before_rl", "success_after_rl")
+    for key in (*keys, "wall_seconds", "checkpoint"):
         if key in results:
             rows[key] = results[key]
     return rows

@@ -1,0 +1,212 @@
+"""G episodes per environment row, played through the recording client and scored into one
+:class:`~ardea.data.TrajectoryBatch`: the agent counterpart of
+:class:`~ardea.rollout.RolloutRunner`, with the same two calls.
+
+- :meth:`EpisodeRunner.generate`: every episode of the call starts (``env.reset(row)``);
+  then, turn after turn, **all episodes waiting for the model are generated together**
+  (one :meth:`~ardea.agent.client.RecordingClient.create_many`, one engine call), each
+  reply goes to its environment (``env.step``), whose observation is appended to the
+  conversation, until every episode is done, hit ``max_turns`` or no longer fits the
+  model's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
+  k)``, so a call's episodes are reproducible.
+- :meth:`EpisodeRunner.score`: the recorded calls become trajectories
+  (:func:`~ardea.agent.export_trajectories`, ``export`` style and ``history`` policy), one
+  group per row (``group_ids``: the row's index in the call), with the ``agent/*`` metrics
+  of ``docs/metrics.md``.
+
+Every generated span carries the engine version that produced it, so the trainer's
+staleness check sees a version per span.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ardea.agent.client import ContextLengthError, RecordingClient
+from ardea.agent.env import Environment, make_env
+from ardea.agent.interaction import discount_rewards, export_trajectories
+from ardea.data import TrajectoryBatch
+from ardea.rollout import GenerationEngine, Rollout, SamplingParams, sampling_seed
+
+SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
+
+
+@dataclasses.dataclass
+class Episode:
+    """One episode in progress: its environment, conversation and counts."""
+
+    env: Environment
+    group: int
+    messages: list[dict[str, Any]]
+    reward: float = 0.0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    success: bool = False
+    done: bool = False
+    truncated: bool = False
+
+
+@dataclasses.dataclass
+class Episodes:
+    """The played episodes of one call, before scoring (``examples``: the rows)."""
+
+    examples: list[dict[str, Any]]
+    episodes: list[Episode]
+    client: RecordingClient
+    seconds: float
+
+
+class EpisodeRunner:
+    """Plays ``group_size`` episodes per environment row (module docstring).
+
+    Args:
+        engine: the live policy's engine.
+        tokenizer: its chat template renders the conversations.
+        env: the environment's registered name or dotted path; ``env_args`` its options.
+        group_size: G episodes per row.
+        params: sampling parameters of every call (``max_new_tokens`` per reply).
+        max_turns: most replies per episode.
+        export, history, reward_discount: see ``AgentConfig``.
+        seed: the run seed.
+    """
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer: Any,
+        *,
+        env: str,
+        env_args: dict[str, Any] | None = None,
+        group_size: int,
+        params: SamplingParams,
+        max_turns: int,
+        export: str = "conversation",
+        history: str = "error",
+        reward_discount: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env = env
+        self.env_args = dict(env_args or {})
+        make_env(env, max_turns=max_turns, **self.env_args)  # checks the name and options
+        self.group_size = group_size
+        self.params = params
+        self.max_turns = max_turns
+        self.export = export
+        self.history = history
+        self.reward_discount = reward_discount
+        self.seed = seed
+
+    def encode(self, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What identifies a call's rows (for checkpoints): the rows themselves."""
+        return [dict(e) for e in examples]
+
+    def generate(
+        self,
+        examples: Sequence[dict[str, Any]],
+        *,
+        seed_index: Sequence[int] | int,
+        engine: GenerationEngine | None = None,
+        group_size: int | None = None,
+    ) -> Episodes:
+        """Play ``group_size`` episodes of every row (module docstring)."""
+        start = time.perf_counter()
+        indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
+        client = RecordingClient(engine or self.engine, self.tokenizer, history=self.history)
+        episodes = []
+        for group, row in enumerate(examples):
+            for _ in range(group_size or self.group_size):
+                env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
+                episodes.append(Episode(env, group, env.reset(row)))
+        for turn in range(self.max_turns):
+            waiting = [e for e in episodes if not e.done]
+            if not waiting:
+                break
+            params = dataclasses.replace(self.params, seed=sampling_seed(self.seed, *indices, turn))
+            requests = [client.request(messages=e.messages, tools=e.env.tools) for e in waiting]
+            for request in requests:
+                request.params = params  # one engine call for the whole turn
+            for episode, result in zip(waiting, client.create_many(requests)):
+                self._advance(client, episode, result)
+        for episode in episodes:
+            episode.truncated |= not episode.done
+        return Episodes(list(examples), episodes, client, time.perf_counter() - start)
+
+    @staticmethod
+    def _advance(client: RecordingClient, episode: Episode, result: Any) -> None:
+        """Hand one reply to its environment; a prompt beyond the context ends the episode."""
+        if isinstance(result, ContextLengthError):
+            episode.done = episode.truncated = True
+            return
+        if isinstance(result, BaseException):
+            raise result
+        call = client.get(result.id)
+        call.group_id = episode.group
+        observation, reward, done, info = episode.env.step(call.info["text"])
+        client.set_reward(result.id, reward)
+        episode.messages += [call.info["reply"], *observation]
+        episode.reward += reward
+        episode.turns += 1
+        episode.tool_calls += int(info.get("tool_calls", 0))
+        episode.tool_errors += int(info.get("tool_errors", 0))
+        episode.success = bool(info.get("success", episode.success))
+        episode.done = bool(done)
+
+    def score(self, played: Episodes) -> Rollout:
+        """The episodes' trajectories and metrics (module docstring)."""
+        calls = played.client.interactions
+        if self.export == "call" and self.reward_discount < 1.0:
+            discount_rewards(calls, self.reward_discount)
+        rows = export_trajectories(calls, style=self.export, history=self.history)
+        batch = TrajectoryBatch.from_trajectories(
+            rows,
+            pad_token_id=self.tokenizer.pad_token_id,
+            temperature=self.params.logprob_temperature,
+        )
+        metrics = episode_metrics(played.episodes, batch)
+        generated = float(batch.loss_mask.sum())
+        metrics["perf/generate_tokens_per_s"] = generated / max(played.seconds, 1e-9)
+        return Rollout(batch, metrics, self._samples(played))
+
+    def _samples(self, played: Episodes) -> list[tuple[str, str, float]]:
+        """The first episode of the first few rows: its first prompt and the rest."""
+        out = []
+        for episode in played.episodes[:: self.group_size][:SAMPLES_KEPT]:
+            first, *rest = episode.messages
+            shown = "\n".join(f"[{m['role']}] {_text(m)}" for m in rest)
+            out.append((first["content"], shown, episode.reward))
+        return out
+
+
+def _text(message: dict[str, Any]) -> str:
+    calls = "".join(f" <call {c['name']} {c['arguments']}>" for c in message.get("tool_calls", []))
+    return message["content"] + calls
+
+
+def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict[str, float]:
+    """The ``agent/*`` and ``rollout/*`` metrics of a call's episodes (``docs/metrics.md``)."""
+    n = len(episodes)
+    turns = sum(e.turns for e in episodes)
+    rewards = batch.rewards.double()
+    real = batch.attention_mask.bool()
+    prompt = (~batch.loss_mask & real).long().cumsum(-1) == real.long().cumsum(-1)  # before turn 0
+    context = real & ~batch.loss_mask & ~prompt
+    return {
+        "agent/turns_per_episode": turns / n,
+        "agent/reward_per_turn": sum(e.reward for e in episodes) / max(turns, 1),
+        "agent/success_rate": sum(e.success for e in episodes) / n,
+        "agent/tool_calls": sum(e.tool_calls for e in episodes) / n,
+        "agent/tool_errors": sum(e.tool_errors for e in episodes) / n,
+        "agent/truncated_fraction": sum(e.truncated for e in episodes) / n,
+        "agent/context_tokens": float(context.sum()) / n,
+        "agent/generated_tokens": float(batch.loss_mask.sum()) / n,
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std(unbiased=False)),
+        "rollout/response_length": float(batch.loss_mask.sum()) / batch.rows,
+        "rollout/truncated_fraction": float(batch.no_eos.float().mean()),
+    }

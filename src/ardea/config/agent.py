@@ -1,0 +1,54 @@
+"""The ``agent`` section: multi-turn episodes in an environment instead of single prompts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ardea.config.fields import check_choice, check_range, option
+from ardea.errors import ConfigError
+
+EXPORT_STYLES = ("conversation", "call")
+HISTORY_POLICIES = ("error", "new_trajectory")
+
+
+@dataclass
+class AgentConfig:
+    env: str | None = option(
+        None,
+        "Environment by registered name (guess_number, calculator) or dotted path "
+        "package.module.Class to an ardea.agent.Environment subclass; the run's data are its "
+        "rows and online strategies play episodes in it. null: not an agent run.",
+    )
+    env_args: dict[str, Any] = option(
+        help="Keyword arguments of the environment, e.g. {high: 8}; unknown ones are errors.",
+        factory=dict,
+    )
+    max_turns: int = option(4, "Most model replies per episode (the episode ends there).")
+    export: str = option(
+        "conversation",
+        "How episodes become trajectories: conversation (one row per episode, every reply a "
+        "turn) or call (one row per model call, with the discounted reward).",
+    )
+    history: str = option(
+        "error",
+        "When a call's prompt does not extend the previous call's tokens (a chat template "
+        "that rewrote history): error, or new_trajectory (start a new row there).",
+    )
+    reward_discount: float = option(
+        1.0,
+        "export=call: a call's reward is its own plus reward_discount times the next call's "
+        "(a final reward reaches the call k turns earlier as discount^k).",
+    )
+
+    def __post_init__(self) -> None:
+        if self.env is not None and (not isinstance(self.env, str) or not self.env):
+            raise ConfigError(f"agent.env={self.env!r} must name an environment or be null")
+        if not hasattr(self.env_args, "keys"):
+            raise ConfigError(f"agent.env_args={self.env_args!r} must map option names to values")
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int):
+            raise ConfigError(f"agent.max_turns={self.max_turns!r} must be an int >= 1")
+        check_range("agent.max_turns", self.max_turns, low=1)
+        check_choice("agent.export", self.export, EXPORT_STYLES)
+        check_choice("agent.history", self.history, HISTORY_POLICIES)
+        check_range("agent.reward_discount", self.reward_discount, low=0.0, high=1.0)
