@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from ardea.cli.main import main
-from ardea.config import load_config
+from ardea.config import load_config, stage_configs
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 SMOKE = [
@@ -36,6 +36,7 @@ def test_configs_are_shipped():
     assert {"sft_arithmetic", "sft_chat", "seq_text", "dpo", "grpo_offline", "sft_lora"} <= names
     assert {"online_grpo", "online_dpo", "online_grpo_dapo"} <= names
     assert {"online_ppo", "online_ppo_adaptive_lambda"} <= names
+    assert {"agent_guess_number", "agent_calculator"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -44,6 +45,11 @@ def test_config_smoke_runs(path, tmp_path, monkeypatch):
     config = load_config(path, [*SMOKE, f"trainer.output_dir={tmp_path}"])
     assert main(["train", str(path), *SMOKE, f"trainer.output_dir={tmp_path}"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
+    if config.stages:  # a staged config: every stage ran; the last one's policy is checked
+        *_, last = config.stages
+        assert results["stages"] == list(config.stages)
+        assert all(results[name]["steps"] == 2 for name in config.stages)
+        config, tmp_path, results = stage_configs(config)[-1][1], tmp_path / last, results[last]
     assert results["steps"] == 2 and results["strategy"] == config.algo.name
     policy = tmp_path / "checkpoints" / "step_0000002" / "policy"
     # the checkpoint of every strategy is a plain Hugging Face model directory

@@ -16,6 +16,9 @@ from ardea.trainer.metrics_log import read_metrics  # noqa: E402
 PANELS = [
     ("train/loss", "training loss"),
     ("eval/accuracy", "held-out accuracy (greedy)"),
+    ("eval/success_rate", "held-out success rate (greedy episodes)"),
+    ("agent/success_rate", "episode success rate (sampled)"),
+    ("agent/turns_per_episode", "turns per episode"),
     ("rollout/reward_mean", "reward"),
     ("rollout/accuracy", "rollout accuracy (sampled)"),
     ("train/kl", "KL to reference"),
@@ -59,21 +62,28 @@ def draw_report(run_dir: str | Path) -> Path:
 
 
 def draw_stages_report(run_dir: str | Path, stages: list[str]) -> Path:
-    """``<run_dir>/report.png`` of a staged run: held-out accuracy through all the stages
+    """``<run_dir>/report.png`` of a staged run: held-out accuracy (agent runs: success rate)
+    through all the stages
     (steps counted on from one stage to the next, a dashed line where a stage starts)."""
     run_dir = Path(run_dir)
     fig, ax = plt.subplots(figsize=(8, 3.6))
     offset = 0
+    records_of = {name: read_metrics(run_dir / name / "metrics.jsonl") for name in stages}
+    every = [r for records in records_of.values() for r in records]
+    metric = (
+        "eval/success_rate" if any("eval/success_rate" in r for r in every) else "eval/accuracy"
+    )
     for name in stages:
-        records = read_metrics(run_dir / name / "metrics.jsonl")
-        points = [(offset + r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+        records = records_of[name]
+        points = [(offset + r["step"], r[metric]) for r in records if metric in r]
         if points:
             steps, values = zip(*points)
             ax.plot(steps, values, marker="o", markersize=3, label=name)
         if offset:
             ax.axvline(offset, color="grey", linestyle="--", linewidth=0.8)
         offset += max((r["step"] for r in records), default=0)
-    ax.set_title("held-out accuracy (greedy) through the stages")
+    what = "success rate" if metric == "eval/success_rate" else "accuracy"
+    ax.set_title(f"held-out {what} (greedy) through the stages")
     ax.set_xlabel("step (stages one after the other)")
     ax.grid(alpha=0.3)
     ax.legend()
