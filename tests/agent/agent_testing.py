@@ -47,3 +47,38 @@ def recomputed_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
         logits = model(input_ids=input_ids).logits.float()  # (N, S, V)
     lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
     return torch.nn.functional.pad(lp, (1, 0))
+
+
+class ForcedEngine(GenerationEngine):
+    """Replies with ``policy(prompt_text)`` + ``<|im_end|>``, with the behaviour log-probs the
+    real ``model`` gives those tokens after that prompt (one forward of prompt + reply at
+    temperature 1): a scripted agent whose log-probs are the model's own."""
+
+    def __init__(self, model, tokenizer, policy):
+        self._model = model
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.calls = 0
+
+    @property
+    def model(self):
+        return self._model
+
+    def generate(self, prompts, params: SamplingParams):
+        self.calls += 1
+        out = []
+        for p in prompts:
+            text = self.tokenizer.decode(p)
+            reply = self.tokenizer(self.policy(text) + "<|im_end|>", add_special_tokens=False)
+            ids = reply["input_ids"]
+            full = torch.tensor([list(p) + ids])
+            lp = recomputed_logprobs(self._model, full)[0, len(p) :].tolist()
+            out.append(Completion(list(p), ids, lp, "stop", self.version))
+        return out
+
+    def update_weights(self, named_tensors, version):
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return 0
