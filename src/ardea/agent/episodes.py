@@ -27,8 +27,9 @@ from typing import Any
 
 from ardea.agent.client import ContextLengthError, RecordingClient
 from ardea.agent.env import Environment, make_env
-from ardea.agent.interaction import discount_rewards, export_trajectories
+from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.data import TrajectoryBatch
+from ardea.errors import ConfigError
 from ardea.rollout import GenerationEngine, Rollout, SamplingParams, sampling_seed
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
@@ -38,7 +39,7 @@ SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
 class Episode:
     """One episode in progress: its environment, conversation and counts."""
 
-    env: Environment
+    env: Environment | None  # None once restored from a checkpoint (the episode is over)
     group: int
     messages: list[dict[str, Any]]
     reward: float = 0.0
@@ -157,6 +158,27 @@ class EpisodeRunner:
         episode.success = bool(info.get("success", episode.success))
         episode.done = bool(done)
 
+    def generation_state(self, played: Episodes) -> dict[str, Any]:
+        """For checkpoints of runs with background rollouts (:func:`episodes_state`)."""
+        return episodes_state(played)
+
+    def restore_generation(self, state: dict[str, Any], examples: list[Any]) -> Episodes:
+        """Stored episodes, for the rows the sampler gives their step again."""
+        if [dict(e) for e in examples] != state["rows"]:
+            raise ConfigError(
+                "the checkpoint's pending episodes were played on other environment rows than "
+                "this run's data gives those steps; resume with the run's own data and config"
+            )
+        client = RecordingClient(self.engine, self.tokenizer, history=self.history)
+        for stored in state["calls"]:
+            fields = {f: stored[f] for f in _CALL_FIELDS}
+            parent = client.interactions[stored["parent"]] if stored["parent"] >= 0 else None
+            call = Interaction(**fields, parent=parent, group_id=stored["group_id"])
+            call.info = dict(stored["info"])
+            client.interactions.append(call)
+        episodes = [Episode(env=None, **e) for e in state["episodes"]]
+        return Episodes(list(examples), episodes, client, float(state["seconds"]))
+
     def score(self, played: Episodes) -> Rollout:
         """The episodes' trajectories and metrics (module docstring)."""
         calls = played.client.interactions
@@ -209,4 +231,30 @@ def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict
         "rollout/reward_std": float(rewards.std(unbiased=False)),
         "rollout/response_length": float(batch.loss_mask.sum()) / batch.rows,
         "rollout/truncated_fraction": float(batch.no_eos.float().mean()),
+    }
+
+
+_CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "versions", "stop_reason", "reward", "id")
+_EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
+                   "success", "done", "truncated")  # fmt: skip
+
+
+def episodes_state(played: Episodes) -> dict[str, Any]:
+    """Played episodes as plain lists and dicts (checkpoints load with ``weights_only``):
+    the rows, every recorded call (its parent by index) and the episodes' counts."""
+    calls = played.client.interactions
+    index = {id(c): i for i, c in enumerate(calls)}
+    return {
+        "rows": played.examples,
+        "seconds": played.seconds,
+        "calls": [
+            {
+                **{f: getattr(c, f) for f in _CALL_FIELDS},
+                "group_id": c.group_id,
+                "parent": index[id(c.parent)] if c.parent is not None else -1,
+                "info": c.info,
+            }
+            for c in calls
+        ],
+        "episodes": [{f: getattr(e, f) for f in _EPISODE_FIELDS} for e in played.episodes],
     }

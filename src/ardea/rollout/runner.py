@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ardea.data import RolloutPrompt, Segment, Task, Trajectory, TrajectoryBatch, rollout_prompt_ids
-from ardea.errors import ArdeaError
+from ardea.errors import ArdeaError, ConfigError
 from ardea.reward import RewardScorer, example_row, overlong_penalty
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
@@ -192,6 +192,26 @@ class RolloutRunner:
         # the engine's throughput, wherever it ran (in a background worker too)
         metrics["perf/generate_tokens_per_s"] = sum(lengths) / max(generation.seconds, 1e-9)
         return Rollout(batch, metrics, samples)
+
+    def generation_state(self, generation: Generation) -> dict[str, Any]:
+        """A generation as plain lists (checkpoints load with ``weights_only=True``); its
+        examples are the sampler's and are not stored."""
+        return {
+            "prompts": generation.prompts,
+            "seconds": generation.seconds,
+            "completions": [dataclasses.asdict(c) for c in generation.completions],
+        }
+
+    def restore_generation(self, state: dict[str, Any], examples: list[Any]) -> Generation:
+        """A stored generation with the examples the sampler gives its step again."""
+        encoded = self.encode(examples)
+        if encoded != state["prompts"]:
+            raise ConfigError(
+                "the checkpoint's pending rollouts were made for other prompts than this run's "
+                "data gives those steps; resume with the data and config of the run that wrote it"
+            )
+        completions = [Completion(**c) for c in state["completions"]]
+        return Generation(list(examples), encoded, completions, float(state["seconds"]))
 
     def _metrics(self, rewards, lengths, completions, texts, groups) -> dict[str, float]:
         values = torch.tensor(rewards, dtype=torch.float64)

@@ -38,7 +38,6 @@ from ardea.data import Example, TrajectoryBatch
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ConfigError
 from ardea.rollout import (
-    Completion,
     Generation,
     GenerationEngine,
     RolloutRunner,
@@ -250,7 +249,7 @@ class RLStep:
             )
         upcoming = [examples] + [self._examples(i) for i in self.sampler.peek(len(steps) - 1)]
         return {
-            s: _generation_from_state(stored[s], prompts, self.runner)
+            s: self.runner.restore_generation(stored[s], prompts)
             for s, prompts in zip(steps, upcoming)
         }
 
@@ -271,7 +270,7 @@ class RLStep:
             state["worker"] = {
                 "start_step": self.worker.start_step,
                 "start_version": self.worker.start_version,
-                "pending": {s: _generation_state(g) for s, g in pending.items()},
+                "pending": {s: self.runner.generation_state(g) for s, g in pending.items()},
             }
         return state
 
@@ -317,36 +316,3 @@ def split_updates(
 def _rows_of(group_of_row: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """The rows whose group is one of ``groups``, in batch order."""
     return torch.nonzero(torch.isin(group_of_row, groups)).squeeze(-1)
-
-
-def _generation_state(generation: Generation) -> dict[str, Any]:
-    """A generation as plain lists (checkpoints load with ``weights_only=True``); its
-    examples are the sampler's and are not stored."""
-    return {
-        "prompts": generation.prompts,
-        "seconds": generation.seconds,
-        "completions": [
-            {
-                "prompt_ids": c.prompt_ids,
-                "token_ids": c.token_ids,
-                "logprobs": c.logprobs,
-                "finish_reason": c.finish_reason,
-                "version": c.version,
-            }
-            for c in generation.completions
-        ],
-    }
-
-
-def _generation_from_state(
-    state: dict[str, Any], examples: list[Example], runner: RolloutRunner
-) -> Generation:
-    """A stored generation with the examples the sampler gives its step again."""
-    encoded = runner.encode(examples)
-    if encoded != state["prompts"]:
-        raise ConfigError(
-            "the checkpoint's pending rollouts were made for other prompts than this run's "
-            "data gives those steps; resume with the data and config of the run that wrote it"
-        )
-    completions = [Completion(**c) for c in state["completions"]]
-    return Generation(examples, encoded, completions, float(state["seconds"]))
