@@ -27,11 +27,26 @@ def smoke(script: str, *args: str, cwd: Path) -> str:
 
 def test_every_benchmark_has_a_smoke_test():
     assert SCRIPTS == [
+        "bench_agent_gae.py",
+        "bench_agent_rollout.py",
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
     ]
+
+
+def test_agent_rollout_smoke(tmp_path):
+    out = smoke("bench_agent_rollout.py", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["episodes"] == 8 and row["batched"] > 0 and row["sequential"] > 0
+
+
+def test_agent_gae_smoke(tmp_path):
+    out = smoke("bench_agent_gae.py", cwd=tmp_path)
+    units = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 0 |")]
+    assert units == ["token", "turn"]
+    assert not (tmp_path / "runs").exists()  # smoke runs leave nothing behind
 
 
 def test_gae_smoke(tmp_path):

@@ -69,13 +69,16 @@ class GuessNumber(Environment):
         return StepResult([{"role": "user", "content": hint}], 0.0, False, {})
 
     def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
-        """An imperfect player: every guess is consistent with the feedback so far, the
-        midpoint of what is left half of the time and a random candidate otherwise (so
-        demonstrations are not all optimal and RL has room to improve)."""
+        """An imperfect player: every guess is consistent with the feedback so far; it is
+        the first quarter point of what is left (``low + (high - low) // 4``) 70 % of the
+        time and the midpoint otherwise. Its most likely move is thus the quarter point
+        (62.5 % of the 1..16 games won in 4 guesses, against 93.75 % for bisection), so a
+        model imitating it leaves RL room to improve, and it has seen the better move."""
         messages = self.reset(row)
         low, high = 1, self.high
         while True:
-            guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
+            quarter = rng.random() < 0.7
+            guess = low + (high - low) // 4 if quarter else (low + high) // 2
             messages.append({"role": "assistant", "content": str(guess)})
             observation, _, done, _ = self.step(str(guess))
             if done:
