@@ -172,3 +172,31 @@ def test_unsupported_options_are_errors(engine, tokenizer):
         client.chat.completions.create(messages=msg, frequency_penalty=0.5)
     with pytest.raises(ValueError, match="stream"):
         client.chat.completions.create(messages=msg, stream=True)
+
+
+def test_conversations_with_equal_histories_stay_apart(tokenizer):
+    """Two guess_number games (targets 2 and 3) play the same first two guesses; the one
+    that finds 2 ends, the other goes on: each row keeps its own calls and reward."""
+    from ardea.agent.episodes import EpisodeRunner
+    from ardea.rollout import SamplingParams
+
+    engine = ScriptedEngine(tokenizer, ["4", "4", "2", "2", "3"])
+    runner = EpisodeRunner(
+        engine, tokenizer, env="guess_number", group_size=1,
+        params=SamplingParams(max_new_tokens=4), max_turns=3,
+    )  # fmt: skip
+    rollout = runner.score(runner.generate([{"target": 2}, {"target": 3}], seed_index=0))
+    b = rollout.batch
+    assert b.rows == 2 and b.rewards.tolist() == [1.0, 1.0]
+    assert [int(b.turn_ids[i].max()) + 1 for i in range(2)] == [2, 3]
+
+
+def test_metadata_names_the_call_continued(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["4", "4", "6"])
+    client = RecordingClient(engine, tokenizer)
+    messages = [{"role": "user", "content": "guess 1-8"}]
+    first = client.chat.completions.create(messages=messages)
+    second = client.chat.completions.create(messages=messages)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "higher"}]
+    third = client.chat.completions.create(messages=messages, metadata={"parent_id": second.id})
+    assert client.get(third.id).parent is client.get(second.id)

@@ -7,7 +7,11 @@ has the ``openai`` package's signature (the options below) and returns its own
 over HTTP (:mod:`ardea.agent.server`). What it serves:
 
 - the prompt: a request that continues an earlier call is appended to that call's tokens
-  (:mod:`ardea.agent.conversation`); any other request is the chat template's rendering;
+  (:mod:`ardea.agent.conversation`); any other request is the chat template's rendering.
+  The call continued is the one whose messages and reply the request's messages start
+  with (among several such calls, e.g. conversations with the same history so far, the
+  oldest not yet continued), or the one named by ``metadata={"parent_id": <completion
+  id>}``, which keeps conversations with equal histories apart (their rewards too);
 - the reply: the generated text with each well-formed ``<tool_call>`` block moved into
   ``message.tool_calls`` (finish reason ``tool_calls``), behaviour log-probs in
   ``choices[0].logprobs`` when ``logprobs=True``;
@@ -59,7 +63,8 @@ from ardea.agent.tools import TOOL_CALL, parse_tool_calls
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams, stop_token_ids
 
 _OPTIONS = ("model", "tools", "temperature", "top_p", "max_tokens", "max_completion_tokens",
-            "seed", "logprobs", "n", "stream", "tool_choice")  # fmt: skip
+            "seed", "logprobs", "n", "stream", "tool_choice", "metadata")  # fmt: skip
+PARENT_KEY = "parent_id"  # metadata={"parent_id": <completion id>}: the call this one continues
 
 
 class ContextLengthError(ValueError):
@@ -177,12 +182,14 @@ class RecordingClient:
             max_new_tokens=max_tokens or self.defaults.max_new_tokens,
             seed=options.get("seed"),
         )
+        parent_id = (options.get("metadata") or {}).get(PARENT_KEY)
         return ChatRequest(
             [normalize(m) for m in messages],
             options.get("tools") or None,
             params,
             logprobs=bool(options.get("logprobs")),
             model=str(options.get("model") or "ardea"),
+            parent=self.get(parent_id) if parent_id is not None else None,
         )
 
     def set_reward(self, completion_id: str, reward: float) -> None:
@@ -229,7 +236,14 @@ class RecordingClient:
         """Find the parent call and the input ids (:mod:`ardea.agent.conversation`)."""
         messages = r.messages
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-        parent = self._parent(messages[: last + 1]) if last >= 0 else None
+        if r.parent is not None:  # named by the caller: it must be what the messages continue
+            last = len(r.parent.info["messages"])
+            if messages[: last + 1] != [*r.parent.info["messages"], r.parent.info["reply"]]:
+                reason = "its messages do not start with that call's messages and reply"
+                raise rewrite_error(r.parent, reason)
+            parent = r.parent
+        else:
+            parent = self._parent(messages[: last + 1]) if last >= 0 else None
         asked = self._prompts.get(message_key(messages[:last])) if last >= 0 else None
         if parent is None and asked is not None:
             self._rewritten(asked, f"its assistant message {last} differs from that call's reply")
@@ -261,7 +275,7 @@ class RecordingClient:
         with self._lock:
             calls = self._replies.get(message_key(messages), [])
             fresh = [c for c in calls if not c.info["continued"]]
-            parent = (fresh or calls or [None])[-1]
+            parent = (fresh or calls[-1:] or [None])[0]
             if parent is not None:
                 parent.info["continued"] = True
             return parent

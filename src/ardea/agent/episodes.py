@@ -49,6 +49,7 @@ class Episode:
     success: bool = False
     done: bool = False
     truncated: bool = False
+    last_call: str | None = None  # completion id of its latest reply
 
 
 @dataclasses.dataclass
@@ -130,8 +131,10 @@ class EpisodeRunner:
                 break
             params = dataclasses.replace(self.params, seed=sampling_seed(self.seed, *indices, turn))
             requests = [client.request(messages=e.messages, tools=e.env.tools) for e in waiting]
-            for request in requests:
+            for episode, request in zip(waiting, requests):
                 request.params = params  # one engine call for the whole turn
+                # episodes with equal histories stay apart: each continues its own last call
+                request.parent = client.get(episode.last_call) if episode.last_call else None
             for episode, result in zip(waiting, client.create_many(requests)):
                 self._advance(client, episode, result)
         for episode in episodes:
@@ -148,6 +151,7 @@ class EpisodeRunner:
             raise result
         call = client.get(result.id)
         call.group_id = episode.group
+        episode.last_call = result.id
         observation, reward, done, info = episode.env.step(call.info["text"])
         client.set_reward(result.id, reward)
         episode.messages += [call.info["reply"], *observation]
@@ -236,7 +240,7 @@ def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict
 
 _CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "versions", "stop_reason", "reward", "id")
 _EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
-                   "success", "done", "truncated")  # fmt: skip
+                   "success", "done", "truncated", "last_call")  # fmt: skip
 
 
 def episodes_state(played: Episodes) -> dict[str, Any]:
