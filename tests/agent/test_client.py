@@ -200,3 +200,9 @@ def test_metadata_names_the_call_continued(tokenizer):
     messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "higher"}]
     third = client.chat.completions.create(messages=messages, metadata={"parent_id": second.id})
     assert client.get(third.id).parent is client.get(second.id)
+
+
+def test_a_prompt_beyond_the_context_is_an_error_naming_it(engine, tokenizer):
+    client = RecordingClient(engine, tokenizer, max_tokens=500)  # the model holds 512
+    with pytest.raises(ValueError, match=r"max_tokens=500 that exceeds the model's context of 512"):
+        client.chat.completions.create(messages=[{"role": "user", "content": "guess 1-8"}])
