@@ -133,7 +133,8 @@ class RLStep:
         lag = check_staleness(batch.versions, self.engine.version, self.max_staleness)
         metrics["rollout/staleness"] = float(lag)
         if batch.rows:
-            with timer.phase("advantages"), self.updater.precision.autocast():
+            forward = self.updater.precision.forward(self.updater.policy, batch.input_ids.shape[1])
+            with timer.phase("advantages"), forward:
                 batch = self.strategy.pin(batch, metrics)
         updates = self._updates(batch, step)
         metrics |= self.updater.run(updates, timer)
