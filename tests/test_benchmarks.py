@@ -29,6 +29,7 @@ def test_every_benchmark_has_a_smoke_test():
     assert SCRIPTS == [
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
+        "bench_logprob_memory.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
         "bench_train_pass.py",
@@ -107,3 +108,17 @@ def test_train_pass_smoke(tmp_path):
     kernels = [r for r in rows if r["table"] == "attention"]
     assert [(r["seq"], r["batch"]) for r in kernels] == [(16, 4), (32, 2)]  # equal tokens
     assert all(r["faster"] == ("eager" if r["eager_s"] < r["sdpa_s"] else "sdpa") for r in kernels)
+
+
+def test_logprob_memory_smoke(tmp_path):
+    out = smoke("bench_logprob_memory.py", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    check, ardea, naive, summary = rows
+    assert check["logprobs_agree"] is True and check["logprob_max_diff"] <= 1e-5
+    assert check["grad_max_diff"] <= 1e-5 and check["check_shape"] == [2, 128]
+    assert (ardea["method"], naive["method"]) == ("ardea", "naive")
+    for r in (ardea, naive):  # each in its own process, the peak since its own baseline
+        assert (r["vocab"], r["batch"], r["seq"]) == (1000, 2, 128)
+        assert r["added_mib"] == pytest.approx(r["peak_rss_mib"] - r["baseline_rss_mib"])
+    assert ardea["loss"] == pytest.approx(naive["loss"], abs=1e-5)
+    assert summary["ratio"] == pytest.approx(ardea["added_mib"] / naive["added_mib"])
