@@ -17,10 +17,12 @@ Table 1, the pass (forward, backward, optimizer step) on one fixed SFT batch:
   the next tokens, mean over the completion positions, ``backward``, ``clip_grad_norm_(1.0)``,
   ``step``, ``zero_grad(set_to_none=True)``.
 
-Cases: ``fp32`` (``model.compute_dtype=float32``; the hand loop in plain fp32) and ``bf16``
+Cases: ``fp32`` (``model.compute_dtype=float32``; the hand loop in plain fp32), ``bf16``
 (``model.compute_dtype=auto``, bf16 autocast on this CPU, with ardea's attention rule
 ``model.attn_implementation=auto``; the hand loop under ``torch.autocast("cpu",
-torch.bfloat16)`` with the model's default ``sdpa`` kernel). The work is the same: the first
+torch.bfloat16)`` with the model's default ``sdpa`` kernel), and ``bf16+sdpa`` (the same with
+``model.attn_implementation=sdpa``, the hand loop's kernel: not ardea's default at 256
+tokens, it separates the kernel from the rest of ardea's pass). The work is the same: the first
 pass of each side starts from identical weights and their losses must agree (fp32: within
 1e-5; bf16: the difference is reported, kernels and rounding differ). Timing: 2 warm-up passes
 per side, then ``--repeats`` rounds of one ardea pass and one hand pass (alternating which goes
@@ -38,7 +40,7 @@ figures behind ardea's ``model.attn_implementation=auto`` (eager up to
 One JSON line per measured case, then the tables.
 
     python benchmarks/bench_train_pass.py --threads 1   # the tables in benchmarks/README.md
-    python benchmarks/bench_train_pass.py --cases fp32 --repeats 3
+    python benchmarks/bench_train_pass.py --cases fp32 --repeats 3 --attn-lengths  # no table 2
     python benchmarks/bench_train_pass.py --smoke       # seconds: tiny model, 2 × 32 tokens
 """
 
@@ -61,7 +63,8 @@ from ardea.model.precision import EAGER_MAX_TOKENS
 from ardea.trainer import Trainer
 from ardea.trainer.updates import PhaseTimer
 
-CASES = {"fp32": "float32", "bf16": "auto"}  # case: model.compute_dtype
+# case: (model.compute_dtype, model.attn_implementation)
+CASES = {"fp32": ("float32", "auto"), "bf16": ("auto", "auto"), "bf16+sdpa": ("auto", "sdpa")}
 SHAPE = {"hidden_size": 256, "intermediate_size": 768, "num_layers": 4, "num_heads": 4,
          "num_kv_heads": 2}  # fmt: skip
 SMOKE_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2,
@@ -82,25 +85,26 @@ def write_records(path: Path, n: int, seq: int) -> None:
             f.write(json.dumps({"prompt": text[:half], "completion": text[half:]}) + "\n")
 
 
-def make_trainer(root: Path, compute_dtype: str, shape: dict, batch: int, seq: int) -> Trainer:
+def make_trainer(root: Path, case: str, shape: dict, batch: int, seq: int) -> Trainer:
     """The trainer ``ardea train`` builds for this SFT config (module docstring)."""
+    compute_dtype, attention = CASES[case]
     data = root / "sft.jsonl"
     if not data.exists():
         write_records(data, batch, seq)
     config = {
         "model": {**shape, "max_position_embeddings": max(256, seq), "dtype": "float32",
-                  "compute_dtype": compute_dtype},
+                  "compute_dtype": compute_dtype, "attn_implementation": attention},
         "data": {"task": None, "path": str(data)},
         "algo": {"name": "sft"},
         "trainer": {
-            "output_dir": str(root / f"run-{compute_dtype}"), "max_steps": 1000,
+            "output_dir": str(root / f"run-{case}"), "max_steps": 1000,
             "batch_size": batch, "lr": LR, "lr_schedule": "constant", "warmup_steps": 0,
             "weight_decay": 0.0, "max_grad_norm": 1.0, "eval_every": 0, "save_every": 0,
             "seed": 0, "device": "cpu",
         },
         "logging": {"progress": False, "tensorboard": False},
     }  # fmt: skip
-    path = root / f"config-{compute_dtype}.yaml"
+    path = root / f"config-{case}.yaml"
     path.write_text(json.dumps(config, indent=1))  # JSON is YAML
     return Trainer(load_config(path))
 
@@ -151,7 +155,7 @@ def alternate(fns: dict, repeats: int, warmup: int) -> tuple[dict[str, list[floa
 
 
 def train_pass_case(root: Path, case: str, shape: dict, args) -> dict:
-    trainer = make_trainer(root, CASES[case], shape, args.batch, args.seq)
+    trainer = make_trainer(root, case, shape, args.batch, args.seq)
     batch = trainer.strategy.collate(trainer.train_samples[: args.batch]).to(trainer.device)
     assert tuple(batch.input_ids.shape) == (args.batch, args.seq), batch.input_ids.shape
     trainer.policy.train()
@@ -160,7 +164,7 @@ def train_pass_case(root: Path, case: str, shape: dict, args) -> dict:
     def ardea_pass() -> float:
         return trainer.updater.run([[batch]], PhaseTimer())["train/loss"]
 
-    fns = {"ardea": ardea_pass, "hand": hand_pass_fn(hand_model, batch, case == "bf16")}
+    fns = {"ardea": ardea_pass, "hand": hand_pass_fn(hand_model, batch, case != "fp32")}
     times, losses = alternate(fns, args.repeats, args.warmup)
     a, h = statistics.median(times["ardea"]), statistics.median(times["hand"])
     diff = abs(losses["ardea"][0] - losses["hand"][0])
@@ -174,6 +178,7 @@ def train_pass_case(root: Path, case: str, shape: dict, args) -> dict:
             x / y for x, y in zip(times["ardea"], times["hand"], strict=True)) - 1),
         "first_loss_ardea": losses["ardea"][0], "first_loss_hand": losses["hand"][0],
         "loss_diff": diff, "losses_agree": diff <= 1e-5 if case == "fp32" else None,
+        "attn_implementation": trainer.precision.attention_for(args.seq) or "model's own",
         "ardea_times": times["ardea"], "hand_times": times["hand"],
     }  # fmt: skip
 
@@ -207,7 +212,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--attn-lengths", type=int, nargs="+", default=[64, 128, 256, 512])
+    parser.add_argument("--attn-lengths", type=int, nargs="*", default=[64, 128, 256, 512])
     parser.add_argument("--attn-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -231,23 +236,25 @@ def main() -> None:
             row = train_pass_case(Path(tmp), case, shape, args)
             print(json.dumps(row), flush=True)
             passes.append(row)
-        trainer = make_trainer(Path(tmp), "float32", shape, args.batch, args.seq)
+        trainer = make_trainer(Path(tmp), "fp32", shape, args.batch, args.seq)
         model = trainer.policy.train()
         for seq in args.attn_lengths:
             model.config.max_position_embeddings = max(model.config.max_position_embeddings, seq)
             row = attention_case(model, seq, args.attn_tokens, args)
             print(json.dumps(row), flush=True)
             kernels.append(row)
-    print("\n| case | params | batch × seq | ardea s/pass | hand loop s/pass | ardea overhead "
+    print("\n| case | attention (ardea) | params | batch × seq | ardea s/pass | hand loop s/pass | ardea overhead "
           "(paired) | first loss ardea / hand | |diff| |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---|---:|")
+    print("|---|---|---:|---|---:|---:|---:|---|---:|")
     for r in passes:
         print(
-            f"| {r['case']} | {r['params'] / 1e6:.2f}M | {r['batch']} × {r['seq']} | "
+            f"| {r['case']} | {r['attn_implementation']} | {r['params'] / 1e6:.2f}M | {r['batch']} × {r['seq']} | "
             f"{r['ardea_s']:.3f} | {r['hand_s']:.3f} | {r['overhead_pct']:+.1f} % "
             f"({r['paired_overhead_pct']:+.1f} %) | {r['first_loss_ardea']:.6f} / "
             f"{r['first_loss_hand']:.6f} | {r['loss_diff']:.1e} |"
         )
+    if not kernels:
+        return
     print(f"\nbf16 autocast forward + backward; ardea's rule: eager up to {EAGER_MAX_TOKENS}")
     print("| seq | batch | sdpa s | eager s | eager vs sdpa | faster |")
     print("|---:|---:|---:|---:|---:|---|")

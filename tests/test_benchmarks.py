@@ -95,7 +95,8 @@ def test_train_pass_smoke(tmp_path):
     out = smoke("bench_train_pass.py", cwd=tmp_path)
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     passes = {r["case"]: r for r in rows if r["table"] == "train_pass"}
-    assert set(passes) == {"fp32", "bf16"}
+    assert set(passes) == {"fp32", "bf16", "bf16+sdpa"}
+    assert passes["bf16+sdpa"]["attn_implementation"] == "sdpa"
     fp32 = passes["fp32"]  # same initial weights, same tokens: the same loss
     assert fp32["losses_agree"] is True and fp32["loss_diff"] <= 1e-5
     assert fp32["compute_dtype"] == "float32"
