@@ -76,7 +76,9 @@ class Trainer:
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         prepare_run_directory(config)  # only once the inputs are known to be good
         params = next(self.policy.parameters()).dtype
-        self.precision = Precision.resolve(config.model.compute_dtype, self.device, params)
+        self.precision = Precision.resolve(
+            config.model.compute_dtype, self.device, params, config.model.attn_implementation
+        )
         self.engine = make_engine(
             config.rollout.engine, self.policy, self.tokenizer, precision=self.precision
         )

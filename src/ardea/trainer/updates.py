@@ -52,6 +52,7 @@ class Updater:
     ) -> None:
         trainer = config.trainer
         self.strategy = strategy
+        self.policy = policy
         self.precision = precision
         self.max_grad_norm = trainer.max_grad_norm or float("inf")
         self.parameters = [p for p in policy.parameters() if p.requires_grad]
@@ -85,7 +86,8 @@ class Updater:
         counts = self.strategy.step_counts(micro_batches)
         totals: dict[str, float] = {}
         for batch in micro_batches:
-            with self.precision.autocast():  # forward in the compute dtype, backward outside
+            # forward in the compute dtype (and its attention kernel), backward outside
+            with self.precision.forward(self.policy, batch.input_ids.shape[1]):
                 loss, metrics = self.strategy.loss(batch, counts)
             loss.backward()
             for name, value in metrics.items():
