@@ -95,6 +95,7 @@ def test_background_episodes_are_checkpointed_and_resumed_exactly(tmp_path):
         ("agent.export=turns", "agent.export='turns'"),
         ("agent.history=ignore", "agent.history='ignore'"),
         ("agent.max_turns=0", "agent.max_turns"),
+        ("agent.eval_episodes=0", "agent.eval_episodes"),
         ("reward.functions=[{name: length}]", "rewarded by the environment"),
     ],
 )
@@ -112,3 +113,16 @@ def test_sft_on_demonstrations_trains_only_assistant_turns(tmp_path):
     text = trainer.tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m])
     assert text and all(ch.isdigit() or ch == "<" or ch in "|im_end>" for ch in text)
     assert json.loads((tmp_path / "results.json").read_text())["success_initial"] >= 0.0
+
+
+def test_sampled_evaluation_repeats_its_seed(tmp_path):
+    """agent.eval_episodes > 1: sampled episodes, the same at every evaluation."""
+    config = load_config(
+        None, [*AGENT, *PPO_TURN, "agent.eval_episodes=3", f"trainer.output_dir={tmp_path}"]
+    )
+    trainer = Trainer(config)
+    first, _ = trainer.evaluator.agent.run()
+    again, _ = trainer.evaluator.agent.run()
+    assert first == again
+    assert trainer.evaluator.agent.runner.group_size == 3
+    assert trainer.evaluator.agent.runner.params.temperature == config.rollout.temperature

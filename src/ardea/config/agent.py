@@ -35,6 +35,12 @@ class AgentConfig:
         "When a call's prompt does not extend the previous call's tokens (a chat template "
         "that rewrote history): error, or new_trajectory (start a new row there).",
     )
+    eval_episodes: int = option(
+        1,
+        "Episodes per held-out row at each evaluation: 1 plays one greedy episode; more play "
+        "that many sampled at rollout.temperature with the same seed at every evaluation "
+        "(the success rate of the sampling policy, averaged).",
+    )
     reward_discount: float = option(
         1.0,
         "export=call: a call's reward is its own plus reward_discount times the next call's "
@@ -49,6 +55,9 @@ class AgentConfig:
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int):
             raise ConfigError(f"agent.max_turns={self.max_turns!r} must be an int >= 1")
         check_range("agent.max_turns", self.max_turns, low=1)
+        if isinstance(self.eval_episodes, bool) or not isinstance(self.eval_episodes, int):
+            raise ConfigError(f"agent.eval_episodes={self.eval_episodes!r} must be an int >= 1")
+        check_range("agent.eval_episodes", self.eval_episodes, low=1)
         check_choice("agent.export", self.export, EXPORT_STYLES)
         check_choice("agent.history", self.history, HISTORY_POLICIES)
         check_range("agent.reward_discount", self.reward_discount, low=0.0, high=1.0)

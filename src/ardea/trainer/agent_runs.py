@@ -7,7 +7,9 @@
   runner, with the same ``generate``/``score`` calls, so the RL step, staleness and
   versions are those of any online run;
 - the evaluation: one greedy episode of every held-out row (``data.eval_size`` at most),
-  logged as ``eval/success_rate``, ``eval/reward_mean`` and ``eval/turns_per_episode``.
+  or ``agent.eval_episodes`` sampled ones (the same seed at every evaluation, so two
+  evaluations differ by the policy only), logged as ``eval/success_rate``,
+  ``eval/reward_mean`` and ``eval/turns_per_episode``.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ def agent_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length:
 
 
 def episode_runner(
-    config: ArdeaConfig, engine: GenerationEngine, tokenizer: Any, *, greedy: bool = False
+    config: ArdeaConfig, engine: GenerationEngine, tokenizer: Any, *, evaluation: bool = False
 ) -> EpisodeRunner:
-    """The episode runner of ``config`` (greedy: for evaluation, one episode per row)."""
+    """The episode runner of ``config``; for evaluation, ``agent.eval_episodes`` per row
+    (one greedy episode, or that many sampled)."""
     rollout, agent = config.rollout, config.agent
+    greedy = evaluation and agent.eval_episodes == 1
+    group = agent.eval_episodes if evaluation else rollout.group_size
     params = SamplingParams(
         temperature=0.0 if greedy else rollout.temperature,
         top_p=1.0 if greedy else rollout.top_p,
@@ -71,7 +76,7 @@ def episode_runner(
         tokenizer,
         env=agent.env,
         env_args=agent.env_args,
-        group_size=1 if greedy else rollout.group_size,
+        group_size=group,
         params=params,
         max_turns=agent.max_turns,
         export=agent.export,

@@ -96,7 +96,7 @@ class Trainer:
             config, self.task, self.engine, self.tokenizer, self.strategy, held_out, self.precision
         )
         if config.agent.env is not None:
-            runner = episode_runner(config, self.engine, self.tokenizer, greedy=True)
+            runner = episode_runner(config, self.engine, self.tokenizer, evaluation=True)
             self.evaluator.agent = AgentEvaluation(runner, agent_rows(config, "eval"))
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
