@@ -9,7 +9,18 @@ import torch
 from ardea.rollout import Completion, GenerationEngine, SamplingParams
 
 
-class ScriptedEngine(GenerationEngine):
+class FixedWeightsEngine(GenerationEngine):
+    """An engine of the tests whose weights never change (version 0)."""
+
+    def update_weights(self, named_tensors, version):
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return 0
+
+
+class ScriptedEngine(FixedWeightsEngine):
     """Replies with the given texts in order (log-prob -0.5 each token), ending each with
     ``<|im_end|>``; records the prompts it was given and how many calls it served."""
 
@@ -32,13 +43,6 @@ class ScriptedEngine(GenerationEngine):
             out.append(Completion(list(p), ids, [-0.5] * len(ids), "stop", self.version))
         return out
 
-    def update_weights(self, named_tensors, version):
-        raise NotImplementedError
-
-    @property
-    def version(self) -> int:
-        return 0
-
 
 def recomputed_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
     """``(N, S)`` token-aligned log π(x_t | x_<t) by one full forward of the plain HF model
@@ -49,7 +53,7 @@ def recomputed_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(lp, (1, 0))
 
 
-class ForcedEngine(GenerationEngine):
+class ForcedEngine(FixedWeightsEngine):
     """Replies with ``policy(prompt_text)`` + ``<|im_end|>``, with the behaviour log-probs the
     real ``model`` gives those tokens after that prompt (one forward of prompt + reply at
     temperature 1): a scripted agent whose log-probs are the model's own."""
@@ -75,10 +79,3 @@ class ForcedEngine(GenerationEngine):
             lp = recomputed_logprobs(self._model, full)[0, len(p) :].tolist()
             out.append(Completion(list(p), ids, lp, "stop", self.version))
         return out
-
-    def update_weights(self, named_tensors, version):
-        raise NotImplementedError
-
-    @property
-    def version(self) -> int:
-        return 0
