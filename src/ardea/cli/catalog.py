@@ -13,6 +13,8 @@ from ardea.config import DEFAULT_RECIPE
 
 #: the ready configs in the repository's ``configs/`` directory (a test keeps this in step)
 READY_CONFIGS = (
+    "agent_calculator.yaml",
+    "agent_guess_number.yaml",
     "dpo.yaml",
     "grpo_offline.yaml",
     "online_dpo.yaml",
