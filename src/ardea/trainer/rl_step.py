@@ -29,7 +29,7 @@ AReaL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ from ardea.rollout import (
     check_staleness,
     sampling_seed,
 )
+from ardea.trainer.distributed import Distributed
 from ardea.trainer.dynamic_sampling import (
     first_groups,
     group_count,
@@ -74,6 +75,9 @@ class RLStep:
         sampler: the run's prompt sampler.
         make_worker_engine: builds an engine with its own copy of the weights, for the
             background worker (``rollout.max_staleness >= 1``).
+        dist: this process's rank and the collectives; each rank generates and trains on
+            its share of the step's prompts.
+        full_weights: the policy's whole weights on every rank (gathered from shards).
     """
 
     def __init__(
@@ -87,6 +91,8 @@ class RLStep:
         samples: Sequence[Example],
         sampler: EpochSampler,
         make_worker_engine,
+        dist: Distributed,
+        full_weights: Callable[[], dict[str, torch.Tensor]],
     ) -> None:
         self.config = config
         self.policy = policy
@@ -96,6 +102,8 @@ class RLStep:
         self.samples = samples
         self.sampler = sampler
         self.make_worker_engine = make_worker_engine
+        self.dist = dist
+        self.full_weights = full_weights
         self.max_staleness = int(config.rollout.max_staleness)
         self.device = next(policy.parameters()).device
         self.worker: RolloutWorker | None = None
@@ -121,20 +129,19 @@ class RLStep:
     def run(self, step: int) -> dict[str, float]:
         """Train step ``step`` (0-based); returns its metrics."""
         timer = PhaseTimer()
-        examples = self._examples(self.sampler.next_batch())
+        first, examples = self.dist.share(self._examples(self.sampler.next_batch()))
         with timer.phase("generate"):
-            generation = self._generate(step, examples)
+            generation = self._generate(step, examples, first)
         with timer.phase("score"):
             rollout = self.runner.score(generation)
-        metrics, self.last_samples = dict(rollout.metrics), rollout.samples
-        batch = rollout.batch.to(self.device)
+        metrics, self.last_samples = self.dist.mean(rollout.metrics), rollout.samples
+        batch = renumber_groups(rollout.batch.to(self.device), first)  # global group ids
         if self.refill_sampler is not None:
             batch = self._filter_and_refill(step, batch, len(examples), timer, metrics)
         lag = check_staleness(batch.versions, self.engine.version, self.max_staleness)
         metrics["rollout/staleness"] = float(lag)
-        if batch.rows:
-            with timer.phase("advantages"), self.updater.precision.autocast():
-                batch = self.strategy.pin(batch, metrics)
+        with timer.phase("advantages"), self.updater.precision.autocast():
+            batch = self._pin(batch, metrics)
         updates = self._updates(batch, step)
         metrics |= self.updater.run(updates, timer)
         with timer.phase("weight_sync"):
@@ -144,9 +151,24 @@ class RLStep:
     def _examples(self, indices: Sequence[int]) -> list[Example]:
         return [self.samples[i] for i in indices]
 
-    def _generate(self, step: int, examples: list[Example]) -> Generation:
+    def _pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
+        """The strategy's targets pinned on the step's whole rollout (group advantages,
+        whitening, critic values see every rank's rows: each rank gathers the others' and
+        pins the same global batch), then this rank's rows."""
+        local = batch.to("cpu") if self.dist.active else batch
+        parts = [p.to(self.device) for p in self.dist.gather(local)]
+        rows = [p.rows for p in parts]
+        if sum(rows) == 0:
+            return batch
+        pad = self.runner.tokenizer.pad_token_id
+        whole = parts[0] if len(parts) == 1 else TrajectoryBatch.concat(parts, pad_token_id=pad)
+        whole = self.strategy.pin(whole, metrics)
+        start = sum(rows[: self.dist.rank])
+        return whole.select(torch.arange(start, start + batch.rows)).trim()
+
+    def _generate(self, step: int, examples: list[Example], first: int) -> Generation:
         if self.max_staleness == 0:
-            return self.runner.generate(examples, seed_index=step)
+            return self.runner.generate(examples, seed_index=step, first_prompt=first)
         worker = self._worker(step, examples)
         worker.submit(step, examples)
         ahead = min(self.max_staleness, self.config.trainer.max_steps - step - 1)
@@ -211,7 +233,7 @@ class RLStep:
         """The trained weights become the next policy version, in the live engine (one
         atomic ``update_weights``) and, copied, for the background worker."""
         version = self.engine.version + 1
-        weights = self.policy.state_dict()
+        weights = self.full_weights()
         self.engine.update_weights(weights, version)
         if self.worker is not None:
             self.worker.publish(weights, version)
@@ -226,7 +248,7 @@ class RLStep:
             restored = self._restored_worker or {}
             engine = self.make_worker_engine()
             if engine.version < self.engine.version:
-                engine.update_weights(self.policy.state_dict(), self.engine.version)
+                engine.update_weights(self.full_weights(), self.engine.version)
             self.worker = RolloutWorker(
                 engine,
                 lambda prompts, s, on: self.runner.generate(prompts, seed_index=s, engine=on),
@@ -277,7 +299,7 @@ class RLStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["version"] != self.engine.version:
-            self.engine.update_weights(self.policy.state_dict(), int(state["version"]))
+            self.engine.update_weights(self.full_weights(), int(state["version"]))
         if self.refill_sampler is not None and "refill_sampler" in state:
             self.refill_sampler.load_state_dict(state["refill_sampler"])
         self._restored_worker = state.get("worker")

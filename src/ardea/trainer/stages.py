@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from ardea.config import ArdeaConfig, stage_configs
 from ardea.errors import ArdeaError
 from ardea.trainer.checks import check_config
@@ -41,10 +43,14 @@ def run(config: ArdeaConfig) -> dict[str, Any]:
     Every name the config gives (strategy, task, reward functions, model directory) is
     checked first, for every stage, before anything is trained or written.
     """
-    if not config.stages:
-        check_config(config)
-        return Trainer(config).train()
-    return run_stages(config)
+    try:
+        if not config.stages:
+            check_config(config)
+            return Trainer(config).train()
+        return run_stages(config)
+    finally:
+        if torch.distributed.is_initialized():  # set up by a torchrun launch's first Trainer
+            torch.distributed.destroy_process_group()
 
 
 def plan_stages(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
