@@ -6,6 +6,7 @@ Phases:
 - ``fresh``: one optimizer step of every strategy (``<ROOT>/<world>/<mode>/<algo>``);
 - ``reference``: (1 process) the same one step and an uninterrupted two-step run
   (``<ROOT>/1/none/<algo>``, ``<ROOT>/1/none/<algo>_two``);
+- ``forever`` (2 processes): a run that only ends when killed (:func:`forever`);
 - ``resume``: the second step resumed from the other world size's one-step checkpoint:
   at 2 processes from the one-process run (``<ROOT>/2/<mode>/<algo>_resumed``), in one
   process from the 2-process run of each MODE (``<ROOT>/1/none/<algo>_from_<mode>``).
@@ -83,20 +84,44 @@ def overrides(algo: str, run_dir: Path, mode: str, steps: int, resume: str) -> l
     ]
 
 
-def train(algo: str, run_dir: Path, mode: str, *, steps: int = 1, resume: str = "never"):
+def train(
+    algo: str,
+    run_dir: Path,
+    mode: str,
+    *,
+    steps: int = 1,
+    resume: str = "never",
+    extra: tuple[str, ...] = (),
+) -> None:
+    """Run ``algo``; a resumed run first writes what it loaded to ``<run_dir>/loaded.pt``
+    (whole weights, optimizer and strategy state, gathered as a checkpoint gathers them)."""
+    import torch
+
     from ardea.config import load_config
+    from ardea.trainer.distributed import full_state_dict
     from ardea.trainer.loop import Trainer
 
-    Trainer(load_config(None, overrides(algo, run_dir, mode, steps, resume))).train()
+    trainer = Trainer(load_config(None, [*overrides(algo, run_dir, mode, steps, resume), *extra]))
+    if resume != "never":
+        loaded = {
+            "policy": full_state_dict(trainer.policy, cpu=True),
+            "updater": trainer.updater.state_dict(),
+            "modules": trainer.strategy.module_states(),
+            "strategy": trainer.strategy.state_dict(),
+        }
+        if trainer.dist.is_main:
+            torch.save(loaded, run_dir / "loaded.pt")
+    trainer.train()
 
 
 def final_checkpoint(run_dir: Path) -> Path:
     return sorted((run_dir / "checkpoints").glob("step_*"))[-1]
 
 
-def main(phase: str, root: Path, modes: list[str]) -> None:
+def main(phases: str, root: Path, modes: list[str]) -> None:
+    """Run ``phases`` (names joined by ``+``, in order) for every mode and strategy."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    for mode in modes:
+    for phase, mode in ((p, m) for p in phases.split("+") for m in modes):
         for algo in ALGOS:
             here = root / str(world) / mode
             if phase == "fresh":
@@ -115,5 +140,16 @@ def main(phase: str, root: Path, modes: list[str]) -> None:
                 raise SystemExit(f"unknown phase {phase!r}")
 
 
+def forever(root: Path, mode: str) -> None:
+    """An online run that never ends by itself, saving every 2 steps: each rank writes its
+    pid to ``<root>/pid_<rank>`` so that a test can kill one."""
+    (root / f"pid_{os.environ['RANK']}").write_text(str(os.getpid()))
+    saving = ("trainer.save_every=2", "trainer.keep_last=1000")
+    train("online_grpo", root / "run", mode, steps=1_000_000, extra=saving)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1] == "forever":
+        forever(Path(sys.argv[2]), sys.argv[3])
+    else:
+        main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])
