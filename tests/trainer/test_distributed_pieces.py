@@ -52,6 +52,7 @@ def overrides(*extra: str) -> list[str]:
         (["model.lora_r=4"], r"model.lora_r > 0 \(LoRA\) is not supported with trainer.distributed=fsdp2"),
         (["algo.name=online_grpo", "rollout.max_staleness=1"], "rollout.max_staleness > 0"),
         (["algo.name=online_grpo", "algo.dynamic_sampling=true"], "algo.dynamic_sampling=true"),
+        (["algo.name=online_dpo"], "algo.name=online_dpo is not supported"),
         (["trainer.batch_size=6"], "batch_size=6 does not split over 4 processes"),
         (["trainer.grad_accum_steps=4"], "a multiple of trainer.grad_accum_steps = 4"),
         (["algo.name=online_grpo", "algo.ppo_mini_batches=4"], "at least algo.ppo_mini_batches"),

@@ -154,17 +154,16 @@ class RLStep:
     def _pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
         """The strategy's targets pinned on the step's whole rollout (group advantages,
         whitening, critic values see every rank's rows: each rank gathers the others' and
-        pins the same global batch), then this rank's rows."""
-        local = batch.to("cpu") if self.dist.active else batch
-        parts = [p.to(self.device) for p in self.dist.gather(local)]
-        rows = [p.rows for p in parts]
-        if sum(rows) == 0:
+        pins the same global batch), then this rank's rows: those of its own groups."""
+        if not self.dist.active:
+            return self.strategy.pin(batch, metrics) if batch.rows else batch
+        parts = [p.to(self.device) for p in self.dist.gather(batch.to("cpu"))]
+        if sum(p.rows for p in parts) == 0:
             return batch
         pad = self.runner.tokenizer.pad_token_id
-        whole = parts[0] if len(parts) == 1 else TrajectoryBatch.concat(parts, pad_token_id=pad)
-        whole = self.strategy.pin(whole, metrics)
-        start = sum(rows[: self.dist.rank])
-        return whole.select(torch.arange(start, start + batch.rows)).trim()
+        whole = self.strategy.pin(TrajectoryBatch.concat(parts, pad_token_id=pad), metrics)
+        own = torch.isin(whole.group_ids, torch.unique(batch.group_ids))  # (N,)
+        return whole.select(torch.nonzero(own).squeeze(-1)).trim()
 
     def _generate(self, step: int, examples: list[Example], first: int) -> Generation:
         if self.max_staleness == 0:

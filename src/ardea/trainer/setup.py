@@ -95,6 +95,8 @@ def check_distributed(config: ArdeaConfig, dist: Any) -> None:
         (config.model.lora_r > 0, "model.lora_r > 0 (LoRA)"),
         (config.rollout.max_staleness > 0, "rollout.max_staleness > 0 (background rollouts)"),
         (algo.dynamic_sampling, "algo.dynamic_sampling=true"),
+        # its pairs are the groups with a reward spread: ranks would train on unequal counts
+        (algo.name == "online_dpo", "algo.name=online_dpo"),
     ]
     for bad, what in unsupported:
         if bad:
