@@ -140,16 +140,16 @@ def main(phases: str, root: Path, modes: list[str]) -> None:
                 raise SystemExit(f"unknown phase {phase!r}")
 
 
-def forever(root: Path, mode: str) -> None:
+def forever(root: Path, mode: str, extra: list[str]) -> None:
     """An online run that never ends by itself, saving every 2 steps: each rank writes its
     pid to ``<root>/pid_<rank>`` so that a test can kill one."""
     (root / f"pid_{os.environ['RANK']}").write_text(str(os.getpid()))
-    saving = ("trainer.save_every=2", "trainer.keep_last=1000")
+    saving = ("trainer.save_every=2", "trainer.keep_last=1000", *extra)
     train("online_grpo", root / "run", mode, steps=1_000_000, extra=saving)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "forever":
-        forever(Path(sys.argv[2]), sys.argv[3])
+        forever(Path(sys.argv[2]), sys.argv[3], sys.argv[4:])
     else:
         main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])

@@ -308,6 +308,7 @@ class Trainer:
                 cfg.trainer.max_steps,
                 start=self.step,
                 enabled=cfg.logging.progress and self.dist.is_main,
+                quiet=not self.dist.is_main,
             ) as progress:
                 if self.resume_from is not None:
                     progress.print(f"resumed from {self.resume_from} at step {self.step}")
