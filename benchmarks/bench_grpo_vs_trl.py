@@ -15,12 +15,22 @@ The workload, identical on both sides:
   1, no top-k / top-p, one PPO iteration per rollout, clip ε = 0.2, token-level loss (ardea
   ``token-mean``, TRL ``loss_type="dapo"``), group-normalised advantages, AdamW at lr 1e-5
   constant (betas 0.9 / 0.999, no weight decay, no warm-up), gradient clipping at 1.0;
-- cases: ``fp32`` (no reference model), ``fp32+ref`` (a frozen reference model and the k3
-  KL, β = 0.04, as a loss term on both sides), ``bf16`` (TRL ``bf16=True``: autocast with
-  fp32 weights; ardea ``model.dtype=bfloat16``: bf16 weights, ardea has no autocast yet).
-  TRL's own defaults turn bf16 and gradient checkpointing on; the fp32 cases run it with
-  ``bf16=False, gradient_checkpointing=False``, every case with ``use_cpu=True``, no
-  logging, saving or progress bar (``trl_grpo_worker.py`` lists every GRPOConfig field set).
+- cases (ardea / TRL):
+  ``fp32``: ``model.compute_dtype=float32`` / ``bf16=False``, no reference model;
+  ``fp32+ref``: the same with a frozen reference model and the k3 KL, β = 0.04, as a loss
+  term on both sides;
+  ``default``: ardea's defaults (``model.compute_dtype=auto``: bf16 autocast on CPUs with
+  AVX-512 BF16 or AMX, fp32 elsewhere) / TRL in fp32 — the target is ≥ 2×;
+  ``bf16``: ``model.compute_dtype=bfloat16`` / ``bf16=True``, both autocast over fp32
+  weights — the target is ≥ 1.5×;
+  ``realistic``: both fp32, the default recipe's SFT checkpoint (its ``sft`` stage run by
+  the script through ``ardea train``, or ``--sft-checkpoint``) on 3-digit additions of the
+  recipe's task, up to 64 new tokens with nothing forced, so completions end at EOS after a
+  few tokens and padding / finished rows dominate (no FLOP/s: lengths vary).
+  TRL's own defaults turn bf16 and gradient checkpointing on; it runs with
+  ``gradient_checkpointing=False`` and the case's ``bf16``, every case with
+  ``use_cpu=True``, no logging, saving or progress bar (``trl_grpo_worker.py`` lists every
+  GRPOConfig field set).
 
 Timing: seconds per optimizer step = the wall time between the ends of consecutive steps
 (everything a step costs, logging included): on TRL's side the ``on_step_end`` callbacks
@@ -40,7 +50,8 @@ matmul; causal attention ``2·H·S·(S+1)`` per layer for a forward over ``S`` p
 
 (generation feeds P + R − 1 positions; forward + backward ≈ 3 forwards). Achieved FLOP/s =
 step FLOPs / seconds per step, against the matmul peak measured in the same run (the best
-``torch.matmul`` rate on square matrices, fp32 and bf16, at the runs' thread count).
+``torch.matmul`` rate on square matrices, fp32 and bf16, at the runs' thread count), each
+side against the peak of the precision it computes in.
 
 The TRL environment is created by the script on first use (``benchmarks/.venv-trl``,
 git-ignored: ``torch`` at this environment's version first, then ``trl==1.16.0`` and
@@ -74,9 +85,13 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "trl_grpo_worker.py"
 TRL_VERSION = "1.16.0"
 CASES = {
-    "fp32": {"beta": 0.0, "bf16": False},
-    "fp32+ref": {"beta": 0.04, "bf16": False},
-    "bf16": {"beta": 0.0, "bf16": True},
+    # case: TRL's reference KL coefficient and bf16 flag, ardea's compute dtype (None: its
+    # default, model.compute_dtype=auto), and whether the realistic workload runs
+    "fp32": {"beta": 0.0, "bf16": False, "ardea_compute": "float32", "realistic": False},
+    "fp32+ref": {"beta": 0.04, "bf16": False, "ardea_compute": "float32", "realistic": False},
+    "default": {"beta": 0.0, "bf16": False, "ardea_compute": None, "realistic": False},
+    "bf16": {"beta": 0.0, "bf16": True, "ardea_compute": "bfloat16", "realistic": False},
+    "realistic": {"beta": 0.0, "bf16": False, "ardea_compute": "float32", "realistic": True},
 }
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -134,6 +149,39 @@ def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     return model_dir, data, shape
+
+
+def realistic_inputs(work: Workload, root: Path, threads: int, sft: Path | None, smoke: bool):
+    """The realistic case's model and prompts: the default recipe's SFT checkpoint (its
+    ``sft`` stage run here through ``ardea train`` unless ``sft`` names one) and 3-digit
+    additions of the recipe's task, ``{"prompt": "347+589=", "answer": "936"}``."""
+    from omegaconf import OmegaConf
+
+    from ardea.config.loader import DEFAULT_RECIPE
+    from ardea.data.tasks import make_task
+
+    recipe = OmegaConf.load(DEFAULT_RECIPE)
+    if sft is None:
+        stage = OmegaConf.merge({k: v for k, v in recipe.items() if k != "stages"},
+                                recipe.stages.sft)  # fmt: skip
+        run_dir = root / "recipe-sft"
+        stage.trainer.output_dir = str(run_dir)
+        stage.trainer.num_threads = threads
+        stage.logging = {"progress": False, "tensorboard": False}
+        if smoke:  # seconds: a tiny model, a few steps
+            stage.trainer.max_steps = 4
+            stage.model = {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}
+        path = root / "recipe-sft.yaml"
+        OmegaConf.save(stage, path)
+        ardea = Path(sys.executable).parent / "ardea"
+        _run([str(ardea), "train", str(path)], "ardea train (the default recipe's SFT stage)")
+        sft = sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "policy"
+    task = make_task(recipe.data.task, **recipe.data.task_args)
+    data = root / "realistic-prompts.jsonl"
+    with data.open("w", encoding="utf-8") as handle:
+        for example in task.examples("train", work.dataset):
+            handle.write(json.dumps({"prompt": example.prompt, "answer": example.answer}) + "\n")
+    return sft, data
 
 
 def step_flops(work: Workload, shape: dict, *, reference: bool) -> float:
@@ -196,20 +244,23 @@ def _imports_trl(python: Path) -> bool:
 # -------------------------------------------------------------------- sides
 def ardea_config(work: Workload, case: str, model_dir: Path, data: Path, out: Path) -> dict:
     """The ``ardea train`` config of one run (module docstring's settings)."""
-    beta, bf16 = CASES[case]["beta"], CASES[case]["bf16"]
+    spec = CASES[case]
+    model = {"path": str(model_dir), "dtype": "float32"}
+    if spec["ardea_compute"] is not None:
+        model["compute_dtype"] = spec["ardea_compute"]
     return {
-        "model": {"path": str(model_dir), "dtype": "bfloat16" if bf16 else "float32"},
+        "model": model,
         "data": {"task": None, "path": str(data)},
         "algo": {
             "name": "online_grpo",
             "ppo": {
                 "adv_estimator": "grpo", "eps_clip": 0.2, "loss_agg_mode": "token-mean",
-                "kl_ctl": beta, "kl_estimator": "k3",
+                "kl_ctl": spec["beta"], "kl_estimator": "k3",
             },
         },
         "rollout": {
             "group_size": work.group, "max_new_tokens": work.new_tokens,
-            "min_new_tokens": work.new_tokens, "temperature": 1.0,
+            "min_new_tokens": min_new_tokens(work, case), "temperature": 1.0,
         },
         "reward": {"functions": [{"name": "exact_match"}]},
         "trainer": {
@@ -236,7 +287,13 @@ def run_ardea(config: dict, run_dir: Path, threads: int) -> dict:
         "ends": [r["time"] for r in steps],
         "generate": [r["perf/time_generate"] for r in steps],
         "train": [r["perf/time_forward_backward"] + r["perf/time_optimizer"] for r in steps],
+        "length": [r["rollout/response_length"] for r in steps],
     }
+
+
+def min_new_tokens(work: Workload, case: str) -> int:
+    """Forced length, except in the realistic case (completions end at their EOS)."""
+    return 0 if CASES[case]["realistic"] else work.new_tokens
 
 
 def run_trl(python: Path, work: Workload, case: str, model_dir, data, run_dir, threads):
@@ -244,8 +301,9 @@ def run_trl(python: Path, work: Workload, case: str, model_dir, data, run_dir, t
     spec = {
         "model": str(model_dir), "data": str(data), "output_dir": str(run_dir),
         "prompts": work.prompts, "group": work.group, "max_new_tokens": work.new_tokens,
-        "min_new_tokens": work.new_tokens, "lr": work.lr, "steps": work.warmup + work.steps,
-        "seed": 0, "threads": threads, **CASES[case],
+        "min_new_tokens": min_new_tokens(work, case), "lr": work.lr,
+        "steps": work.warmup + work.steps, "seed": 0, "threads": threads,
+        "beta": CASES[case]["beta"], "bf16": CASES[case]["bf16"],
     }  # fmt: skip
     spec_path, out_path = run_dir.with_suffix(".spec.json"), run_dir.with_suffix(".out.json")
     spec_path.write_text(json.dumps(spec))
@@ -268,8 +326,10 @@ def measured(ends: list[float], warmup: int) -> list[float]:
 
 
 # ------------------------------------------------------------------ report
-def run_case(case, work, model_dir, data, root, trl, threads) -> dict:
-    """Alternate ardea and TRL over ``work.repeats`` repetitions of one case."""
+def run_case(case, work, inputs, root, trl, threads) -> dict:
+    """Alternate ardea and TRL over ``work.repeats`` repetitions of one case on ``inputs``
+    (model directory, prompt JSONL)."""
+    model_dir, data = inputs
     ardea_steps, trl_steps, ratios, phases, versions = [], [], [], [], None
     for rep in range(work.repeats):
         sides = ["ardea", "trl"] if rep % 2 == 0 else ["trl", "ardea"]
@@ -279,7 +339,9 @@ def run_case(case, work, model_dir, data, root, trl, threads) -> dict:
             if side == "ardea":
                 config = ardea_config(work, case, model_dir, data, run_dir)
                 result = run_ardea(config, run_dir, threads)
-                phases.append((result["generate"][work.warmup :], result["train"][work.warmup :]))
+                phases.append(
+                    {k: result[k][work.warmup :] for k in ("generate", "train", "length")}
+                )
             else:
                 result = run_trl(trl, work, case, model_dir, data, run_dir, threads)
                 versions = result["versions"]
@@ -288,22 +350,40 @@ def run_case(case, work, model_dir, data, root, trl, threads) -> dict:
         if trl:
             trl_steps += reps["trl"]
             ratios.append(statistics.median(reps["trl"]) / statistics.median(reps["ardea"]))
-    generate = statistics.median(g for gen, _ in phases for g in gen)
-    train = statistics.median(t for _, tr in phases for t in tr)
+
+    def median(key: str) -> float:
+        return statistics.median(x for phase in phases for x in phase[key])
+
     return {
         "ardea_steps": ardea_steps, "trl_steps": trl_steps, "ratios": ratios,
-        "ardea_generate_s": generate, "ardea_train_s": train, "trl_versions": versions,
+        "ardea_generate_s": median("generate"), "ardea_train_s": median("train"),
+        "ardea_completion_tokens": median("length"), "trl_versions": versions,
     }  # fmt: skip
 
 
-def summarise(case: str, raw: dict, flops: float, peaks: dict) -> dict:
-    peak = peaks["bf16" if CASES[case]["bf16"] else "fp32"]
-    row = {"case": case, "flops_per_step": flops, "peak_gflops": peak, **raw}
+def ardea_bf16(case: str) -> bool:
+    """Whether ardea computes in bfloat16 in ``case`` (its default: bf16 where it is fast)."""
+    from ardea.model import Precision
+
+    compute = CASES[case]["ardea_compute"] or "auto"
+    resolved = Precision.resolve(compute, torch.device("cpu"), torch.float32).compute
+    return resolved == torch.bfloat16
+
+
+def summarise(case: str, raw: dict, flops: float | None, peaks: dict) -> dict:
+    """One case's JSON row: medians, FLOP/s against the peak of each side's precision (none
+    for the realistic case, whose lengths vary), the paired ratio."""
+    bf16 = {"ardea": ardea_bf16(case), "trl": CASES[case]["bf16"]}
+    row = {"case": case, "flops_per_step": flops, **raw}
     for side in ("ardea", "trl"):
         steps = raw[f"{side}_steps"]
-        if steps:
-            median = statistics.median(steps)
-            row[f"{side}_s_per_step"] = median
+        if not steps:
+            continue
+        median = statistics.median(steps)
+        row[f"{side}_s_per_step"] = median
+        row[f"{side}_precision"] = "bf16" if bf16[side] else "fp32"
+        if flops is not None:
+            peak = peaks[row[f"{side}_precision"]]
             row[f"{side}_gflops"] = flops / median / 1e9
             row[f"{side}_percent_of_peak"] = 100 * flops / median / 1e9 / peak
     if raw["ratios"]:
@@ -320,20 +400,23 @@ def _gflops(row: dict, side: str) -> str:
 def table(rows: list[dict]) -> str:
     """The markdown table of benchmarks/README.md."""
     lines = [
-        "| case | ardea s/step | TRL s/step | TRL / ardea (per repetition) | ardea GFLOP/s "
-        "(% of peak) | TRL GFLOP/s (% of peak) | ardea generate / train s |",
-        "|---|---:|---:|---|---:|---:|---:|",
+        "| case | ardea / TRL precision | ardea s/step | TRL s/step | TRL / ardea (per "
+        "repetition) | ardea GFLOP/s (% of peak) | TRL GFLOP/s (% of peak) | ardea generate / "
+        "train s | completion tokens |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        trl, ratio = "–", "TRL skipped"
+        trl, ratio, precision = "–", "TRL skipped", r["ardea_precision"]
         if "ratio_trl_over_ardea" in r:
             trl = f"{r['trl_s_per_step']:.3f}"
             each = ", ".join(f"{x:.2f}" for x in r["ratios"])
             ratio = f"**{r['ratio_trl_over_ardea']:.2f}x** ({each})"
+            precision += f" / {r['trl_precision']}"
         lines.append(
-            f"| {r['case']} | {r['ardea_s_per_step']:.3f} | {trl} | {ratio} | "
+            f"| {r['case']} | {precision} | {r['ardea_s_per_step']:.3f} | {trl} | {ratio} | "
             f"{_gflops(r, 'ardea')} | {_gflops(r, 'trl')} | "
-            f"{r['ardea_generate_s']:.3f} / {r['ardea_train_s']:.3f} |"
+            f"{r['ardea_generate_s']:.3f} / {r['ardea_train_s']:.3f} | "
+            f"{r['ardea_completion_tokens']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -350,6 +433,10 @@ def main() -> None:
     )
     parser.add_argument("--trl-venv", type=Path, default=HERE / ".venv-trl")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here")
+    parser.add_argument(
+        "--sft-checkpoint", type=Path, default=None,
+        help="realistic case: this policy directory instead of running the recipe's SFT stage",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; never creates TRL")
     args = parser.parse_args()
     work = SMOKE if args.smoke else Workload()
@@ -366,11 +453,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_grpo_vs_trl-") as scratch:
         root = args.workdir or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
-        rows = bench(work, cases, root, trl, threads, peak_size=256 if args.smoke else 2048)
+        peak_size = 256 if args.smoke else 2048
+        rows = bench(work, cases, root, trl, threads, peak_size, args.sft_checkpoint, args.smoke)
     print(table(rows))
 
 
-def bench(work: Workload, cases, root: Path, trl, threads: int, *, peak_size: int) -> list:
+def bench(work: Workload, cases, root: Path, trl, threads: int, peak_size, sft, smoke) -> list:
     """Write the inputs, measure the matmul peaks, run every case; one JSON line each."""
     model_dir, data, shape = write_inputs(work, root)
     peaks = {dtype: matmul_peak(getattr(torch, name), peak_size) for dtype, name in
@@ -382,10 +470,14 @@ def bench(work: Workload, cases, root: Path, trl, threads: int, *, peak_size: in
         f"matmul peak {peaks['fp32']:.0f} GFLOP/s fp32, {peaks['bf16']:.0f} GFLOP/s bf16",
         flush=True,
     )
-    rows = []
+    rows, realistic = [], None
     for case in cases:
-        raw = run_case(case, work, model_dir, data, root, trl, threads)
-        flops = step_flops(work, shape, reference=CASES[case]["beta"] > 0)
+        if CASES[case]["realistic"]:
+            realistic = realistic or realistic_inputs(work, root, threads, sft, smoke)
+            raw, flops = run_case(case, work, realistic, root, trl, threads), None
+        else:
+            raw = run_case(case, work, (model_dir, data), root, trl, threads)
+            flops = step_flops(work, shape, reference=CASES[case]["beta"] > 0)
         rows.append(summarise(case, raw, flops, peaks))
         print(json.dumps(rows[-1]), flush=True)
     return rows

@@ -54,11 +54,16 @@ def test_rl_vs_sft_smoke(tmp_path):
 
 def test_grpo_vs_trl_smoke_never_creates_the_trl_environment(tmp_path):
     venv = tmp_path / "venv-trl"
-    out = smoke("bench_grpo_vs_trl.py", "--trl-venv", str(venv), cwd=tmp_path)
+    cases = ["--cases", "fp32+ref", "realistic"]
+    out = smoke("bench_grpo_vs_trl.py", "--trl-venv", str(venv), *cases, cwd=tmp_path)
     assert f"# TRL side skipped: no TRL environment at {venv} (smoke mode)" in out
     assert not venv.exists()
-    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    row, realistic = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # the realistic case: the recipe's SFT stage (shortened) ran, completions end at EOS
+    assert realistic["case"] == "realistic" and realistic["flops_per_step"] is None
+    assert 1 <= realistic["ardea_completion_tokens"] <= 8
     assert row["case"] == "fp32+ref" and len(row["ardea_steps"]) == 1
+    assert row["ardea_precision"] == "fp32" and row["ardea_completion_tokens"] == 8
     assert row["ardea_s_per_step"] > 0 and "trl_s_per_step" not in row
     # by hand, smoke shape: H 32, I 64, L 2, 2 heads of 16 (one KV head: H_kv 16), V 262,
     # 2 prompts × 2 completions of P 6 + R 8 tokens, with the reference (4 forwards)

@@ -40,3 +40,54 @@ def test_the_config_field_is_validated():
 
     with pytest.raises(ConfigError, match=r"model.compute_dtype='fp8' is not allowed"):
         load_config(None, ["model.compute_dtype=fp8"])
+
+
+def _tiny_sdpa_model():
+    from ardea.model import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer(model_max_length=64)
+    return build_tiny_model(
+        tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+        intermediate_size=64, max_position_embeddings=512, seed=0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("compute", "attention", "seq_len", "inside"),
+    [
+        (torch.bfloat16, "auto", 70, "eager"),  # 16-bit on CPU, short: eager
+        (torch.bfloat16, "auto", 256, "eager"),
+        (torch.bfloat16, "auto", 257, "sdpa"),  # longer: the model's own kernel
+        (torch.float32, "auto", 70, "sdpa"),  # float32: the model's own kernel
+        (torch.float32, "eager", 300, "eager"),  # forced
+        (torch.bfloat16, "sdpa", 70, "sdpa"),
+    ],
+)
+def test_forward_picks_the_attention_kernel_and_restores_it(compute, attention, seq_len, inside):
+    model = _tiny_sdpa_model()
+    precision = Precision(CPU, torch.float32, compute, attention)
+    seen = []
+    with precision.forward(model, seq_len):
+        seen.append(model.config._attn_implementation)
+        seen.append(torch.is_autocast_enabled("cpu"))
+    assert seen == [inside, compute != torch.float32]
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_eager_and_sdpa_give_the_same_logprobs():
+    from ardea.model import sequence_logprobs
+
+    model = _tiny_sdpa_model()
+    ids = torch.randint(3, 60, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # left padding
+    kernels = {}
+    for attention in ("sdpa", "eager"):
+        with Precision(CPU, torch.float32, torch.float32, attention).forward(model, 20):
+            kernels[attention] = sequence_logprobs(model, ids, mask).logprobs
+    torch.testing.assert_close(kernels["eager"], kernels["sdpa"], rtol=0, atol=1e-5)
+
+
+def test_unknown_attention_kernel_is_refused_by_name():
+    with pytest.raises(ConfigError, match="model.attn_implementation='flash'"):
+        Precision.resolve("auto", CPU, torch.float32, "flash")

@@ -486,3 +486,20 @@ def test_bfloat16_compute_trains_with_ratios_near_one(tmp_path, reward_module):
     assert 1e-9 < out["train/approx_kl"] < 1e-3
     assert out["train/clip_fraction"] < 0.01
     assert math.isfinite(one_step(trainer)["train/loss"])
+
+
+def test_attention_kernel_reaches_the_training_forward(tmp_path, reward_module, monkeypatch):
+    """model.attn_implementation=eager: the policy's loss and log-prob forwards run on the
+    eager kernel, and the model is back on its own (sdpa) kernel between steps."""
+    trainer = trainer_for(tmp_path, "model.attn_implementation=eager", "trainer.max_steps=2")
+    seen = []
+    loss = trainer.strategy.loss
+
+    def spy(batch, counts):
+        seen.append(trainer.policy.config._attn_implementation)
+        return loss(batch, counts)
+
+    monkeypatch.setattr(trainer.strategy, "loss", spy)
+    one_step(trainer)
+    assert seen and set(seen) == {"eager"}
+    assert trainer.policy.config._attn_implementation == "sdpa"

@@ -105,8 +105,9 @@ def final(run_dir: Path):
         ("online_grpo_dapo.yaml", []),  # η = 1, dynamic sampling, decoupled PPO
         ("online_ppo.yaml", ["rollout.max_staleness=1"]),  # the critic too
         ("online_grpo_dapo.yaml", ["rollout.max_staleness=2"]),
+        ("online_dpo.yaml", ["rollout.max_staleness=1", "rollout.max_new_tokens=6"]),
     ],
-    ids=["dapo-eta1", "ppo-eta1", "dapo-eta2"],
+    ids=["dapo-eta1", "ppo-eta1", "dapo-eta2", "dpo-eta1"],
 )
 def test_killed_background_rollout_runs_resume_bit_for_bit(tmp_path, sft_policy, config, extra):
     base = [str(CONFIGS / config), *ONLINE, f"model.path={sft_policy}", *extra]

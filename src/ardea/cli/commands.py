@@ -60,7 +60,9 @@ def _load_for_inference(path: str, overrides: list[str]):
         str(model_dir), dtype=config.model.dtype, device=str(device)
     )
     params = next(model.parameters()).dtype
-    precision = Precision.resolve(config.model.compute_dtype, device, params)
+    precision = Precision.resolve(
+        config.model.compute_dtype, device, params, config.model.attn_implementation
+    )
     engine = make_engine(config.rollout.engine, model, tokenizer, precision=precision)
     return config, model_dir, tokenizer, engine
 

@@ -18,6 +18,7 @@ from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPUTE_DTYPES = ("auto", *DTYPES)
+ATTENTIONS = ("auto", "sdpa", "eager")
 ARCHS = ("qwen2", "llama")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp2")
@@ -42,6 +43,13 @@ class ModelConfig:
         "parameters stay model.dtype. auto: bfloat16 on CPUs with AVX-512 BF16 or AMX and on "
         "CUDA GPUs with bf16, else model.dtype; float32, bfloat16 or float16 to choose.",
     )
+    attn_implementation: str = option(
+        "auto",
+        "Attention kernel of training and log-prob forwards: auto = eager for sequences of at "
+        "most 256 tokens when computing in bfloat16/float16 on CPU (faster there than sdpa's "
+        "kernels, measured in benchmarks/README.md), the model's own kernel otherwise; sdpa "
+        "or eager to force one.",
+    )
     logprob_chunk_size: int = option(
         1024, "Tokens per chunk when computing log-probs (bounds the float32 logits kept at once)."
     )
@@ -57,6 +65,7 @@ class ModelConfig:
         check_choice("model.arch", self.arch, ARCHS)
         check_choice("model.dtype", self.dtype, DTYPES)
         check_choice("model.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        check_choice("model.attn_implementation", self.attn_implementation, ATTENTIONS)
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
             check_range(f"model.{name}", getattr(self, name), low=1)
         check_range("model.max_position_embeddings", self.max_position_embeddings, low=8)

@@ -12,6 +12,13 @@ Under autocast the logits come out of the LM head in the compute dtype; log-prob
 and sampling probabilities are then computed in float32 (:mod:`ardea.model.logprobs`). The
 behaviour log-probs of the engine and the trainer's recomputed ones agree less closely than in
 float32 (their matmuls are shaped differently), which the online-RL tests bound.
+
+The attention kernel of a training or log-prob forward (``model.attn_implementation``):
+``auto`` runs the ``eager`` kernel (two matmuls and a softmax) for sequences of at most
+:data:`EAGER_MAX_TOKENS` tokens when computing in a 16-bit dtype on CPU, where PyTorch's
+``sdpa`` CPU kernels are slower, forward and backward (measured in ``benchmarks/README.md``:
+about a third less time for a fwd+bwd at 70 tokens, 8 % less at 256, 13 % more at 512), and
+the model's own kernel otherwise. The two kernels compute the same attention up to rounding.
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ardea.config.schema import COMPUTE_DTYPES
+from ardea.config.schema import ATTENTIONS, COMPUTE_DTYPES
 from ardea.errors import ConfigError
+
+EAGER_MAX_TOKENS = 256
+"""Longest sequence that ``attn_implementation=auto`` runs with the eager kernel on CPU."""
 
 
 def fast_bfloat16(device: torch.device) -> bool:
@@ -43,9 +53,12 @@ class Precision:
     device: torch.device
     params: torch.dtype
     compute: torch.dtype
+    attention: str = "auto"
 
     @classmethod
-    def resolve(cls, name: str, device: torch.device, params: torch.dtype) -> Precision:
+    def resolve(
+        cls, name: str, device: torch.device, params: torch.dtype, attention: str = "auto"
+    ) -> Precision:
         """``model.compute_dtype=name`` on ``device``: ``auto`` is bfloat16 on fast-bf16
         hardware (never above the parameters' own precision), else the parameters' dtype.
 
@@ -55,16 +68,19 @@ class Precision:
         if name not in COMPUTE_DTYPES:
             known = ", ".join(COMPUTE_DTYPES)
             raise ConfigError(f"model.compute_dtype={name!r}; choose one of {known}")
+        if attention not in ATTENTIONS:
+            known = ", ".join(ATTENTIONS)
+            raise ConfigError(f"model.attn_implementation={attention!r}; choose one of {known}")
         if name == "auto":
             fast = params == torch.float32 and fast_bfloat16(device)
-            return cls(device, params, torch.bfloat16 if fast else params)
+            return cls(device, params, torch.bfloat16 if fast else params, attention)
         dtype = getattr(torch, name)
         if torch.finfo(dtype).bits > torch.finfo(params).bits:
             raise ConfigError(
                 f"model.compute_dtype={name} is more precise than the parameters "
                 f"(model.dtype={str(params).removeprefix('torch.')}); set model.dtype=float32"
             )
-        return cls(device, params, dtype)
+        return cls(device, params, dtype, attention)
 
     def autocast(self):
         """``torch.autocast`` to the compute dtype, or a no-op when the parameters are
@@ -72,3 +88,36 @@ class Precision:
         if self.compute == self.params:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute)
+
+    def attention_for(self, seq_len: int) -> str | None:
+        """The attention kernel for a forward over ``seq_len`` tokens, or None to keep the
+        model's own (module docstring)."""
+        if self.attention != "auto":
+            return self.attention
+        sixteen_bit = self.compute in (torch.bfloat16, torch.float16)
+        if self.device.type == "cpu" and sixteen_bit and seq_len <= EAGER_MAX_TOKENS:
+            return "eager"
+        return None
+
+    @contextlib.contextmanager
+    def forward(self, model: torch.nn.Module, seq_len: int):
+        """Run a training or log-prob forward of ``model`` over ``seq_len`` tokens: under
+        :meth:`autocast`, with the kernel of :meth:`attention_for` (the model's own kernel is
+        restored afterwards). Models that cannot switch kernels keep theirs."""
+        wanted = self.attention_for(seq_len)
+        config = getattr(model, "config", None)
+        current = getattr(config, "_attn_implementation", None)
+        switch = (
+            wanted is not None
+            and current in ("sdpa", "eager")
+            and current != wanted
+            and hasattr(model, "set_attn_implementation")
+        )
+        if switch:
+            model.set_attn_implementation(wanted)
+        try:
+            with self.autocast():
+                yield
+        finally:
+            if switch:
+                model.set_attn_implementation(current)

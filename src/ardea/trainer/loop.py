@@ -81,7 +81,9 @@ class Trainer:
         if self.dist.is_main:
             prepare_run_directory(config)  # only once the inputs are known to be good
         params = next(policy.parameters()).dtype
-        self.precision = Precision.resolve(config.model.compute_dtype, self.device, params)
+        self.precision = Precision.resolve(
+            config.model.compute_dtype, self.device, params, config.model.attn_implementation
+        )
         # under torchrun the engine decodes on its own plain copy, fed whole weights
         self.engine = make_engine(
             config.rollout.engine,

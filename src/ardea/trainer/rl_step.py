@@ -140,7 +140,8 @@ class RLStep:
             batch = self._filter_and_refill(step, batch, len(examples), timer, metrics)
         lag = check_staleness(batch.versions, self.engine.version, self.max_staleness)
         metrics["rollout/staleness"] = float(lag)
-        with timer.phase("advantages"), self.updater.precision.autocast():
+        forward = self.updater.precision.forward(self.updater.policy, batch.input_ids.shape[1])
+        with timer.phase("advantages"), forward:
             batch = self._pin(batch, metrics)
         updates = self._updates(batch, step)
         metrics |= self.updater.run(updates, timer)

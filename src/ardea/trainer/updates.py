@@ -103,7 +103,8 @@ class Updater:
         counts = self.dist.sum(self.strategy.step_counts(micro_batches), maximum=MAX_COUNTS)
         totals: dict[str, float] = {}
         for batch in micro_batches:
-            with self.precision.autocast():  # forward in the compute dtype, backward outside
+            # forward in the compute dtype (and its attention kernel), backward outside
+            with self.precision.forward(self.policy, batch.input_ids.shape[1]):
                 loss, metrics = self.strategy.loss(batch, counts)
             (loss * self.dist.loss_scale).backward()  # DDP/FSDP2 average; the loss wants sums
             for name, value in metrics.items():
