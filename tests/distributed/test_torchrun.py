@@ -9,7 +9,8 @@ For sft, offline grpo, online_grpo and online_ppo, under FSDP2 and DDP (the runs
   critic and its optimizer), and the reverse; the resumed second step matches the
   uninterrupted single-process run;
 - ``kill -9`` of one rank ends the run with an error naming the rank in under 60 s and
-  leaves every checkpoint already written intact.
+  leaves every checkpoint already written intact; a rank that hangs fails the other's next
+  collective after ``trainer.dist_timeout_s`` with an error naming it.
 
 Why 1e-6 holds: the ranks' gradients are sums in another order than one process's, about
 1e-7 relative apart. Adam's first step is ``lr * g / (|g| + eps)``, which turns that into
@@ -25,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -136,32 +138,68 @@ def test_checkpoints_resume_at_the_other_world_size(runs, algo, mode):
             assert max_diff(weights(uninterrupted, module), weights(resumed, module)) <= TOLERANCE
 
 
-def test_killing_a_rank_ends_the_run_naming_it_and_keeps_checkpoints(tmp_path):
+def launch_forever(root: Path, *extra: str) -> subprocess.Popen:
+    """The never-ending 2-process run of ``cases.py``, once it has written two checkpoints."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = torchrun(CASES, "forever", str(root), "fsdp2", *extra)
     launch = subprocess.Popen(
-        torchrun(CASES, "forever", str(tmp_path), "fsdp2"),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    checkpoints = tmp_path / "run" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while len(list((root / "run" / "checkpoints").glob("step_*"))) < 2:
+        if launch.poll() is not None or time.monotonic() > deadline:
+            launch.kill()
+            raise AssertionError(
+                "no two checkpoints within 120 s:\n" + launch.stdout.read()[-3000:]
+            )
+        time.sleep(0.2)
+    return launch
+
+
+def end_of(launch: subprocess.Popen, seconds: float) -> str:
+    """The launch's output once it ended, which it must within ``seconds``."""
+    started = time.monotonic()
     try:
-        deadline = time.monotonic() + 120
-        while len(list(checkpoints.glob("step_*"))) < 2:
-            assert launch.poll() is None, launch.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no two checkpoints within 120 s"
-            time.sleep(0.2)
-        os.kill(int((tmp_path / "pid_1").read_text()), signal.SIGKILL)
-        killed = time.monotonic()
-        output, _ = launch.communicate(timeout=60)
-        assert time.monotonic() - killed < 60
+        output, _ = launch.communicate(timeout=seconds)
     finally:
         if launch.poll() is None:
             launch.kill()
+    assert time.monotonic() - started < seconds
     assert launch.returncode != 0
-    assert re.search(r"rank\s*:\s*1\b", output) and "SIGKILL" in output, output[-3000:]
-    written = sorted(checkpoints.glob("step_*"))
+    return output
+
+
+def assert_checkpoints_intact(root: Path) -> None:
+    written = sorted((root / "run" / "checkpoints").glob("step_*"))
     assert len(written) >= 2
     assert all(checkpoint_problem(path) is None for path in written)
+
+
+def test_killing_a_rank_ends_the_run_naming_it_and_keeps_checkpoints(tmp_path):
+    launch = launch_forever(tmp_path)
+    os.kill(int((tmp_path / "pid_1").read_text()), signal.SIGKILL)
+    output = end_of(launch, 60)
+    assert re.search(r"rank\s*:\s*1\b", output) and "SIGKILL" in output, output[-3000:]
+    assert_checkpoints_intact(tmp_path)
+
+
+def test_a_hung_rank_fails_the_others_within_the_timeout_naming_it(tmp_path):
+    """A rank that stops (SIGSTOP: alive to torchrun, silent to its peers) makes rank 0's
+    next collective fail after trainer.dist_timeout_s, with an error naming rank 1."""
+    launch = launch_forever(tmp_path, "trainer.dist_timeout_s=5")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(launch.stdout), daemon=True)
+    reader.start()
+    hung = int((tmp_path / "pid_1").read_text())
+    os.kill(hung, signal.SIGSTOP)
+    stopped = time.monotonic()
+    while not any("stopped responding" in line for line in lines):
+        assert time.monotonic() - stopped < 60, "".join(lines)[-3000:]
+        time.sleep(0.2)
+    os.kill(hung, signal.SIGKILL)  # torchrun would wait 30 s for the stopped rank to exit
+    launch.wait(timeout=60)
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert launch.returncode != 0
+    assert "rank 1 stopped responding" in output and "trainer.dist_timeout_s=5" in output
+    assert_checkpoints_intact(tmp_path)

@@ -47,7 +47,7 @@ def save_checkpoint(
     ``policy_state``: the policy's whole weights when its own are shards (gathered by the
     caller). ``save_extra(directory)`` writes further modules (e.g. a PPO critic into
     ``critic/``) before the checkpoint is marked complete. Under torchrun only rank 0 calls
-    this (the others wait at a barrier), so the temporary directory and rename stay one
+    this (the others wait until it is done), so the temporary directory and rename stay one
     process's."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"

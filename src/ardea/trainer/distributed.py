@@ -9,7 +9,8 @@ ranks, gathered per layer for the forward and backward). ``auto`` is ``none`` fo
 and ``fsdp2`` when torchrun starts several. The process group comes from torchrun's
 environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``: the
 rendezvous binds where torchrun says), with gloo on CPU and NCCL on GPUs and a timeout of
-``trainer.dist_timeout_s`` seconds on every collective.
+``trainer.dist_timeout_s`` seconds on every collective; a collective that fails ends the
+rank with an error naming the ranks that stopped (:mod:`ardea.trainer.watchdog`).
 
 Gradients: losses are normalised by counts summed over all ranks (:meth:`Distributed.sum`),
 so the whole batch's gradient is the *sum* of the ranks' gradients; DDP and FSDP2 average
@@ -37,9 +38,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from ardea.errors import ConfigError
+from ardea.errors import ArdeaError, ConfigError
+from ardea.trainer.watchdog import Heartbeat, describe_failure, is_collective_failure
 
 FULL = StateDictOptions(full_state_dict=True)
+WRITE_WAIT_S = 3600.0  # longest the ranks wait for rank 0 to write a checkpoint
 FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -72,6 +75,7 @@ class Distributed:
     def __init__(self, mode: str, device: torch.device, timeout_s: float) -> None:
         self.mode = resolve_mode(mode, launched_world_size())
         self.rank, self.world_size = 0, 1
+        self.heartbeat: Heartbeat | None = None
         if self.mode != "none" and device.type == "cuda" and device.index is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)  # one GPU per process
@@ -81,6 +85,8 @@ class Distributed:
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            self.heartbeat = Heartbeat(self.rank, self.world_size, timeout_s)
+        self.timeout_s = timeout_s
 
     @property
     def active(self) -> bool:
@@ -153,13 +159,23 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def barrier(self) -> None:
-        if self.active:
-            dist.barrier()
+    def after_main(self) -> None:
+        """Wait until rank 0 has finished writing (up to ``WRITE_WAIT_S``)."""
+        if self.heartbeat is not None:
+            self.heartbeat.after_main(WRITE_WAIT_S)
 
     def close(self) -> None:
-        if self.active and dist.is_initialized():
-            dist.destroy_process_group()
+        """Stop this rank's heartbeat (the process group stays for a next stage)."""
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+
+    def failure(self, error: BaseException) -> ArdeaError | None:
+        """The error to end this rank with when ``error`` is a failed or timed-out
+        collective, naming the ranks that stopped (:mod:`ardea.trainer.watchdog`); None
+        for any other error."""
+        if self.heartbeat is None or not is_collective_failure(error):
+            return None
+        return ArdeaError(describe_failure(error, self.heartbeat, self.timeout_s))
 
     # ---------------------------------------------------------------- sharing
     def share(self, items: list) -> tuple[int, list]:

@@ -179,7 +179,7 @@ class Trainer:
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         """Write a checkpoint: every rank gathers its shards (collectives), rank 0 writes
-        and renames it into place, the others wait for it at a barrier."""
+        and renames it into place, the others wait until it has."""
         state = {
             "step": self.step,
             "train_seconds": self.train_seconds,
@@ -205,7 +205,7 @@ class Trainer:
                 policy_state=policy_state,
                 save_extra=lambda directory: self.strategy.save_modules(directory, modules),
             )
-        self.dist.barrier()
+        self.dist.after_main()
         return path
 
     def _restore(self, checkpoint: Path) -> None:
@@ -321,10 +321,16 @@ class Trainer:
                 if not finished:
                     self._evaluate(logger, progress)
             checkpoint = self.resume_from if finished else self.save()
+        except Exception as error:
+            failure = self.dist.failure(error)  # a rank died or hangs: name it
+            if failure is None:
+                raise
+            raise failure from error
         finally:
             if self.rl is not None:
                 self.rl.close()
             self.strategy.close()
+            self.dist.close()
             if logger is not None:
                 logger.close()
         if not self.dist.is_main:
