@@ -22,6 +22,9 @@ import sys
 from pathlib import Path
 
 ALGOS = ("sft", "grpo", "online_grpo", "online_ppo")
+#: resumed at the other world size: offline, and online with a critic and a reference (the
+#: other strategies save and load through the same code)
+RESUMED = ("sft", "online_ppo")
 
 #: a completion with a digit scores 1: about half of a random policy's do, so every group
 #: has a reward spread and the step is not zero
@@ -128,7 +131,10 @@ def main(phases: str, root: Path, modes: list[str]) -> None:
                 train(algo, here / algo, mode)
             elif phase == "reference":
                 train(algo, here / algo, mode)
-                train(algo, here / f"{algo}_two", mode, steps=2)
+                if algo in RESUMED:
+                    train(algo, here / f"{algo}_two", mode, steps=2)
+            elif algo not in RESUMED:
+                continue
             elif phase == "resume" and world > 1:  # from the one-process checkpoint
                 start = final_checkpoint(root / "1" / "none" / algo)
                 train(algo, here / f"{algo}_resumed", mode, steps=2, resume=str(start))

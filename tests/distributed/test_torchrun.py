@@ -42,6 +42,7 @@ HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 CASES = str(HERE / "cases.py")
 ALGOS = ("sft", "grpo", "online_grpo", "online_ppo")
+RESUMED = ("sft", "online_ppo")  # as in cases.py
 MODES = ("fsdp2", "ddp")
 TOLERANCE = 1e-6
 
@@ -80,6 +81,19 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+def initial_weights(algo: str) -> dict[str, torch.Tensor]:
+    """The weights every run of ``algo`` starts from (built as the trainer builds them)."""
+    sys.path.insert(0, str(HERE))
+    from cases import overrides
+
+    from ardea.config import load_config
+    from ardea.trainer.setup import build_policy
+
+    config = load_config(None, overrides(algo, Path("unused"), "none", 1, "never"))
+    model, _ = build_policy(config.model, seed=config.trainer.seed, device=torch.device("cpu"))
+    return model.state_dict()
+
+
 def modules(algo: str) -> tuple[str, ...]:
     return ("policy", "critic") if algo == "online_ppo" else ("policy",)
 
@@ -90,8 +104,10 @@ def test_one_step_at_two_processes_equals_one_process(runs, algo, mode):
     one, two = runs / "1" / "none" / algo, runs / "2" / mode / algo
     for module in modules(algo):
         assert max_diff(weights(one, module), weights(two, module)) <= TOLERANCE
-    # the step is real: a second step moves the weights by ~lr, far beyond the tolerance
-    assert max_diff(weights(one), weights(runs / "1" / "none" / f"{algo}_two")) > 1e-4
+    # the step is real: it moved the weights by ~lr from the initial ones, far beyond the
+    # tolerance (every run starts from the same seeded tiny model)
+    trained, initial = weights(one), initial_weights(algo)
+    assert max_diff(trained, {k: initial[k] for k in trained}) > 1e-4
 
 
 def assert_same(a, b, where: str = "") -> None:
@@ -126,7 +142,7 @@ def assert_loaded_exactly(resumed: Path, checkpoint: Path, algo: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", RESUMED)
 def test_checkpoints_resume_at_the_other_world_size(runs, algo, mode):
     uninterrupted = runs / "1" / "none" / f"{algo}_two"
     from_two = runs / "1" / "none" / f"{algo}_from_{mode}"  # saved at 2, resumed at 1
@@ -139,7 +155,7 @@ def test_checkpoints_resume_at_the_other_world_size(runs, algo, mode):
 
 
 def launch_forever(root: Path, *extra: str) -> subprocess.Popen:
-    """The never-ending 2-process run of ``cases.py``, once it has written two checkpoints."""
+    """The never-ending 2-process run of ``cases.py``, once it has written a checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = torchrun(CASES, "forever", str(root), "fsdp2", *extra)
     launch = subprocess.Popen(
@@ -171,7 +187,7 @@ def end_of(launch: subprocess.Popen, seconds: float) -> str:
 
 def assert_checkpoints_intact(root: Path) -> None:
     written = sorted((root / "run" / "checkpoints").glob("step_*"))
-    assert len(written) >= 2
+    assert written
     assert all(checkpoint_problem(path) is None for path in written)
 
 
