@@ -70,7 +70,8 @@ class Trainer:
         self.task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
         policy, self.tokenizer = build_trainable_policy(config, self.device)
         self.run_dir = run_directory(config)
-        self.resume_from = resume_checkpoint(self.run_dir, config.trainer.resume)
+        # rank 0's choice, so every rank resumes from the same checkpoint (or none)
+        self.resume_from = self.dist.broadcast(resume_checkpoint(self.run_dir, trainer.resume))
         strategy_cls = strategy_class(config.algo.name)
         max_length = max_sequence_length(config, context_length(policy))
         kind = strategy_cls.sample_kind
