@@ -1,24 +1,40 @@
 """Generation throughput: ardea's InProcessEngine against ``transformers`` ``generate()``.
 
-Both run the same model (a 0.8M-parameter Qwen2, fp32, CPU) on the same left-padded prompts
-(8-12 tokens). Modes:
-- ``sample``: T = 1, no top-k / top-p, exactly ``--new-tokens`` tokens per row (no eos: the
-  engine gets no eos ids, ``generate`` gets ``eos_token_id=None``);
-- ``greedy``: the same with argmax decoding; both must produce identical tokens;
+Both run the same model on the same left-padded prompts (8-12 tokens) and lengths, on CPU.
+Models (``--sizes``): Qwen2 decoders with tied embeddings, vocab 110, random init:
+
+- ``0.8M``: hidden 128, intermediate 384, 4 layers, 4 heads, 2 KV heads (ardea's default tiny
+  model);
+- ``3M``: hidden 256, intermediate 768, 4 layers, 4 heads, 2 KV heads (the GRPO benchmark's);
+- ``10M``: hidden 384, intermediate 1152, 6 layers, 6 heads, 2 KV heads.
+
+Modes:
+- ``sample``: T = 1, no top-k / top-p, exactly the new tokens per row (no eos: the engine gets
+  no eos ids, ``generate`` gets ``eos_token_id=None``);
+- ``greedy``: the same with argmax decoding; in fp32 both must produce identical tokens;
 - ``sample+stop``: T = 1 with four stop tokens, so rows end at varied lengths as real
   completions do; tok/s counts the tokens each side generated (same expectation).
-Reported: generated tokens per second from the best of ``--repeats`` runs (after one warm-up),
-and the speed ratio engine / generate as the median over adjacent (engine, generate) pairs,
-which see similar load from other processes. Threads: torch's default (``--threads`` to set).
 
-    python benchmarks/bench_rollout.py                 # the table in benchmarks/README.md
-    python benchmarks/bench_rollout.py --prompts 64 --new-tokens 32 --repeats 2
-    python benchmarks/bench_rollout.py --smoke     # seconds: 4 prompts, 8 new tokens, 1 run
+Precisions, each a like-for-like pair: ``fp32`` (fp32 weights and matmuls on both sides) and
+``auto`` (ardea's default compute dtype, ``Precision.resolve("auto", cpu, float32)``: bf16
+autocast on CPUs with AVX-512 BF16 / AMX, else fp32; ``generate()`` then runs under
+``torch.autocast("cpu", torch.bfloat16)``, fp32 weights on both sides).
+
+Reported per (size, prompts, new tokens, mode): generated tokens per second of each side in
+each precision from the best of ``--repeats`` runs (after one warm-up), and per precision the
+speed ratio engine / generate as the median over adjacent (engine, generate) pairs, which see
+similar load from other processes. One JSON line per case, then the markdown table.
+Threads: torch's default (``--threads`` to set). Target: engine ≥ 1.5× ``generate()``.
+
+    python benchmarks/bench_rollout.py --threads 1     # the table in benchmarks/README.md
+    python benchmarks/bench_rollout.py --sizes 3M --prompts 64 --new-tokens 32 --repeats 2
+    python benchmarks/bench_rollout.py --smoke         # seconds: 4 prompts, 8 new tokens, 1 run
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import time
@@ -26,21 +42,32 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from ardea.model import Precision
 from ardea.rollout import InProcessEngine, SamplingParams
 
 PAD = 0
+VOCAB = 110
+# name: (hidden, intermediate, layers, heads, kv heads)
+SIZES = {
+    "0.8M": (128, 384, 4, 4, 2),
+    "3M": (256, 768, 4, 4, 2),
+    "10M": (384, 1152, 6, 6, 2),
+}
+PRECISIONS = ("fp32", "auto")
+STOP_IDS = [1, 2, 3, 4]  # "sample+stop": rows end at varied lengths, as real completions do
 
 
-def tiny_qwen2(vocab: int = 110, hidden: int = 128, layers: int = 4) -> Qwen2ForCausalLM:
-    """A ~0.8M-parameter Qwen2 causal LM (the size of ardea's default tiny model)."""
+def qwen2(size: str, vocab: int = VOCAB) -> Qwen2ForCausalLM:
+    """The Qwen2 causal LM of ``SIZES[size]`` (fp32, eval mode, seed 0)."""
+    hidden, intermediate, layers, heads, kv_heads = SIZES[size]
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=4 * hidden // 2 + hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         pad_token_id=PAD,
@@ -61,66 +88,74 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def time_pair(fn_a, fn_b, repeats: int) -> tuple[float, float, float]:
-    """Time ``repeats`` adjacent (a, b) pairs after one warm-up each.
-
-    Returns a's best time, b's best time (the closest to an unloaded machine) and the median
-    over pairs of time_b / time_a (adjacent runs see similar load from other processes)."""
-    fn_a(), fn_b()
-    times_a, times_b = [], []
+def time_rounds(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each of ``fns`` over ``repeats`` rounds (one call each, in order) after one
+    warm-up call each; adjacent calls of a round see similar load from other processes."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        for fn, times in ((fn_a, times_a), (fn_b, times_b)):
+        for name, fn in fns.items():
             start = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - start)
-    ratios = [b / a for a, b in zip(times_a, times_b, strict=True)]
-    return min(times_a), min(times_b), statistics.median(ratios)
-
-
-STOP_IDS = [1, 2, 3, 4]  # "sample+stop": rows end at varied lengths, as real completions do
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
-    """mode: "sample" (T = 1), "greedy", or "sample+stop" (T = 1 with stop tokens; each side's
-    tok/s counts the tokens it generated, whose expected number is the same for both)."""
+    """Both sides in both precisions on one (prompts, new tokens, mode); mode: "sample"
+    (T = 1), "greedy", or "sample+stop" (T = 1 with stop tokens; each side's tok/s counts the
+    tokens it generated, whose expected number is the same for both)."""
     stops = STOP_IDS if mode == "sample+stop" else None
-    engine = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=stops or [])
     greedy = mode == "greedy"
     params = SamplingParams(temperature=0.0 if greedy else 1.0, max_new_tokens=new_tokens, seed=0)
     ids, mask = left_pad(prompts)
     hf_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)  # full softmax
     if greedy:
         hf_kwargs = dict(do_sample=False)
-    counts = {"engine": [], "hf": []}
-    outputs = {}
+    cpu = torch.device("cpu")
+    auto = Precision.resolve("auto", cpu, torch.float32)
+    counts: dict[str, list[int]] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    fns = {}
 
-    def run_engine():
-        outputs["engine"] = [c.token_ids for c in engine.generate(prompts, params)]
-        counts["engine"].append(sum(len(t) for t in outputs["engine"]))
+    def record(name: str, rows: list[list[int]]) -> None:
+        outputs[name] = rows
+        counts.setdefault(name, []).append(sum(len(t) for t in rows))
 
-    def run_hf():
-        with torch.inference_mode():
-            out = model.generate(
-                ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=stops,
-                pad_token_id=PAD, **hf_kwargs,
-            )  # fmt: skip
-        rows = out[:, ids.shape[1] :].tolist()
-        outputs["hf"] = [_until_stop(r, stops) for r in rows]
-        counts["hf"].append(sum(len(t) for t in outputs["hf"]))
+    for precision in PRECISIONS:
+        prec = auto if precision == "auto" else Precision.resolve("float32", cpu, torch.float32)
+        engine = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=stops or [], precision=prec)
 
-    t_engine, t_hf, ratio = time_pair(run_engine, run_hf, repeats)
+        def run_engine(engine=engine, name=f"engine_{precision}"):
+            record(name, [c.token_ids for c in engine.generate(prompts, params)])
+
+        def run_hf(prec=prec, name=f"hf_{precision}"):
+            with torch.inference_mode(), prec.autocast():
+                out = model.generate(
+                    ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=stops,
+                    pad_token_id=PAD, **hf_kwargs,
+                )  # fmt: skip
+            record(name, [_until_stop(r, stops) for r in out[:, ids.shape[1] :].tolist()])
+
+        fns[f"engine_{precision}"], fns[f"hf_{precision}"] = run_engine, run_hf
+    times = time_rounds(fns, repeats)
     if greedy:
-        assert outputs["engine"] == outputs["hf"], "greedy outputs differ"
+        assert outputs["engine_fp32"] == outputs["hf_fp32"], "greedy outputs differ in fp32"
     if stops is None:
-        assert set(counts["engine"]) == set(counts["hf"]) == {len(prompts) * new_tokens}
-    tok_engine = statistics.mean(counts["engine"])
-    tok_hf = statistics.mean(counts["hf"])
-    return {
-        "engine_tps": tok_engine / t_engine,
-        "hf_tps": tok_hf / t_hf,
-        "ratio": ratio * tok_engine / tok_hf,
-        "mean_len": tok_engine / len(prompts),
-    }
+        assert {c for v in counts.values() for c in v} == {len(prompts) * new_tokens}
+    result = {"compute_dtype_auto": str(auto.compute).removeprefix("torch.")}
+    for name, t in times.items():
+        result[f"{name}_tps"] = statistics.mean(counts[name]) / min(t)
+    for precision in PRECISIONS:
+        t_engine, t_hf = times[f"engine_{precision}"], times[f"hf_{precision}"]
+        tokens = statistics.mean(counts[f"engine_{precision}"]) / statistics.mean(
+            counts[f"hf_{precision}"]
+        )
+        pairs = [h / e for e, h in zip(t_engine, t_hf, strict=True)]
+        result[f"ratio_{precision}"] = statistics.median(pairs) * tokens
+    result["mean_len"] = statistics.mean(counts["engine_fp32"]) / len(prompts)
+    return result
 
 
 def _until_stop(row: list[int], stops: list[int] | None) -> list[int]:
@@ -130,42 +165,62 @@ def _until_stop(row: list[int], stops: list[int] | None) -> list[int]:
     return row
 
 
+HEADER = (
+    "| model | params | prompts | new tokens | mode | mean length | engine fp32 tok/s | "
+    "generate() fp32 tok/s | ratio fp32 | engine auto tok/s | generate() bf16 tok/s | "
+    "ratio auto |"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 64])
-    parser.add_argument("--modes", nargs="+", default=["sample", "greedy", "sample+stop"])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--prompts", type=int, nargs="+", default=[64])
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[64])
+    parser.add_argument("--modes", nargs="+", default=["sample", "sample+stop"])
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
-    parser.add_argument("--smoke", action="store_true", help="4 prompts, 8 tokens, 1 run, 1 thread")
+    parser.add_argument(
+        "--smoke", action="store_true", help="0.8M model, 4 prompts, 8 tokens, 1 run, 1 thread"
+    )
     args = parser.parse_args()
     if args.smoke:
-        args.prompts, args.new_tokens, args.repeats = [4], [8], 1
+        args.sizes, args.prompts, args.new_tokens, args.repeats = ["0.8M"], [4], [8], 1
+        args.modes = ["sample", "greedy", "sample+stop"]
         args.threads = args.threads or 1
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model = tiny_qwen2()
-    n_params = sum(p.numel() for p in model.parameters())
+    auto = Precision.resolve("auto", torch.device("cpu"), torch.float32).compute
     print(
-        f"# model: Qwen2 {n_params / 1e6:.2f}M params, fp32, CPU, torch {torch.__version__}, "
-        f"threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}"
+        f"# Qwen2 models, fp32 weights, CPU, torch {torch.__version__}, threads "
+        f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}; "
+        f"compute dtype auto = {str(auto).removeprefix('torch.')}"
     )
-    print("| prompts | new tokens | mode | mean length | engine tok/s | generate() tok/s | ratio |")
-    print("|---:|---:|---|---:|---:|---:|---:|")
-    for n_prompts in args.prompts:
-        prompts = make_prompts(n_prompts, model.config.vocab_size)
-        for new_tokens in args.new_tokens:
-            for mode in args.modes:
-                r = run_case(model, prompts, new_tokens, mode, args.repeats)
-                print(
-                    f"| {n_prompts} | {new_tokens} | {mode} | {r['mean_len']:.1f} | "
-                    f"{r['engine_tps']:,.0f} | "
-                    f"{r['hf_tps']:,.0f} | {r['ratio']:.2f}x |",
-                    flush=True,
-                )
+    rows = []
+    for size in args.sizes:
+        model = qwen2(size)
+        n_params = sum(p.numel() for p in model.parameters())
+        for n_prompts in args.prompts:
+            prompts = make_prompts(n_prompts, model.config.vocab_size)
+            for new_tokens in args.new_tokens:
+                for mode in args.modes:
+                    r = run_case(model, prompts, new_tokens, mode, args.repeats)
+                    case = {"model": size, "params": n_params, "prompts": n_prompts,
+                            "new_tokens": new_tokens, "mode": mode, **r}  # fmt: skip
+                    print(json.dumps(case), flush=True)
+                    rows.append(case)
+    print(HEADER)
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c in rows:
+        print(
+            f"| {c['model']} | {c['params'] / 1e6:.2f}M | {c['prompts']} | {c['new_tokens']} | "
+            f"{c['mode']} | {c['mean_len']:.1f} | {c['engine_fp32_tps']:,.0f} | "
+            f"{c['hf_fp32_tps']:,.0f} | {c['ratio_fp32']:.2f}x | {c['engine_auto_tps']:,.0f} | "
+            f"{c['hf_auto_tps']:,.0f} | {c['ratio_auto']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

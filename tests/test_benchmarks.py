@@ -29,8 +29,10 @@ def test_every_benchmark_has_a_smoke_test():
     assert SCRIPTS == [
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
+        "bench_logprob_memory.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
+        "bench_train_pass.py",
     ]
 
 
@@ -39,10 +41,26 @@ def test_gae_smoke(tmp_path):
     assert "bit-exact vs python loop f32 and seed column loop (rtol=0, atol=0): True" in out
 
 
+def qwen2_params(vocab, hidden, intermediate, layers, heads, kv_heads):
+    """Parameters of a tied-embedding Qwen2, by hand: q/k/v with biases, o, gate/up/down,
+    two RMSNorms per layer, the final norm, the embedding (= LM head)."""
+    kv = hidden // heads * kv_heads
+    attention = hidden * hidden + hidden + 2 * (hidden * kv + kv) + hidden * hidden
+    return vocab * hidden + layers * (attention + 3 * hidden * intermediate + 2 * hidden) + hidden
+
+
 def test_rollout_smoke(tmp_path):
-    rows = smoke("bench_rollout.py", cwd=tmp_path).splitlines()
-    cells = [line.split(" | ")[:3] for line in rows if line.startswith("| 4 |")]
-    assert cells == [["| 4", "8", mode] for mode in ("sample", "greedy", "sample+stop")]
+    out = smoke("bench_rollout.py", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["mode"] for r in rows] == ["sample", "greedy", "sample+stop"]
+    assert {r["params"] for r in rows} == {qwen2_params(110, 128, 384, 4, 4, 2)} == {802_688}
+    for r in rows:  # both precisions, both sides, and the ratios of the pairs
+        assert r["compute_dtype_auto"] in ("bfloat16", "float32")
+        assert all(r[f"{side}_{p}_tps"] > 0 for side in ("engine", "hf") for p in ("fp32", "auto"))
+        assert r["ratio_fp32"] > 0 and r["ratio_auto"] > 0
+    cells = [line.split(" | ")[:6] for line in out.splitlines() if line.startswith("| 0.8M |")]
+    assert [c[4] for c in cells] == ["sample", "greedy", "sample+stop"]
+    assert all(c[1:4] == ["0.80M", "4", "8"] for c in cells)
 
 
 def test_rl_vs_sft_smoke(tmp_path):
@@ -76,3 +94,37 @@ def test_grpo_vs_trl_smoke_never_creates_the_trl_environment(tmp_path):
     assert row["ardea_gflops"] == pytest.approx(
         row["flops_per_step"] / row["ardea_s_per_step"] / 1e9
     )
+
+
+def test_train_pass_smoke(tmp_path):
+    out = smoke("bench_train_pass.py", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    passes = {r["case"]: r for r in rows if r["table"] == "train_pass"}
+    assert set(passes) == {"fp32", "bf16", "bf16+sdpa"}
+    assert passes["bf16+sdpa"]["attn_implementation"] == "sdpa"
+    fp32 = passes["fp32"]  # same initial weights, same tokens: the same loss
+    assert fp32["losses_agree"] is True and fp32["loss_diff"] <= 1e-5
+    assert fp32["compute_dtype"] == "float32"
+    assert passes["bf16"]["loss_diff"] < 1e-2
+    # smoke shape by hand: vocab 262 (ardea's character tokenizer), H 32, I 64, 2 layers,
+    # 2 heads, 1 KV head; the untied tiny model adds an LM head of 262 × 32
+    assert fp32["params"] == qwen2_params(262, 32, 64, 2, 2, 1) + 262 * 32
+    for r in passes.values():
+        assert r["overhead_pct"] == pytest.approx(100 * (r["ardea_s"] / r["hand_s"] - 1))
+    kernels = [r for r in rows if r["table"] == "attention"]
+    assert [(r["seq"], r["batch"]) for r in kernels] == [(16, 4), (32, 2)]  # equal tokens
+    assert all(r["faster"] == ("eager" if r["eager_s"] < r["sdpa_s"] else "sdpa") for r in kernels)
+
+
+def test_logprob_memory_smoke(tmp_path):
+    out = smoke("bench_logprob_memory.py", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    check, ardea, naive, summary = rows
+    assert check["logprobs_agree"] is True and check["logprob_max_diff"] <= 1e-5
+    assert check["grad_max_diff"] <= 1e-5 and check["check_shape"] == [2, 128]
+    assert (ardea["method"], naive["method"]) == ("ardea", "naive")
+    for r in (ardea, naive):  # each in its own process, the peak since its own baseline
+        assert (r["vocab"], r["batch"], r["seq"]) == (1000, 2, 128)
+        assert r["added_mib"] == pytest.approx(r["peak_rss_mib"] - r["baseline_rss_mib"])
+    assert ardea["loss"] == pytest.approx(naive["loss"], abs=1e-5)
+    assert summary["ratio"] == pytest.approx(ardea["added_mib"] / naive["added_mib"])

@@ -56,8 +56,8 @@ def _tiny_sdpa_model():
     ("compute", "attention", "seq_len", "inside"),
     [
         (torch.bfloat16, "auto", 70, "eager"),  # 16-bit on CPU, short: eager
-        (torch.bfloat16, "auto", 256, "eager"),
-        (torch.bfloat16, "auto", 257, "sdpa"),  # longer: the model's own kernel
+        (torch.bfloat16, "auto", 128, "eager"),
+        (torch.bfloat16, "auto", 129, "sdpa"),  # longer: the model's own kernel
         (torch.float32, "auto", 70, "sdpa"),  # float32: the model's own kernel
         (torch.float32, "eager", 300, "eager"),  # forced
         (torch.bfloat16, "sdpa", 70, "sdpa"),

@@ -503,3 +503,49 @@ def test_attention_kernel_reaches_the_training_forward(tmp_path, reward_module, 
     one_step(trainer)
     assert seen and set(seen) == {"eager"}
     assert trainer.policy.config._attn_implementation == "sdpa"
+
+
+def test_length_buckets_cut_where_padding_dominates():
+    from ardea.trainer.rl_step import length_buckets
+
+    # 8 groups of 8 rows: seven end at EOS within 20 tokens, one runs to 73 tokens.
+    # One forward: 64 x 73 = 4672 positions; cut before the long group: 56 x 20 + 8 x 73 =
+    # 1704, a saving of 2968 >= max(512, 4672 / 4); no cut inside either part saves anything.
+    groups = torch.arange(8)
+    length = torch.tensor([20, 18, 73, 20, 15, 20, 19, 20])
+    buckets = length_buckets(groups, length, torch.full((8,), 8))
+    assert [sorted(b.tolist()) for b in buckets] == [[0, 1, 3, 4, 5, 6, 7], [2]]
+    # two groups of 4 rows at 10 and 12 tokens: 96 positions, a cut saves 8 < 512
+    assert [b.tolist() for b in length_buckets(torch.tensor([0, 1]), torch.tensor([10, 12]),
+                                              torch.tensor([4, 4]))] == [[0, 1]]  # fmt: skip
+
+
+def test_length_buckets_leave_the_update_unchanged(tmp_path, reward_module, monkeypatch):
+    """The same step with every micro-batch cut into length buckets (thresholds 0) and
+    without any cut accumulates the same gradient and loss: each forward is normalised by
+    the step's counts, so only the summation order changes."""
+    import ardea.trainer.rl_step as rl_step
+    from ardea.trainer.updates import Updater
+
+    extra = ("rollout.max_new_tokens=12", "trainer.max_steps=2")
+    seen: dict[str, dict] = {}
+    forward_backward = Updater._forward_backward
+
+    def spy(self, micro_batches):
+        metrics = forward_backward(self, micro_batches)
+        seen[name] = {
+            "forwards": len(micro_batches),
+            "loss": metrics["train/loss"],
+            "grads": [p.grad.clone() for p in self.parameters],
+        }
+        return metrics
+
+    monkeypatch.setattr(Updater, "_forward_backward", spy)
+    for name, threshold in (("cut", 0), ("whole", 10**9)):
+        monkeypatch.setattr(rl_step, "MIN_SAVED_TOKENS", threshold)
+        monkeypatch.setattr(rl_step, "MIN_SAVED_FRACTION", 0.0 if threshold == 0 else 1.0)
+        one_step(trainer_for(tmp_path / name, *extra))
+    assert seen["whole"]["forwards"] == 1 and seen["cut"]["forwards"] > 1
+    assert seen["cut"]["loss"] == pytest.approx(seen["whole"]["loss"], abs=1e-6)
+    for cut, whole in zip(seen["cut"]["grads"], seen["whole"]["grads"], strict=True):
+        torch.testing.assert_close(cut, whole, rtol=1e-5, atol=1e-7)

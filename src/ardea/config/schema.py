@@ -46,7 +46,7 @@ class ModelConfig:
     attn_implementation: str = option(
         "auto",
         "Attention kernel of training and log-prob forwards: auto = eager for sequences of at "
-        "most 256 tokens when computing in bfloat16/float16 on CPU (faster there than sdpa's "
+        "most 128 tokens when computing in bfloat16/float16 on CPU (faster there than sdpa's "
         "kernels, measured in benchmarks/README.md), the model's own kernel otherwise; sdpa "
         "or eager to force one.",
     )

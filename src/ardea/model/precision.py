@@ -16,9 +16,9 @@ float32 (their matmuls are shaped differently), which the online-RL tests bound.
 The attention kernel of a training or log-prob forward (``model.attn_implementation``):
 ``auto`` runs the ``eager`` kernel (two matmuls and a softmax) for sequences of at most
 :data:`EAGER_MAX_TOKENS` tokens when computing in a 16-bit dtype on CPU, where PyTorch's
-``sdpa`` CPU kernels are slower, forward and backward (measured in ``benchmarks/README.md``:
-about a third less time for a fwd+bwd at 70 tokens, 8 % less at 256, 13 % more at 512), and
-the model's own kernel otherwise. The two kernels compute the same attention up to rounding.
+``sdpa`` CPU kernels are slower, forward and backward (``benchmarks/bench_train_pass.py``,
+in ``benchmarks/README.md``: eager 24 % faster at 64 tokens, 15 % at 128, 14 % slower at 256,
+54 % at 512), and the model's own kernel otherwise. The two kernels compute the same attention up to rounding.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from ardea.config.schema import ATTENTIONS, COMPUTE_DTYPES
 from ardea.errors import ConfigError
 
-EAGER_MAX_TOKENS = 256
+EAGER_MAX_TOKENS = 128
 """Longest sequence that ``attn_implementation=auto`` runs with the eager kernel on CPU."""
 
 

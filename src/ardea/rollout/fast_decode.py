@@ -119,7 +119,7 @@ class FastDecoder:
         """Logits ``(N, V)`` after feeding ``tokens (N,)`` at ``positions (N,)``; appends their
         keys and values to ``cache`` (the engine's layers). ``keys`` (N, C) bool marks, over
         the cache's columns, the real tokens among the cached ones and the new one (False
-        beyond it: a preallocated layer is attended over its whole buffer)."""
+        beyond it); attention runs over the filled columns only."""
         x = self.embed[tokens][:, None, :]  # (N, 1, H)
         cos, sin = self._rope(positions)  # (N, 1, 1, D)
         for weights, layer in zip(self.layers, cache.layers):
@@ -146,9 +146,8 @@ class FastDecoder:
         k = k.view(n, 1, self.kv_heads, d).transpose(1, 2)  # (N, Hkv, 1, D)
         v = v.view(n, 1, self.kv_heads, d).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        key_cache, value_cache = layer.update(k, v)  # (N, Hkv, L + 1, D) each
-        if hasattr(layer, "key_buffer"):  # attend over the whole (contiguous) buffer, masked
-            key_cache, value_cache = layer.key_buffer, layer.value_buffer  # (N, Hkv, C, D)
+        key_cache, value_cache = layer.update(k, v)  # (N, Hkv, L + 1, D) each: the filled part
+        keys = keys[:, : key_cache.shape[-2]]  # (N, L + 1)
         group = self.heads // self.kv_heads
         q = q.reshape(n, self.kv_heads, group, d).to(self.compute_dtype)  # (N, Hkv, G, D)
         scores = torch.matmul(q, key_cache.to(self.compute_dtype).transpose(-1, -2))

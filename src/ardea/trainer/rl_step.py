@@ -314,7 +314,9 @@ def split_updates(
     generator: torch.Generator,
 ) -> list[list[TrajectoryBatch]]:
     """``epochs × mini_batches`` optimizer updates over the groups of ``batch``, each a list
-    of ``micro_batches`` micro-batches (trimmed of padding columns).
+    of ``micro_batches`` micro-batches (trimmed of padding columns), a micro-batch whose
+    rows differ much in length run as a few forwards of similar lengths
+    (:func:`length_buckets`).
 
     Groups stay whole (a preference pair is a group of two) and a part keeps its rows in
     batch order; the groups are shuffled with ``generator`` at every epoch unless there is
@@ -325,15 +327,65 @@ def split_updates(
         return []
     _, group_of_row = torch.unique(batch.group_ids.cpu(), return_inverse=True)  # (N,)
     groups = int(group_of_row.max()) + 1
+    lengths = batch.attention_mask.sum(dim=-1).cpu()  # (N,) real tokens per row
+    group_length = torch.zeros(groups, dtype=lengths.dtype).scatter_reduce(
+        0, group_of_row, lengths, reduce="amax"
+    )  # (groups,) longest row of each group
+    group_rows = torch.bincount(group_of_row, minlength=groups)  # (groups,)
     shuffle = epochs > 1 or mini_batches > 1
     updates = []
     for _ in range(epochs):
         order = torch.randperm(groups, generator=generator) if shuffle else torch.arange(groups)
         for mini in order.tensor_split(mini_batches):
             parts = [c for c in mini.tensor_split(micro_batches) if c.numel()]
-            if parts:
-                updates.append([batch.select(_rows_of(group_of_row, c)).trim() for c in parts])
+            forwards = [
+                bucket
+                for c in parts
+                for bucket in length_buckets(c, group_length[c], group_rows[c])
+            ]
+            if forwards:
+                updates.append([batch.select(_rows_of(group_of_row, c)).trim() for c in forwards])
     return updates
+
+
+MIN_SAVED_TOKENS = 512
+MIN_SAVED_FRACTION = 0.25
+"""A micro-batch is split into length buckets only where that saves at least
+``MIN_SAVED_TOKENS`` padded token positions and ``MIN_SAVED_FRACTION`` of them: below, the
+extra forward's fixed cost on a small model outweighs the saving."""
+
+
+def length_buckets(groups: torch.Tensor, length: torch.Tensor, rows: torch.Tensor) -> list:
+    """``groups`` of one micro-batch → lists of groups, each run as one forward.
+
+    The cost of a forward is its padded size, ``rows × longest row``. Completions that end
+    at their EOS after a few tokens next to one that runs to ``max_new_tokens`` make one
+    forward mostly padding; the groups (kept whole) sorted by their longest row are cut in
+    two where that saves the most, recursively, while a cut saves at least
+    :data:`MIN_SAVED_TOKENS` positions and :data:`MIN_SAVED_FRACTION` of them. The loss is unchanged: every
+    micro-batch is normalised by the step's global counts. Returns ``[groups]`` when no cut
+    pays.
+
+    Args:
+        groups: ``(K,)`` group indices. length: ``(K,)`` longest row of each group.
+        rows: ``(K,)`` rows of each group.
+    """
+    order = torch.argsort(length, stable=True)
+    groups, length, rows = groups[order], length[order].tolist(), rows[order].tolist()
+    cost = sum(rows) * max(length)
+    best, cut, above = cost, None, 0
+    below = sum(rows)
+    for k in range(len(groups) - 1, 0, -1):  # cut before sorted group k
+        above += rows[k]
+        below -= rows[k]
+        split = below * length[k - 1] + above * length[-1]
+        if split < best:
+            best, cut = split, k
+    if cut is None or cost - best < max(MIN_SAVED_TOKENS, MIN_SAVED_FRACTION * cost):
+        return [groups] if groups.numel() else []
+    lower = length_buckets(groups[:cut], torch.tensor(length[:cut]), torch.tensor(rows[:cut]))
+    upper = length_buckets(groups[cut:], torch.tensor(length[cut:]), torch.tensor(rows[cut:]))
+    return lower + upper
 
 
 def _rows_of(group_of_row: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
