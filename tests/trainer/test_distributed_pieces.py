@@ -82,3 +82,24 @@ def test_losses_over_global_counts_add_up_to_the_whole_batch_loss():
         for i in range(4)
     ]
     assert float(sum(parts)) == pytest.approx(by_hand_seq)
+
+
+def test_under_torchrun_a_micro_batch_is_one_forward_whatever_its_lengths():
+    """Length buckets would give a rank a data-dependent number of forwards (each one a
+    collective under DDP/FSDP2): with ``by_length=False`` a micro-batch stays one forward.
+    Here 8 short groups and one long group, where buckets pay (the first split is checked)."""
+    from ardea.data import TrajectoryBatch
+    from ardea.trainer.rl_step import split_updates
+
+    lengths = [4] * 64 + [200] * 8  # 9 groups of 8 rows: padding dominates one forward
+    mask = torch.tensor([[1] * n + [0] * (200 - n) for n in lengths])
+    batch = TrajectoryBatch.from_tensors(
+        torch.ones(72, 200, dtype=torch.long),
+        mask,
+        mask.bool(),
+        group_ids=torch.arange(72) // 8,
+    )
+    split = dict(epochs=1, mini_batches=1, micro_batches=1, generator=torch.Generator())
+    assert len(split_updates(batch, **split)[0]) > 1  # one process: buckets
+    (update,) = split_updates(batch, **split, by_length=False)
+    assert len(update) == 1 and update[0].rows == 72

@@ -227,6 +227,9 @@ class RLStep:
             mini_batches=algo.ppo_mini_batches,
             micro_batches=self.config.trainer.grad_accum_steps,
             generator=torch.Generator().manual_seed(seed),
+            # every rank must run as many forwards as the others (each gathers shards or
+            # reduces gradients), so a rank's data may not decide how many there are
+            by_length=not self.dist.active,
         )
 
     def _publish(self) -> None:
@@ -312,11 +315,13 @@ def split_updates(
     mini_batches: int,
     micro_batches: int,
     generator: torch.Generator,
+    by_length: bool = True,
 ) -> list[list[TrajectoryBatch]]:
     """``epochs × mini_batches`` optimizer updates over the groups of ``batch``, each a list
     of ``micro_batches`` micro-batches (trimmed of padding columns), a micro-batch whose
     rows differ much in length run as a few forwards of similar lengths
-    (:func:`length_buckets`).
+    (:func:`length_buckets`; not with ``by_length=False``, e.g. under torchrun, where
+    every rank must run the same number of forwards).
 
     Groups stay whole (a preference pair is a group of two) and a part keeps its rows in
     batch order; the groups are shuffled with ``generator`` at every epoch unless there is
@@ -341,7 +346,9 @@ def split_updates(
             forwards = [
                 bucket
                 for c in parts
-                for bucket in length_buckets(c, group_length[c], group_rows[c])
+                for bucket in (
+                    length_buckets(c, group_length[c], group_rows[c]) if by_length else [c]
+                )
             ]
             if forwards:
                 updates.append([batch.select(_rows_of(group_of_row, c)).trim() for c in forwards])
