@@ -191,6 +191,11 @@ class Distributed:
         return start, items[start : start + size]
 
 
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun launch, or the only process."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def decoder_layers(module: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a Hugging Face model (each becomes one FSDP2 unit)."""
     layers = []

@@ -302,7 +302,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run to the end; rank 0 logs, writes the report and ``results.json`` and returns
-        the results (the other ranks return an empty dict)."""
+        the results (the other ranks return only ``checkpoint``, the final policy)."""
         cfg = self.config
         start = time.time()
         logger = self._open_logs() if self.dist.is_main else None
@@ -334,8 +334,8 @@ class Trainer:
             self.dist.close()
             if logger is not None:
                 logger.close()
-        if not self.dist.is_main:
-            return {}
+        if not self.dist.is_main:  # what a next stage needs: where the final policy is
+            return {"checkpoint": str(Path(checkpoint) / "policy") if checkpoint else None}
         draw_report(self.run_dir)
         return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
 

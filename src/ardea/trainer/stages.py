@@ -30,6 +30,7 @@ import torch
 from ardea.config import ArdeaConfig, stage_configs
 from ardea.errors import ArdeaError
 from ardea.trainer.checks import check_config
+from ardea.trainer.distributed import is_main_process
 from ardea.trainer.loop import Trainer
 from ardea.trainer.report import draw_stages_report
 from ardea.trainer.results import print_results, write_results
@@ -88,15 +89,19 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     for index, (name, stage) in enumerate(stages):
         if starts_from_previous(config, name, index):
             stage.model.path = previous
-        print(f"[ardea] stage {name!r}: {stage.algo.name}, {stage.trainer.max_steps} steps")
         trainer = Trainer(stage)  # checks the stage's model and data before anything is written
-        if index == 0:
+        main = is_main_process()  # under torchrun only rank 0 prints and writes
+        if main:
+            print(f"[ardea] stage {name!r}: {stage.algo.name}, {stage.trainer.max_steps} steps")
+        if index == 0 and main:
             prepare_run_directory(config)
         outcome = trainer.train()
         results[name] = outcome
         previous = outcome["checkpoint"]
         if strategy_class(stage.algo.name).sample_kind == "prompt":
             online.append(name)
+    if not is_main_process():
+        return {"checkpoint": previous}
     if online and "accuracy_initial" in results[online[0]]:
         results["accuracy_before_rl"] = results[online[0]]["accuracy_initial"]
         results["accuracy_after_rl"] = results[online[-1]]["accuracy"]
