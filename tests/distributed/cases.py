@@ -3,7 +3,7 @@ test process itself (1 process). ``python cases.py PHASE ROOT [MODE ...]``.
 
 Phases:
 
-- ``fresh``: one optimizer step of every strategy (``<ROOT>/<world>/<mode>/<algo>``);
+- ``fresh``: one optimizer step of every strategy (sft and online_ppo in two micro-batches) (``<ROOT>/<world>/<mode>/<algo>``);
 - ``reference``: (1 process) the same one step and an uninterrupted two-step run
   (``<ROOT>/1/none/<algo>``, ``<ROOT>/1/none/<algo>_two``);
 - ``forever`` (2 processes): a run that only ends when killed (:func:`forever`);
@@ -53,7 +53,14 @@ COMMON = [
 ]
 
 PER_ALGO = {
-    "sft": ["data.task=null", "data.path=examples/data/chat.jsonl", "data.max_length=256"],
+    # sft and online_ppo also accumulate 2 micro-batches: 2 of 2 rows in one process, 2 of 1
+    # per rank in two, the same global step by the global-count normalisation
+    "sft": [
+        "data.task=null",
+        "data.path=examples/data/chat.jsonl",
+        "data.max_length=256",
+        "trainer.grad_accum_steps=2",
+    ],
     "grpo": ["data.task=null", "data.path=examples/data/groups.jsonl", "data.max_length=256"],
     "online_grpo": [
         "data.task=arithmetic",
@@ -71,6 +78,7 @@ PER_ALGO = {
         "rollout.max_new_tokens=6",
         DIGIT_REWARD,
         "algo.ppo.kl_ctl=0.05",
+        "trainer.grad_accum_steps=2",
     ],
 }
 
