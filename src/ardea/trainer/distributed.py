@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -118,6 +119,20 @@ class Distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(module, device_ids=ids)
         return module
+
+    @staticmethod
+    @contextmanager
+    def accumulating(modules: list[nn.Module], accumulate: bool):
+        """With ``accumulate``, DDP modules keep this micro-batch's gradients local
+        (``no_sync``, around its forward and backward): they are all-reduced once, with the
+        update's last micro-batch. FSDP2 reduce-scatters every micro-batch, so that its
+        gradients stay sharded in between."""
+        with ExitStack() as stack:
+            if accumulate:
+                for module in modules:
+                    if isinstance(module, DistributedDataParallel):
+                        stack.enter_context(module.no_sync())
+            yield
 
     # --------------------------------------------------------------- collectives
     def sum(self, values: Mapping[str, float], *, maximum: tuple[str, ...] = ()) -> dict:

@@ -102,11 +102,14 @@ class Updater:
         (and the metrics, summed over micro-batches and ranks) are the whole update's."""
         counts = self.dist.sum(self.strategy.step_counts(micro_batches), maximum=MAX_COUNTS)
         totals: dict[str, float] = {}
-        for batch in micro_batches:
-            # forward in the compute dtype (and its attention kernel), backward outside
-            with self.precision.forward(self.policy, batch.input_ids.shape[1]):
-                loss, metrics = self.strategy.loss(batch, counts)
-            (loss * self.dist.loss_scale).backward()  # DDP/FSDP2 average; the loss wants sums
+        trained = [self.policy, *self.strategy.trained_modules()]
+        for index, batch in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with self.dist.accumulating(trained, accumulate=not last):
+                # forward in the compute dtype (and its attention kernel), backward outside
+                with self.precision.forward(self.policy, batch.input_ids.shape[1]):
+                    loss, metrics = self.strategy.loss(batch, counts)
+                (loss * self.dist.loss_scale).backward()  # DDP/FSDP2 average; we want sums
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value
         return self.dist.sum(totals)

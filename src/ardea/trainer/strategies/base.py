@@ -133,6 +133,10 @@ class Strategy(ABC):
         """Read what :meth:`save_modules` wrote; a missing module is an error."""
         return None
 
+    def trained_modules(self) -> list[torch.nn.Module]:
+        """Modules besides the policy that the update's loss trains (e.g. a critic)."""
+        return []
+
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Frozen models the strategy holds (moved with the policy, never trained)."""
         return []

@@ -130,6 +130,9 @@ class OnlinePPOStrategy(OnlineStrategy):
             critic = ValueModel.from_pretrained(path, device=device)
         return self.wrap(critic.to(device).train().requires_grad_(True), trainable=True)
 
+    def trained_modules(self) -> list[nn.Module]:
+        return [self.critic]
+
     def frozen_modules(self) -> list[nn.Module]:
         return [self.reference] if self.reference is not None else []
 
