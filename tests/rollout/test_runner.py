@@ -115,3 +115,17 @@ def test_prompt_records_reach_the_reward_functions_with_their_columns():
         width = len(sample.prompt_ids)
         assert batch.input_ids[row, :width].tolist() == list(sample.prompt_ids)
         assert not batch.loss_mask[row, :width].any() and batch.loss_mask[row, width]
+
+
+def test_a_rollout_split_by_first_prompt_samples_what_one_call_does():
+    """Ranks generate their shares of the step's prompts with ``first_prompt``: the shares'
+    completions are the whole call's, row for row."""
+    runner, _ = make_runner()
+    whole = runner.generate(EXAMPLES, seed_index=5).completions
+    split = [
+        *runner.generate(EXAMPLES[:1], seed_index=5).completions,
+        *runner.generate(EXAMPLES[1:], seed_index=5, first_prompt=1).completions,
+    ]
+    assert [c.token_ids for c in split] == [c.token_ids for c in whole]
+    unshifted = runner.generate(EXAMPLES[1:], seed_index=5).completions
+    assert [c.token_ids for c in unshifted] != [c.token_ids for c in whole[3:]]

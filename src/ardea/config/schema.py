@@ -22,6 +22,7 @@ COMPUTE_DTYPES = ("auto", *DTYPES)
 ATTENTIONS = ("auto", "sdpa", "eager")
 ARCHS = ("qwen2", "llama")
 LR_SCHEDULES = ("constant", "cosine", "linear")
+DISTRIBUTED = ("auto", "none", "ddp", "fsdp2")
 
 
 @dataclass
@@ -295,6 +296,17 @@ class TrainerConfig:
         "Also stop once training steps have taken this many seconds (evaluations and "
         "checkpoints not counted), then evaluate and save as at max_steps; 0 = no limit.",
     )
+    distributed: str = option(
+        "auto",
+        "Data parallelism under torchrun: fsdp2 (policy, critic and frozen copies sharded "
+        "with fully_shard), ddp (replicated, gradients all-reduced), none (one process), or "
+        "auto (none for one process, fsdp2 when torchrun starts several).",
+    )
+    dist_timeout_s: float = option(
+        60.0,
+        "Seconds a collective waits for the other ranks before the run fails with an error "
+        "(a rank that died or hangs); also the process-group set-up timeout.",
+    )
 
     def __post_init__(self) -> None:
         check_range("trainer.max_steps", self.max_steps, low=1)
@@ -322,6 +334,8 @@ class TrainerConfig:
         check_range("trainer.save_every", self.save_every, low=0)
         check_range("trainer.keep_last", self.keep_last, low=1)
         check_range("trainer.num_threads", self.num_threads, low=0)
+        check_choice("trainer.distributed", self.distributed, DISTRIBUTED)
+        check_range("trainer.dist_timeout_s", self.dist_timeout_s, low=0.0, low_open=True)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(
                 f"trainer.device={self.device!r} is not allowed; choose auto, cpu, cuda or cuda:N"

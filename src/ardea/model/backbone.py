@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 from transformers.models.mixtral.modeling_mixtral import (
     load_balancing_loss_func as _mixtral_load_balancing_loss,
 )
@@ -74,7 +76,10 @@ def resolve_position_ids(
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
-    """The transformers model inside a ``peft`` wrapper (LoRA layers stay in it), else ``model``."""
+    """The transformers model inside a DDP and/or ``peft`` wrapper (LoRA layers stay in
+    it), else ``model``."""
+    if isinstance(model, DistributedDataParallel):
+        model = model.module
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
@@ -93,7 +98,11 @@ def get_backbone(model: nn.Module) -> nn.Module:
 
 def split_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     """``(backbone, lm_head)`` when ``logits == lm_head(backbone(...).last_hidden_state)``
-    is known to hold for this model family, else ``None`` (use the full forward)."""
+    is known to hold for this model family, else ``None`` (use the full forward). A model
+    wrapped for data parallelism (DDP, FSDP2) always takes the full forward: its hooks
+    (gradient all-reduce, gathering shards) run on the wrapper's own forward only."""
+    if isinstance(model, DistributedDataParallel | FSDPModule):
+        return None
     model = unwrap_peft(model)
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:

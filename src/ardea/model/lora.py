@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from ardea.errors import ArdeaError
 
@@ -47,20 +48,26 @@ def is_lora(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def save_policy(model: Any, tokenizer: Any, directory: Path) -> None:
-    """Write ``directory/policy`` (full model, safetensors) and, for LoRA, ``directory/adapter``."""
+def save_policy(
+    model: Any, tokenizer: Any, directory: Path, *, state_dict: dict[str, Any] | None = None
+) -> None:
+    """Write ``directory/policy`` (full model, safetensors) and, for LoRA, ``directory/adapter``.
+    ``state_dict``: the whole model's tensors when ``model``'s own are shards (FSDP2)."""
     directory = Path(directory)
     if is_lora(model):
         model.save_pretrained(directory / ADAPTER_DIR)
         merged = copy.deepcopy(model).merge_and_unload()
         merged.save_pretrained(directory / POLICY_DIR, safe_serialization=True)
     else:
-        model.save_pretrained(directory / POLICY_DIR, safe_serialization=True)
+        model.save_pretrained(
+            directory / POLICY_DIR, state_dict=state_dict, safe_serialization=True
+        )
     tokenizer.save_pretrained(directory / POLICY_DIR)
 
 
 def load_policy_weights(model: Any, directory: Path) -> None:
-    """Load the trainable weights saved by :func:`save_policy` into ``model`` in place."""
+    """Load the trainable weights saved by :func:`save_policy` into ``model`` in place
+    (plain or sharded with FSDP2; every process reads the files)."""
     directory = Path(directory)
     if is_lora(model):
         state = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors")
@@ -76,7 +83,9 @@ def load_policy_weights(model: Any, directory: Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(file))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    # whole tensors in, each rank keeps its shards when the model is sharded (FSDP2)
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    missing, unexpected = set_model_state_dict(model, state, options=options)
     tied = {
         k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)
     }

@@ -101,8 +101,11 @@ class ValueModel(nn.Module):
         values = F.linear(hidden.float(), head.weight.float(), head.bias.float())  # (N, S, 1)
         return values.squeeze(-1)
 
-    def save_pretrained(self, save_directory: str | Path) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (see module docstring)."""
+    def save_pretrained(
+        self, save_directory: str | Path, *, state_dict: dict[str, Tensor] | None = None
+    ) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (see module docstring); the weights
+        are ``state_dict`` (this critic's names, e.g. gathered from shards) or its own."""
         root = Path(save_directory)
         root.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(self.config)
@@ -112,12 +115,12 @@ class ValueModel(nn.Module):
         arch = _token_classification_arch(config)
         config.architectures = [arch] if arch is not None else None
         config.save_pretrained(root)
-        state = {
-            BACKBONE_PREFIX + key: value.detach().contiguous()
-            for key, value in self.model.state_dict().items()
-        }
-        for key, value in self.value_head.state_dict().items():
-            state[HEAD_PREFIX + key] = value.detach().contiguous()
+        own = self.state_dict() if state_dict is None else state_dict
+        state = {}
+        for key, value in own.items():
+            prefix, name = key.split(".", 1)  # "model.<backbone key>" / "value_head.<head key>"
+            stored = BACKBONE_PREFIX if prefix == "model" else HEAD_PREFIX
+            state[stored + name] = value.detach().contiguous()
         save_file(state, str(root / WEIGHTS_NAME), metadata={"format": "pt"})
 
     @classmethod

@@ -56,6 +56,14 @@ class SamplingParams:
         metadata={"help": "Seed for a reproducible call, independent of the global RNG state."},
     )
     n: int = field(default=1, metadata={"help": "Completions per prompt, grouped by prompt."})
+    first_row: int = field(
+        default=0,
+        metadata={
+            "help": "Index of this call's first row (prompt × n) in a rollout split over "
+            "several calls or processes: row r samples with the random numbers of row "
+            "first_row + r of a seeded call, so the split samples what one call would."
+        },
+    )
 
     @property
     def logprob_temperature(self) -> float:
@@ -72,6 +80,7 @@ class SamplingParams:
         _check_int("max_new_tokens", self.max_new_tokens, 1)
         _check_int("min_new_tokens", self.min_new_tokens, 0, upper=self.max_new_tokens)
         _check_int("n", self.n, 1)
+        _check_int("first_row", self.first_row, 0)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "or None", upper=2**63 - 1)
         if isinstance(self.stop_token_ids, str | bytes) or not isinstance(

@@ -33,8 +33,9 @@ model shared with the trainer must not be trained from another thread at the sam
 
 Randomness: row r of a call (prompt r // n, sample r % n) draws its step-t uniform from a
 ``(rows, T)`` table made once per call by a ``torch.Generator`` seeded with ``params.seed``
-(the global RNG when seed is None). A row's tokens therefore depend only on its prompt, the
-seed and r, not on ``max_batch_size``, padding or the other prompts.
+(the global RNG when seed is None), offset by ``params.first_row`` when a rollout is split
+over processes. A row's tokens therefore depend only on its prompt, the seed and its index
+``first_row + r``, not on ``max_batch_size``, padding or the other prompts.
 """
 
 from __future__ import annotations
@@ -372,14 +373,15 @@ def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
 
 
 def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
-    """(rows, T) float64 uniforms in [0, 1): row r's draw at step t is entry (r, t)."""
+    """(rows, T) float64 uniforms in [0, 1): row r's draw at step t is entry
+    (first_row + r, t) of the call's table."""
     if params.temperature == 0:
         return None
     generator = None
     if params.seed is not None:
         generator = torch.Generator().manual_seed(params.seed)
-    shape = (n_rows, params.max_new_tokens)
-    return torch.rand(shape, generator=generator, dtype=torch.float64)
+    shape = (params.first_row + n_rows, params.max_new_tokens)
+    return torch.rand(shape, generator=generator, dtype=torch.float64)[params.first_row :]
 
 
 @contextmanager

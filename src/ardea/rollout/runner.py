@@ -153,13 +153,19 @@ class RolloutRunner:
         *,
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,
+        first_prompt: int = 0,
     ) -> Generation:
-        """``group_size`` completions of each example from ``engine`` (default: the runner's)."""
+        """``group_size`` completions of each example from ``engine`` (default: the runner's).
+        ``first_prompt``: the index of ``examples[0]`` in a rollout split over processes (its
+        completions are those the whole rollout's call would sample)."""
         start = time.perf_counter()
         prompts = self.encode(examples)
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         params = dataclasses.replace(
-            self.params, n=self.group_size, seed=sampling_seed(self.seed, *indices)
+            self.params,
+            n=self.group_size,
+            seed=sampling_seed(self.seed, *indices),
+            first_row=first_prompt * self.group_size,
         )
         completions = (engine or self.engine).generate(prompts, params)
         return Generation(list(examples), prompts, completions, time.perf_counter() - start)

@@ -39,18 +39,22 @@ def save_checkpoint(
     tokenizer: Any,
     state: dict[str, Any],
     keep_last: int,
+    policy_state: dict[str, torch.Tensor] | None = None,
     save_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and prune old ones; return its path.
 
-    ``save_extra(directory)`` writes further modules (e.g. a PPO critic into ``critic/``)
-    before the checkpoint is marked complete."""
+    ``policy_state``: the policy's whole weights when its own are shards (gathered by the
+    caller). ``save_extra(directory)`` writes further modules (e.g. a PPO critic into
+    ``critic/``) before the checkpoint is marked complete. Under torchrun only rank 0 calls
+    this (the others wait until it is done), so the temporary directory and rename stay one
+    process's."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_policy(policy, tokenizer, tmp)
+    save_policy(policy, tokenizer, tmp, state_dict=policy_state)
     torch.save(state, tmp / STATE_FILE)
     if save_extra is not None:
         save_extra(tmp)

@@ -230,7 +230,10 @@ SAMPLES_PER_EVAL = 5
 
 
 def append_samples(run_dir, step: int, samples: list[tuple[str, str, float]]) -> None:
-    """Append ``(prompt, completion, score)`` records of ``step`` to ``samples.jsonl``."""
+    """Append ``(prompt, completion, score)`` records of ``step`` to ``samples.jsonl``
+    (nothing when ``run_dir`` is None: a rank other than 0 under torchrun)."""
+    if run_dir is None:
+        return
     with (Path(run_dir) / "samples.jsonl").open("a", encoding="utf-8") as handle:
         for prompt, completion, score in samples:
             record = {"step": step, "prompt": prompt, "completion": completion, "score": score}

@@ -30,8 +30,9 @@ from ardea.model.lora import load_policy_weights
 from ardea.reward import build_scorer
 from ardea.rollout import RolloutRunner, SamplingParams, make_engine
 from ardea.trainer.agent_runs import AgentEvaluation, agent_rows, episode_runner
-from ardea.trainer.checkpoint import load_trainer_state, save_checkpoint
+from ardea.trainer.checkpoint import checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
+from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
 from ardea.trainer.profile import StepProfile
@@ -41,6 +42,7 @@ from ardea.trainer.results import finish_run
 from ardea.trainer.rl_step import RLStep
 from ardea.trainer.setup import (
     build_trainable_policy,
+    check_distributed,
     context_length,
     prepare_run_directory,
     resolve_device,
@@ -60,34 +62,48 @@ class Trainer:
         self.config = config
         if config.trainer.num_threads:
             torch.set_num_threads(config.trainer.num_threads)
-        self.device = resolve_device(config.trainer.device)
+        trainer = config.trainer
+        device = resolve_device(trainer.device)
+        self.dist = Distributed(trainer.distributed, device, trainer.dist_timeout_s)
+        self.device = self.dist.device  # cuda:LOCAL_RANK under torchrun
+        check_distributed(config, self.dist)
         seed_everything(config.trainer.seed)
         data = config.data
         self.task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
-        self.policy, self.tokenizer = build_trainable_policy(config, self.device)
+        policy, self.tokenizer = build_trainable_policy(config, self.device)
         self.run_dir = run_directory(config)
-        self.resume_from = resume_checkpoint(self.run_dir, config.trainer.resume)
+        # rank 0's choice, so every rank resumes from the same checkpoint (or none)
+        self.resume_from = self.dist.broadcast(resume_checkpoint(self.run_dir, trainer.resume))
         strategy_cls = strategy_class(config.algo.name)
-        max_length = max_sequence_length(config, context_length(self.policy))
+        max_length = max_sequence_length(config, context_length(policy))
         kind = strategy_cls.sample_kind
         self.train_samples = training_samples(
             config, self.tokenizer, kind, self.task, max_length=max_length
         )
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
-        prepare_run_directory(config)  # only once the inputs are known to be good
-        params = next(self.policy.parameters()).dtype
+        if self.dist.is_main:
+            prepare_run_directory(config)  # only once the inputs are known to be good
+        params = next(policy.parameters()).dtype
         self.precision = Precision.resolve(
             config.model.compute_dtype, self.device, params, config.model.attn_implementation
         )
+        # under torchrun the engine decodes on its own plain copy, fed whole weights
         self.engine = make_engine(
-            config.rollout.engine, self.policy, self.tokenizer, precision=self.precision
+            config.rollout.engine,
+            policy,
+            self.tokenizer,
+            share_weights=not self.dist.active,
+            precision=self.precision,
         )
+        self.policy = self._wrap(policy, trainable=True)
         self.strategy = strategy_cls(
-            self.policy, config, tokenizer=self.tokenizer, make_reference=self._make_reference
+            self.policy,
+            config,
+            tokenizer=self.tokenizer,
+            make_reference=self._make_reference,
+            wrap=self._wrap,
         )
-        for module in self.strategy.frozen_modules():
-            module.to(self.device)
-        self.updater = Updater(self.policy, self.strategy, config, self.precision)
+        self.updater = Updater(self.policy, self.strategy, config, self.precision, self.dist)
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
         )
@@ -104,6 +120,14 @@ class Trainer:
         self.profile = StepProfile()  # this invocation's steps (like its wall time)
         if self.resume_from is not None:
             self._restore(self.resume_from)
+
+    def _wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
+        """``module`` wrapped for ``trainer.distributed`` (DDP / FSDP2; as it is for none)."""
+        return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's whole weights by name, on every rank (gathered from the shards)."""
+        return full_state_dict(self.policy)
 
     @property
     def nonfinite(self) -> dict[str, int]:
@@ -149,21 +173,25 @@ class Trainer:
             sampler=self.sampler,
             make_worker_engine=lambda: make_engine(
                 rollout.engine,
-                self.policy,
+                self.engine.model,
                 self.tokenizer,
                 share_weights=False,
                 precision=self.precision,
             ),
+            dist=self.dist,
+            full_weights=self.full_weights,
         )
 
     def _make_reference(self) -> torch.nn.Module:
-        """A frozen copy of the policy the run started from (rebuilt from its source)."""
+        """A fresh, unwrapped copy of the policy the run started from (rebuilt from its
+        source, without adapters)."""
         reference, _ = build_trainable_policy(self.config, self.device, lora=False)
-        reference.requires_grad_(False)
-        return reference.eval()
+        return reference
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
+        """Write a checkpoint: every rank gathers its shards (collectives), rank 0 writes
+        and renames it into place, the others wait until it has."""
         state = {
             "step": self.step,
             "train_seconds": self.train_seconds,
@@ -175,19 +203,28 @@ class Trainer:
             "rollouts": self.rl.state_dict() if self.rl is not None else {},
             "config_yaml": config_to_yaml(self.config),
         }
-        return save_checkpoint(
-            self.run_dir,
-            self.step,
-            policy=self.policy,
-            tokenizer=self.tokenizer,
-            state=state,
-            keep_last=self.config.trainer.keep_last,
-            save_extra=self.strategy.save_modules,
-        )
+        policy_state = full_state_dict(self.policy, cpu=True) if self.dist.active else None
+        modules = self.strategy.module_states()
+        path = checkpoint_dir(self.run_dir, self.step)
+        if self.dist.is_main:
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                policy=unwrap(self.policy),
+                tokenizer=self.tokenizer,
+                state=state,
+                keep_last=self.config.trainer.keep_last,
+                policy_state=policy_state,
+                save_extra=lambda directory: self.strategy.save_modules(directory, modules),
+            )
+        self.dist.after_main()
+        return path
 
     def _restore(self, checkpoint: Path) -> None:
+        """Every rank reads the checkpoint (whole weights and optimizer state, written at any
+        world size) and keeps its shards; the RNG state is rank 0's."""
         state = load_trainer_state(checkpoint)
-        load_policy_weights(self.policy, checkpoint)
+        load_policy_weights(unwrap(self.policy), checkpoint)
         self.strategy.load_modules(checkpoint)
         self.updater.load_state_dict(state["updater"])
         self.sampler.load_state_dict(state["sampler"])
@@ -207,7 +244,8 @@ class Trainer:
             return self.rl.run(self.step)
         timer = PhaseTimer()
         with timer.phase("data"):
-            samples = [self.train_samples[i] for i in self.sampler.next_batch()]
+            _, indices = self.dist.share(self.sampler.next_batch())  # this rank's share
+            samples = [self.train_samples[i] for i in indices]
             size = -(-len(samples) // self.config.trainer.grad_accum_steps)
             chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
             updates = [[self.strategy.collate(chunk).to(self.device) for chunk in chunks]]
@@ -223,13 +261,15 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0 and not self._done()
 
-    def _evaluate(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
+    def _evaluate(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
         if self.rl is None and self.step:  # offline steps publish no weights: hand them over
-            self.engine.update_weights(self.policy.state_dict(), self.engine.version + 1)
-        metrics = self.evaluator.run(self.step, self.run_dir)
+            self.engine.update_weights(self.full_weights(), self.engine.version + 1)
+        # every rank evaluates (a held-out loss runs the sharded policy); rank 0 writes
+        metrics = self.evaluator.run(self.step, self.run_dir if self.dist.is_main else None)
         if not metrics:
             return
-        logger.log(self.step, metrics)
+        if logger is not None:
+            logger.log(self.step, metrics)
         for name, value in metrics.items():
             self.history.setdefault(name, []).append([self.step, value])
         progress.print(
@@ -246,7 +286,7 @@ class Trainer:
                 f"saved in {saved}. Lower trainer.lr or check the data."
             )
 
-    def _loop(self, logger: MetricsLogger, progress: TrainingProgress) -> None:
+    def _loop(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
         cfg = self.config
         while not self._done():
             started = time.perf_counter()
@@ -256,7 +296,7 @@ class Trainer:
             self.profile.add(metrics, seconds)
             self.step += 1
             samples = self.rl.last_samples if self.rl is not None else []
-            if self.step % cfg.logging.log_every == 0 or self._done():
+            if logger is not None and (self.step % cfg.logging.log_every == 0 or self._done()):
                 logger.log(self.step, metrics)
                 if samples:
                     append_samples(self.run_dir, self.step, samples)
@@ -272,8 +312,47 @@ class Trainer:
                 self.save()
 
     def train(self) -> dict[str, Any]:
+        """Run to the end; rank 0 logs, writes the report and ``results.json`` and returns
+        the results (the other ranks return only ``checkpoint``, the final policy)."""
         cfg = self.config
         start = time.time()
+        logger = self._open_logs() if self.dist.is_main else None
+        try:
+            with TrainingProgress(
+                cfg.trainer.max_steps,
+                start=self.step,
+                enabled=cfg.logging.progress and self.dist.is_main,
+                quiet=not self.dist.is_main,
+            ) as progress:
+                if self.resume_from is not None:
+                    progress.print(f"resumed from {self.resume_from} at step {self.step}")
+                else:
+                    self._evaluate(logger, progress)
+                finished = self._done()  # resumed from the final checkpoint
+                self._loop(logger, progress)
+                if not finished:
+                    self._evaluate(logger, progress)
+            checkpoint = self.resume_from if finished else self.save()
+        except Exception as error:
+            failure = self.dist.failure(error)  # a rank died or hangs: name it
+            if failure is None:
+                raise
+            raise failure from error
+        finally:
+            if self.rl is not None:
+                self.rl.close()
+            self.strategy.close()
+            self.dist.close()
+            if logger is not None:
+                logger.close()
+        if not self.dist.is_main:  # what a next stage needs: where the final policy is
+            return {"checkpoint": str(Path(checkpoint) / "policy") if checkpoint else None}
+        draw_report(self.run_dir)
+        return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
+
+    def _open_logs(self) -> MetricsLogger:
+        """The metrics logger; ``samples.jsonl`` emptied, or cut back to the resumed step."""
+        cfg = self.config
         logger = MetricsLogger(
             self.run_dir,
             tensorboard=cfg.logging.tensorboard,
@@ -285,26 +364,7 @@ class Trainer:
             truncate_metrics(samples, self.step)
         elif samples.exists():
             samples.unlink()
-        try:
-            with TrainingProgress(
-                cfg.trainer.max_steps, start=self.step, enabled=cfg.logging.progress
-            ) as progress:
-                if self.resume_from is not None:
-                    progress.print(f"resumed from {self.resume_from} at step {self.step}")
-                else:
-                    self._evaluate(logger, progress)
-                finished = self._done()  # resumed from the final checkpoint
-                self._loop(logger, progress)
-                if not finished:
-                    self._evaluate(logger, progress)
-            checkpoint = self.resume_from if finished else self.save()
-        finally:
-            if self.rl is not None:
-                self.rl.close()
-            self.strategy.close()
-            logger.close()
-        draw_report(self.run_dir)
-        return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
+        return logger
 
     def _wandb_settings(self) -> dict[str, Any] | None:
         log = self.config.logging

@@ -17,9 +17,17 @@ class TrainingProgress:
     """Context manager; ``update(step, loss=..., tokens_per_s=...)`` after each step."""
 
     def __init__(
-        self, total: int, *, start: int = 0, enabled: bool = True, description: str = "train"
+        self,
+        total: int,
+        *,
+        start: int = 0,
+        enabled: bool = True,
+        description: str = "train",
+        quiet: bool = False,
     ):
-        self.console = Console(stderr=True)
+        """``enabled``: show the bar; ``quiet``: print nothing at all (the ranks other than
+        0 under torchrun)."""
+        self.console = Console(stderr=True, quiet=quiet)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),

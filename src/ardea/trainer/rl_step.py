@@ -29,7 +29,7 @@ AReaL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ from ardea.rollout import (
     check_staleness,
     sampling_seed,
 )
+from ardea.trainer.distributed import Distributed
 from ardea.trainer.dynamic_sampling import (
     first_groups,
     group_count,
@@ -73,6 +74,9 @@ class RLStep:
         sampler: the run's prompt sampler.
         make_worker_engine: builds an engine with its own copy of the weights, for the
             background worker (``rollout.max_staleness >= 1``).
+        dist: this process's rank and the collectives; each rank generates and trains on
+            its share of the step's prompts.
+        full_weights: the policy's whole weights on every rank (gathered from shards).
     """
 
     def __init__(
@@ -86,6 +90,8 @@ class RLStep:
         samples: Sequence[Example],
         sampler: EpochSampler,
         make_worker_engine,
+        dist: Distributed,
+        full_weights: Callable[[], dict[str, torch.Tensor]],
     ) -> None:
         self.config = config
         self.policy = policy
@@ -95,6 +101,8 @@ class RLStep:
         self.samples = samples
         self.sampler = sampler
         self.make_worker_engine = make_worker_engine
+        self.dist = dist
+        self.full_weights = full_weights
         self.max_staleness = int(config.rollout.max_staleness)
         self.device = next(policy.parameters()).device
         self.worker: RolloutWorker | None = None
@@ -120,21 +128,20 @@ class RLStep:
     def run(self, step: int) -> dict[str, float]:
         """Train step ``step`` (0-based); returns its metrics."""
         timer = PhaseTimer()
-        examples = self._examples(self.sampler.next_batch())
+        first, examples = self.dist.share(self._examples(self.sampler.next_batch()))
         with timer.phase("generate"):
-            generation = self._generate(step, examples)
+            generation = self._generate(step, examples, first)
         with timer.phase("score"):
             rollout = self.runner.score(generation)
-        metrics, self.last_samples = dict(rollout.metrics), rollout.samples
-        batch = rollout.batch.to(self.device)
+        metrics, self.last_samples = self.dist.mean(rollout.metrics), rollout.samples
+        batch = renumber_groups(rollout.batch.to(self.device), first)  # global group ids
         if self.refill_sampler is not None:
             batch = self._filter_and_refill(step, batch, len(examples), timer, metrics)
         lag = check_staleness(batch.versions, self.engine.version, self.max_staleness)
         metrics["rollout/staleness"] = float(lag)
-        if batch.rows:
-            forward = self.updater.precision.forward(self.updater.policy, batch.input_ids.shape[1])
-            with timer.phase("advantages"), forward:
-                batch = self.strategy.pin(batch, metrics)
+        forward = self.updater.precision.forward(self.updater.policy, batch.input_ids.shape[1])
+        with timer.phase("advantages"), forward:
+            batch = self._pin(batch, metrics)
         updates = self._updates(batch, step)
         metrics |= self.updater.run(updates, timer)
         with timer.phase("weight_sync"):
@@ -144,9 +151,23 @@ class RLStep:
     def _examples(self, indices: Sequence[int]) -> list[Example]:
         return [self.samples[i] for i in indices]
 
-    def _generate(self, step: int, examples: list[Example]) -> Generation:
+    def _pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
+        """The strategy's targets pinned on the step's whole rollout (group advantages,
+        whitening, critic values see every rank's rows: each rank gathers the others' and
+        pins the same global batch), then this rank's rows: those of its own groups."""
+        if not self.dist.active:
+            return self.strategy.pin(batch, metrics) if batch.rows else batch
+        parts = [p.to(self.device) for p in self.dist.gather(batch.to("cpu"))]
+        if sum(p.rows for p in parts) == 0:
+            return batch
+        pad = self.runner.tokenizer.pad_token_id
+        whole = self.strategy.pin(TrajectoryBatch.concat(parts, pad_token_id=pad), metrics)
+        own = torch.isin(whole.group_ids, torch.unique(batch.group_ids))  # (N,)
+        return whole.select(torch.nonzero(own).squeeze(-1)).trim()
+
+    def _generate(self, step: int, examples: list[Example], first: int) -> Generation:
         if self.max_staleness == 0:
-            return self.runner.generate(examples, seed_index=step)
+            return self.runner.generate(examples, seed_index=step, first_prompt=first)
         worker = self._worker(step, examples)
         worker.submit(step, examples)
         ahead = min(self.max_staleness, self.config.trainer.max_steps - step - 1)
@@ -205,13 +226,16 @@ class RLStep:
             mini_batches=algo.ppo_mini_batches,
             micro_batches=self.config.trainer.grad_accum_steps,
             generator=torch.Generator().manual_seed(seed),
+            # every rank must run as many forwards as the others (each gathers shards or
+            # reduces gradients), so a rank's data may not decide how many there are
+            by_length=not self.dist.active,
         )
 
     def _publish(self) -> None:
         """The trained weights become the next policy version, in the live engine (one
         atomic ``update_weights``) and, copied, for the background worker."""
         version = self.engine.version + 1
-        weights = self.policy.state_dict()
+        weights = self.full_weights()
         self.engine.update_weights(weights, version)
         if self.worker is not None:
             self.worker.publish(weights, version)
@@ -226,7 +250,7 @@ class RLStep:
             restored = self._restored_worker or {}
             engine = self.make_worker_engine()
             if engine.version < self.engine.version:
-                engine.update_weights(self.policy.state_dict(), self.engine.version)
+                engine.update_weights(self.full_weights(), self.engine.version)
             self.worker = RolloutWorker(
                 engine,
                 lambda prompts, s, on: self.runner.generate(prompts, seed_index=s, engine=on),
@@ -277,7 +301,7 @@ class RLStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["version"] != self.engine.version:
-            self.engine.update_weights(self.policy.state_dict(), int(state["version"]))
+            self.engine.update_weights(self.full_weights(), int(state["version"]))
         if self.refill_sampler is not None and "refill_sampler" in state:
             self.refill_sampler.load_state_dict(state["refill_sampler"])
         self._restored_worker = state.get("worker")
@@ -290,11 +314,13 @@ def split_updates(
     mini_batches: int,
     micro_batches: int,
     generator: torch.Generator,
+    by_length: bool = True,
 ) -> list[list[TrajectoryBatch]]:
     """``epochs × mini_batches`` optimizer updates over the groups of ``batch``, each a list
     of ``micro_batches`` micro-batches (trimmed of padding columns), a micro-batch whose
     rows differ much in length run as a few forwards of similar lengths
-    (:func:`length_buckets`).
+    (:func:`length_buckets`; not with ``by_length=False``, e.g. under torchrun, where
+    every rank must run the same number of forwards).
 
     Groups stay whole (a preference pair is a group of two) and a part keeps its rows in
     batch order; the groups are shuffled with ``generator`` at every epoch unless there is
@@ -319,7 +345,9 @@ def split_updates(
             forwards = [
                 bucket
                 for c in parts
-                for bucket in length_buckets(c, group_length[c], group_rows[c])
+                for bucket in (
+                    length_buckets(c, group_length[c], group_rows[c]) if by_length else [c]
+                )
             ]
             if forwards:
                 updates.append([batch.select(_rows_of(group_of_row, c)).trim() for c in forwards])

@@ -64,3 +64,11 @@ def build_adamw(
         min_ratio=trainer.min_lr_ratio,
     )
     return optimizer, scheduler
+
+
+def clip_gradients(parameters: list[torch.Tensor], max_norm: float) -> float:
+    """Clip the global gradient norm of ``parameters`` to ``max_norm``; returns the norm
+    before clipping (over all shards of FSDP2's sharded gradients)."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
+    return float(full_tensor() if callable(full_tensor) else norm)

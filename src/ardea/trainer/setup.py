@@ -9,10 +9,11 @@ from typing import Any
 import torch
 
 from ardea.config import ArdeaConfig, ModelConfig, config_to_yaml
-from ardea.errors import ArdeaError
+from ardea.errors import ArdeaError, ConfigError
 from ardea.model import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
 from ardea.model.lora import apply_lora
 from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
+from ardea.trainer.strategies import strategy_class
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,6 +83,38 @@ def build_trainable_policy(
             target_modules=list(m.lora_target_modules),
         ).to(device)
     return model, tokenizer
+
+
+def check_distributed(config: ArdeaConfig, dist: Any) -> None:
+    """What several processes cannot run yet, and batch sizes that do not split into equal
+    rank shares, as :class:`ConfigError`s naming the fields."""
+    if not dist.active:
+        return
+    trainer, algo, mode = config.trainer, config.algo, f"trainer.distributed={dist.mode}"
+    unsupported = [
+        (config.model.lora_r > 0, "model.lora_r > 0 (LoRA)"),
+        (config.rollout.max_staleness > 0, "rollout.max_staleness > 0 (background rollouts)"),
+        (algo.dynamic_sampling, "algo.dynamic_sampling=true"),
+        # its pairs are the groups with a reward spread: ranks would train on unequal counts
+        (algo.name == "online_dpo", "algo.name=online_dpo"),
+    ]
+    for bad, what in unsupported:
+        if bad:
+            raise ConfigError(f"{what} is not supported with {mode} yet; run one process")
+    online = strategy_class(algo.name).sample_kind == "prompt"
+    parts = algo.ppo_mini_batches * trainer.grad_accum_steps if online else trainer.grad_accum_steps
+    share, uneven = divmod(trainer.batch_size, dist.world_size)
+    if uneven or share < parts or (not online and share % parts):
+        raise ConfigError(
+            f"trainer.batch_size={trainer.batch_size} does not split over {dist.world_size} "
+            f"processes: each rank takes batch_size / {dist.world_size} "
+            + (
+                "prompts and needs at least algo.ppo_mini_batches × trainer.grad_accum_steps"
+                if online
+                else "samples, a multiple of trainer.grad_accum_steps"
+            )
+            + f" = {parts} of them"
+        )
 
 
 def resume_checkpoint(run_dir: Path, resume: str) -> Path | None:

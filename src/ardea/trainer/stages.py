@@ -27,9 +27,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from ardea.config import ArdeaConfig, stage_configs
 from ardea.errors import ArdeaError
 from ardea.trainer.checks import check_config
+from ardea.trainer.distributed import is_main_process
 from ardea.trainer.loop import Trainer
 from ardea.trainer.report import draw_stages_report
 from ardea.trainer.results import print_results, write_results
@@ -43,10 +46,14 @@ def run(config: ArdeaConfig) -> dict[str, Any]:
     Every name the config gives (strategy, task, reward functions, model directory) is
     checked first, for every stage, before anything is trained or written.
     """
-    if not config.stages:
-        check_config(config)
-        return Trainer(config).train()
-    return run_stages(config)
+    try:
+        if not config.stages:
+            check_config(config)
+            return Trainer(config).train()
+        return run_stages(config)
+    finally:
+        if torch.distributed.is_initialized():  # set up by a torchrun launch's first Trainer
+            torch.distributed.destroy_process_group()
 
 
 def plan_stages(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
@@ -84,15 +91,19 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     for index, (name, stage) in enumerate(stages):
         if starts_from_previous(config, name, index):
             stage.model.path = previous
-        print(f"[ardea] stage {name!r}: {stage.algo.name}, {stage.trainer.max_steps} steps")
         trainer = Trainer(stage)  # checks the stage's model and data before anything is written
-        if index == 0:
+        main = is_main_process()  # under torchrun only rank 0 prints and writes
+        if main:
+            print(f"[ardea] stage {name!r}: {stage.algo.name}, {stage.trainer.max_steps} steps")
+        if index == 0 and main:
             prepare_run_directory(config)
         outcome = trainer.train()
         results[name] = outcome
         previous = outcome["checkpoint"]
         if strategy_class(stage.algo.name).sample_kind == "prompt":
             online.append(name)
+    if not is_main_process():
+        return {"checkpoint": previous}
     if online and "accuracy_initial" in results[online[0]]:
         results["accuracy_before_rl"] = results[online[0]]["accuracy_initial"]
         results["accuracy_after_rl"] = results[online[-1]]["accuracy"]

@@ -22,8 +22,16 @@ import torch
 
 from ardea.data import TrajectoryBatch
 from ardea.model import Precision
-from ardea.trainer.schedule import build_adamw
+from ardea.trainer.distributed import (
+    Distributed,
+    load_optimizer_state,
+    optimizer_state,
+)
+from ardea.trainer.schedule import build_adamw, clip_gradients
 from ardea.trainer.strategies import Strategy
+
+#: step counts reduced by their maximum over the ranks (the others are summed)
+MAX_COUNTS = ("horizon",)
 
 
 @dataclass
@@ -48,12 +56,18 @@ class Updater:
     """Owns the policy's optimizer, schedule and non-finite-step counts (module docstring)."""
 
     def __init__(
-        self, policy: torch.nn.Module, strategy: Strategy, config: Any, precision: Precision
+        self,
+        policy: torch.nn.Module,
+        strategy: Strategy,
+        config: Any,
+        precision: Precision,
+        dist: Distributed,
     ) -> None:
         trainer = config.trainer
-        self.strategy = strategy
         self.policy = policy
+        self.strategy = strategy
         self.precision = precision
+        self.dist = dist
         self.max_grad_norm = trainer.max_grad_norm or float("inf")
         self.parameters = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_adamw(
@@ -83,21 +97,27 @@ class Updater:
         return metrics
 
     def _forward_backward(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
-        counts = self.strategy.step_counts(micro_batches)
+        """Every micro-batch's loss back-propagated; the counts it is normalised by are the
+        update's over all ranks (one all-reduce before the loop), so the summed gradient
+        (and the metrics, summed over micro-batches and ranks) are the whole update's."""
+        counts = self.dist.sum(self.strategy.step_counts(micro_batches), maximum=MAX_COUNTS)
         totals: dict[str, float] = {}
-        for batch in micro_batches:
-            # forward in the compute dtype (and its attention kernel), backward outside
-            with self.precision.forward(self.policy, batch.input_ids.shape[1]):
-                loss, metrics = self.strategy.loss(batch, counts)
-            loss.backward()
+        trained = [self.policy, *self.strategy.trained_modules()]
+        for index, batch in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with self.dist.accumulating(trained, accumulate=not last):
+                # forward in the compute dtype (and its attention kernel), backward outside
+                with self.precision.forward(self.policy, batch.input_ids.shape[1]):
+                    loss, metrics = self.strategy.loss(batch, counts)
+                (loss * self.dist.loss_scale).backward()  # DDP/FSDP2 average; we want sums
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value
-        return totals
+        return self.dist.sum(totals)
 
     def _optimizer_step(self, loss: float) -> tuple[dict[str, float], bool]:
         """Clip and step, or skip a non-finite step; returns its metrics and whether it
         was applied."""
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm))
+        grad_norm = clip_gradients(self.parameters, self.max_grad_norm)
         metrics = {"train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0]}
         applied = math.isfinite(loss) and math.isfinite(grad_norm)
         if not applied:
@@ -113,14 +133,16 @@ class Updater:
         return metrics, applied
 
     def state_dict(self) -> dict[str, Any]:
+        """Optimizer state by parameter name (whole, loadable at any world size; collective),
+        schedule and non-finite counts."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state(self.policy, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "nonfinite": dict(self.nonfinite),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.nonfinite = dict(state["nonfinite"])
 

@@ -126,7 +126,7 @@ def test_reference_is_frozen_and_untouched():
 def test_missing_reference_factory_is_an_error():
     from strategy_testing import TOKENIZER, make_config
 
-    with pytest.raises(ConfigError, match="'dpo' needs a frozen reference"):
+    with pytest.raises(ConfigError, match="'dpo' needs a copy of the initial policy"):
         make_strategy("dpo", tiny_policy(), make_config("dpo"), tokenizer=TOKENIZER)
 
 

@@ -130,26 +130,26 @@ def test_behaviour_logprobs_are_validated():
             replace(batch, logprobs=logprobs)
 
 
-def test_old_policy_is_synced_after_each_optimizer_step():
+def test_offline_old_policy_is_the_policy_before_the_update():
+    """An offline step is one optimizer update: without behaviour log-probs the ratio's
+    old policy is the policy itself (detached), so the ratio is 1 on every token, nothing is
+    clipped, and the gradient is that of -A * log pi (the ratio's gradient at 1)."""
     policy = tiny_policy()
     strategy = build("grpo", policy, ppo_adv_estimator="grpo")
-    old = strategy.old_policy
-    assert old is not policy and not old.training
-    assert not any(p.requires_grad for p in old.parameters())
-    optimizer = torch.optim.SGD(policy.parameters(), lr=50.0)
-    loss, _ = step(strategy, group_batch())
+    assert strategy.frozen_modules() == []
+    batch = group_batch()
+    loss, metrics = step(strategy, batch)
+    assert metrics["train/approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["train/clip_fraction"] == 0.0
     loss.backward()
-    optimizer.step()
-    assert all(p.grad is None for p in old.parameters())
-    changed = [not torch.equal(a, b) for a, b in zip(old.parameters(), policy.parameters())]
-    assert any(changed)
-    _, stale = step(strategy, group_batch())
-    assert stale["train/approx_kl"] > 1e-6  # the ratio uses the (stale) old policy
-    strategy.after_optimizer_step()
-    assert all(torch.equal(a, b) for a, b in zip(old.parameters(), policy.parameters()))
-    _, fresh = step(strategy, group_batch())
-    assert fresh["train/approx_kl"] == pytest.approx(0.0, abs=1e-7)
-    assert fresh["train/clip_fraction"] == 0.0
+    grads = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad()
+    lp = naive_logprobs(policy, batch.input_ids, batch.attention_mask)  # (N, S-1)
+    completion = batch.loss_mask[:, 1:].float()
+    adv = torch.tensor(hand_advantages()).unsqueeze(-1)
+    (-(adv * lp * completion).sum() / completion.sum()).backward()
+    for got, expected in zip(grads, (p.grad for p in policy.parameters())):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k3"])
@@ -164,7 +164,7 @@ def test_kl_term_against_a_frozen_reference(estimator):
         ppo_kl_ctl=kl_ctl,
         ppo_kl_estimator=estimator,
     )
-    assert strategy.frozen_modules() == [strategy.old_policy, strategy.reference]
+    assert strategy.frozen_modules() == [strategy.reference]
     batch = group_batch()
     loss, metrics = step(strategy, batch)
     with torch.no_grad():
@@ -191,5 +191,5 @@ def test_kl_needs_a_reference_factory():
     from ardea.trainer.strategies import make_strategy
 
     config = make_config("grpo", ppo_kl_ctl=0.05)
-    with pytest.raises(ConfigError, match="'grpo' needs a frozen reference"):
+    with pytest.raises(ConfigError, match="'grpo' needs a copy of the initial policy"):
         make_strategy("grpo", tiny_policy(), config, tokenizer=TOKENIZER)

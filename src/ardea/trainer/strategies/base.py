@@ -46,6 +46,9 @@ class Strategy(ABC):
         tokenizer: the policy's tokenizer (pad id for collation).
         make_reference: builds a fresh copy of the *initial* policy (same weights the run
             started from); strategies that need a frozen reference call it once.
+        wrap: ``wrap(module, trainable=...)`` wraps a module the strategy builds (critic,
+            reference) for data parallelism as the policy is (DDP / FSDP2); by default
+            modules stay as they are.
     """
 
     sample_kind: ClassVar[str] = "sft"
@@ -57,11 +60,32 @@ class Strategy(ABC):
         *,
         tokenizer: Any,
         make_reference: Callable[[], torch.nn.Module] | None = None,
+        wrap: Callable[..., torch.nn.Module] | None = None,
     ) -> None:
         self.policy = policy
         self.config = config
         self.tokenizer = tokenizer
         self.make_reference = make_reference
+        self._wrap = wrap
+
+    def wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
+        """``module`` wrapped for data parallelism like the policy (see ``wrap``)."""
+        return self._wrap(module, trainable=trainable) if self._wrap is not None else module
+
+    def initial_policy(self) -> torch.nn.Module:
+        """A fresh, unwrapped copy of the initial policy from ``make_reference``; an error
+        names the strategy that needs it."""
+        if self.make_reference is None:
+            raise ConfigError(
+                f"strategy {self.config.algo.name!r} needs a copy of the initial policy: pass "
+                "make_reference (a function building it) to make_strategy"
+            )
+        return self.make_reference()
+
+    def frozen_reference(self) -> torch.nn.Module:
+        """The frozen initial policy (eval mode, no gradients), wrapped like the policy."""
+        reference = self.initial_policy().requires_grad_(False).eval()
+        return self.wrap(reference, trainable=False)
 
     @abstractmethod
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
@@ -95,13 +119,23 @@ class Strategy(ABC):
         """Release what the strategy runs in the background (called when training ends)."""
         return None
 
-    def save_modules(self, directory: Path) -> None:
-        """Write trained modules other than the policy into a checkpoint ``directory``."""
+    def module_states(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The whole weights of trained modules other than the policy, by checkpoint
+        sub-directory (gathered from every rank: call on all of them; only rank 0's hold
+        tensors)."""
+        return {}
+
+    def save_modules(self, directory: Path, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Write :meth:`module_states` into a checkpoint ``directory`` (rank 0 only)."""
         return None
 
     def load_modules(self, directory: Path) -> None:
         """Read what :meth:`save_modules` wrote; a missing module is an error."""
         return None
+
+    def trained_modules(self) -> list[torch.nn.Module]:
+        """Modules besides the policy that the update's loss trains (e.g. a critic)."""
+        return []
 
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Frozen models the strategy holds (moved with the policy, never trained)."""

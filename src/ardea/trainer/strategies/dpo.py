@@ -26,7 +26,7 @@ MoE metrics for MoE policies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,27 +35,11 @@ from torch import Tensor, nn
 from ardea import data
 from ardea.algo import dpo_loss, ipo_loss
 from ardea.data import TrajectoryBatch, preference_pairs
-from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.trainer.strategies.base import Strategy, register_strategy
 from ardea.trainer.strategies.moe import MoETerms
 
 PREFERENCE_LOSSES = {"sigmoid": (dpo_loss, "dpo"), "ipo": (ipo_loss, "ipo")}
-
-
-def freeze(model: nn.Module) -> nn.Module:
-    """``model`` in eval mode with ``requires_grad=False`` on every parameter."""
-    return model.requires_grad_(False).eval()
-
-
-def frozen_reference(make_reference: Callable[[], nn.Module] | None, who: str) -> nn.Module:
-    """The frozen initial policy from ``make_reference``; an error names ``who`` needs it."""
-    if make_reference is None:
-        raise ConfigError(
-            f"strategy {who!r} needs a frozen reference model: pass make_reference "
-            "(a function building a copy of the initial policy) to make_strategy"
-        )
-    return freeze(make_reference())
 
 
 def sequence_logps(logprobs: Tensor, mask: Tensor, reduction: str) -> Tensor:
@@ -78,7 +62,7 @@ class DPOStrategy(Strategy):
         self.loss_fn, self.loss_name = PREFERENCE_LOSSES[algo.dpo_loss]
         self.beta = float(algo.beta)
         self.reduction = algo.dpo_reduction
-        self.reference = frozen_reference(self.make_reference, "dpo")
+        self.reference = self.frozen_reference()
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:

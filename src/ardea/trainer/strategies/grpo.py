@@ -14,11 +14,13 @@ like the policy loss.
 Three policies (seed 002's roles):
 
 - the policy being trained;
-- the old policy of the ratio: the batch's behaviour log-probs when it has them, else a
-  frozen copy of the policy taken at construction and re-synced from the policy after every
-  optimizer step (:meth:`GRPOStrategy.after_optimizer_step`), so the ratio is 1 throughout
-  a step; with ``decoupled_ppo`` that copy is the proximal policy and the batch's behaviour
-  log-probs (required) give the behaviour weight;
+- the old policy of the ratio: the batch's behaviour log-probs when it has them, else the
+  policy as it is before the step's one optimizer update, i.e. the policy's own log-probs
+  detached (an offline step is one update, so the old policy equals the policy throughout
+  it and the ratio is 1, as with seed 002's old-policy copy re-synced after every step,
+  without keeping a second, possibly sharded, copy); with ``decoupled_ppo`` those detached
+  log-probs are the proximal policy and the batch's behaviour log-probs (required) give the
+  behaviour weight;
 - the reference for the KL term: ``make_reference()`` (the initial policy), frozen; built
   only when ``algo.ppo.kl_ctl > 0``.
 
@@ -42,8 +44,8 @@ give the step value): ``train/loss``, ``train/policy_loss``, ``train/kl`` (with 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,7 +67,6 @@ from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import LogprobOutput, sequence_logprobs
 from ardea.trainer.strategies.base import Strategy, register_strategy
-from ardea.trainer.strategies.dpo import freeze, frozen_reference
 from ardea.trainer.strategies.moe import MoETerms
 
 CRITIC_ESTIMATORS = ("gae",)  # estimators that need a critic
@@ -114,16 +115,18 @@ def check_policy_loss(name: str, ppo: PPOConfig) -> None:
 
 def rl_step_counts(micro_batches: list[TrajectoryBatch], moe: MoETerms) -> dict[str, float]:
     """The normalisers of one optimizer step over its micro-batches: trained ``tokens`` and
-    ``seqs`` (next-token aligned), ``rows``, the ``horizon`` (longest row), the population
-    ``reward_std`` of the step's trajectories, and the MoE routed tokens."""
+    ``seqs`` (next-token aligned), ``rows``, the ``horizon`` (longest row), the sums of the
+    trajectories' rewards and squared rewards (for their mean and population std), and the
+    MoE routed tokens. Every entry but ``horizon`` (a maximum) adds up across ranks."""
     masks = [b.action_mask for b in micro_batches]
-    rewards = torch.cat([b.rewards.detach().float() for b in micro_batches])
+    rewards = torch.cat([b.rewards.detach().double() for b in micro_batches])
     counts = {
         "tokens": float(sum(m.sum() for m in masks)),
         "seqs": float(sum(m.any(dim=-1).sum() for m in masks)),
         "rows": float(rewards.numel()),
         "horizon": float(max(m.shape[-1] for m in masks)),
-        "reward_std": float(rewards.std(unbiased=False)) if rewards.numel() else 0.0,
+        "reward_sum": float(rewards.sum()),
+        "reward_sq_sum": float(rewards.square().sum()),
     }
     return counts | moe.step_counts(micro_batches)
 
@@ -207,25 +210,14 @@ class GRPOStrategy(Strategy):
         self.kl_ctl = float(self.ppo.kl_ctl)
         self.loss_name = policy_loss_name(config, online=self.sample_kind == "prompt")
         check_policy_loss(self.loss_name, self.ppo)
-        self.old_policy = None  # online subclasses get behaviour log-probs with each rollout
-        if self.sample_kind == "group":
-            self.old_policy = freeze(copy.deepcopy(policy))
-            for param in self.old_policy.parameters():
-                param.grad = None
-        self.reference = frozen_reference(self.make_reference, "grpo") if self.kl_ctl else None
+        self.reference = self.frozen_reference() if self.kl_ctl else None
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         return data.collate_groups(samples, self.tokenizer.pad_token_id)
 
     def frozen_modules(self) -> list[nn.Module]:
-        return [m for m in (self.old_policy, self.reference) if m is not None]
-
-    @torch.no_grad()
-    def after_optimizer_step(self) -> None:
-        """Sync the old policy to the updated policy (seed 002's offline GRPO)."""
-        if self.old_policy is not None:
-            self.old_policy.load_state_dict(self.policy.state_dict())
+        return [self.reference] if self.reference is not None else []
 
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         return rl_step_counts(micro_batches, self.moe)
@@ -235,18 +227,13 @@ class GRPOStrategy(Strategy):
         inputs = batch.advantage_inputs()
         return batch.pin(advantages=compute_advantages(inputs, self.adv_config)["advantages"])
 
-    @torch.no_grad()
-    def _old_logprobs(self, batch: TrajectoryBatch) -> Tensor:
-        """The ratio's reference (module docstring): offline the old-policy copy when the
-        batch has no behaviour log-probs or the loss is decoupled, else
+    def _old_logprobs(self, batch: TrajectoryBatch, logprobs: Tensor) -> Tensor:
+        """The ratio's reference (module docstring): offline the policy's own ``logprobs``
+        detached when the batch has no behaviour log-probs or the loss is decoupled, else
         :func:`ratio_reference`."""
-        if self.old_policy is not None and (batch.logprobs is None or is_decoupled(self.loss_name)):
-            return sequence_logprobs(
-                self.old_policy,
-                **batch.model_inputs(),
-                chunk_size=self.config.model.logprob_chunk_size,
-                temperature=batch.temperature,
-            ).logprobs
+        offline = self.sample_kind == "group"
+        if offline and (batch.logprobs is None or is_decoupled(self.loss_name)):
+            return logprobs.detach()
         return ratio_reference(batch)
 
     def loss(
@@ -258,7 +245,12 @@ class GRPOStrategy(Strategy):
         out = policy_forward(self, batch)
         counts = agg_counts(step_counts)
         policy_loss, metrics = policy_objective(
-            self.ppo, self.loss_name, out.logprobs, batch, counts, old=self._old_logprobs(batch)
+            self.ppo,
+            self.loss_name,
+            out.logprobs,
+            batch,
+            counts,
+            old=self._old_logprobs(batch, out.logprobs),
         )
         tokens = step_counts["tokens"]
         metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
@@ -286,13 +278,13 @@ class GRPOStrategy(Strategy):
 
     @staticmethod
     def _reward_metrics(batch: TrajectoryBatch, step_counts: dict[str, float]) -> dict:
-        """Reward mean and std over the step's completions, split by this batch's row share."""
-        rewards = batch.rewards.detach().float()
-        share = rewards.numel() / max(step_counts["rows"], 1.0)
-        return {
-            "train/reward_mean": float(rewards.sum()) / max(step_counts["rows"], 1.0),
-            "train/reward_std": step_counts["reward_std"] * share,
-        }
+        """Reward mean and population std over the step's completions (all ranks), split
+        by this batch's row share so the shares add up to the step's values."""
+        rows = max(step_counts["rows"], 1.0)
+        mean = step_counts["reward_sum"] / rows
+        std = math.sqrt(max(step_counts["reward_sq_sum"] / rows - mean * mean, 0.0))
+        share = batch.rows / rows
+        return {"train/reward_mean": mean * share, "train/reward_std": std * share}
 
 
 @torch.no_grad()

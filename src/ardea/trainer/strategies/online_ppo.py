@@ -9,8 +9,9 @@ Roles:
 
 - the policy, trained by the loop's optimizer;
 - the behaviour policy: the engine's per-token log-probs recorded at rollout (required);
-- the critic: a :class:`~ardea.model.ValueModel`, the policy's backbone (deep copy) plus a
-  zero-initialised scalar head, or ``algo.critic_path``; it has its own AdamW
+- the critic: a :class:`~ardea.model.ValueModel`, the backbone of a fresh copy of the
+  initial policy (``make_reference()``) plus a zero-initialised scalar head, or
+  ``algo.critic_path``, wrapped for data parallelism like the policy; it has its own AdamW
   (``algo.critic_lr``), gradient clipping (``algo.critic_max_grad_norm``) and learning-rate
   schedule (``trainer.lr_schedule`` with ``algo.critic_warmup_steps``), stepped right after
   every policy optimizer step; it never generates, so it is not part of a policy version;
@@ -69,9 +70,15 @@ from ardea.algo import (
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
 from ardea.model import ValueModel
-from ardea.trainer.schedule import build_adamw
+from ardea.trainer.distributed import (
+    full_state_dict,
+    load_full_state_dict,
+    load_optimizer_state,
+    optimizer_state,
+    unwrap,
+)
+from ardea.trainer.schedule import build_adamw, clip_gradients
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
-from ardea.trainer.strategies.dpo import frozen_reference
 from ardea.trainer.strategies.grpo import (
     agg_counts,
     check_policy_loss,
@@ -111,17 +118,20 @@ class OnlinePPOStrategy(OnlineStrategy):
             warmup_steps=algo.critic_warmup_steps,
         )
         kl = float(self.ppo.kl_ctl)
-        self.reference = frozen_reference(self.make_reference, "online_ppo") if kl else None
+        self.reference = self.frozen_reference() if kl else None
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
         self._critic_norms: list[float] = []
 
-    def _build_critic(self, path: str | None) -> ValueModel:
+    def _build_critic(self, path: str | None) -> nn.Module:
         device = next(self.policy.parameters()).device
         if path is None:
-            critic = ValueModel.from_policy(self.policy)
+            critic = ValueModel.from_policy(self.initial_policy())
         else:
             critic = ValueModel.from_pretrained(path, device=device)
-        return critic.to(device).train().requires_grad_(True)
+        return self.wrap(critic.to(device).train().requires_grad_(True), trainable=True)
+
+    def trained_modules(self) -> list[nn.Module]:
+        return [self.critic]
 
     def frozen_modules(self) -> list[nn.Module]:
         return [self.reference] if self.reference is not None else []
@@ -192,7 +202,7 @@ class OnlinePPOStrategy(OnlineStrategy):
     def after_optimizer_step(self) -> None:
         """The critic's own step right after the policy's: clip, step, clear."""
         max_norm = self.config.algo.critic_max_grad_norm or float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(self.critic_parameters, max_norm))
+        norm = clip_gradients(self.critic_parameters, max_norm)
         self._critic_norms.append(norm)
         if math.isfinite(norm):
             self.critic_optimizer.step()
@@ -213,8 +223,12 @@ class OnlinePPOStrategy(OnlineStrategy):
         return metrics
 
     # ----------------------------------------------------------- checkpoints
-    def save_modules(self, directory: Path) -> None:
-        self.critic.save_pretrained(Path(directory) / CRITIC_DIR)
+    def module_states(self) -> dict[str, dict[str, Tensor]]:
+        return {CRITIC_DIR: full_state_dict(self.critic, cpu=True)}
+
+    def save_modules(self, directory: Path, states: dict[str, dict[str, Tensor]]) -> None:
+        critic = unwrap(self.critic)
+        critic.save_pretrained(Path(directory) / CRITIC_DIR, state_dict=states[CRITIC_DIR])
 
     def load_modules(self, directory: Path) -> None:
         path = Path(directory) / CRITIC_DIR
@@ -226,11 +240,11 @@ class OnlinePPOStrategy(OnlineStrategy):
             )
         device = next(self.critic.parameters()).device
         saved = ValueModel.from_pretrained(path, device=device)
-        self.critic.load_state_dict(saved.state_dict())
+        load_full_state_dict(self.critic, saved.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "critic_optimizer": optimizer_state(self.critic, self.critic_optimizer),
             "critic_scheduler": self.critic_scheduler.state_dict(),
         }
 
@@ -241,5 +255,5 @@ class OnlinePPOStrategy(OnlineStrategy):
                 f"the checkpoint's trainer state has no {', '.join(missing)} for the critic "
                 "of online_ppo; it was not written by an online_ppo run"
             )
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
         self.critic_scheduler.load_state_dict(state["critic_scheduler"])

@@ -1,0 +1,105 @@
+"""The pure pieces of data parallelism, without a process group: the mode ``auto``
+resolves to, rank shares of a batch, the config checks, and losses normalised by counts
+summed over ranks (computed by hand)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ardea.algo import agg_loss
+from ardea.config import load_config
+from ardea.errors import ConfigError
+from ardea.trainer.distributed import Distributed, resolve_mode
+from ardea.trainer.setup import check_distributed
+
+
+class FakeRanks(Distributed):
+    """A :class:`Distributed` that believes it is ``rank`` of ``world_size`` (no group)."""
+
+    def __init__(self, rank: int, world_size: int, mode: str = "fsdp2") -> None:
+        self.mode, self.rank, self.world_size = mode, rank, world_size
+        self.device = torch.device("cpu")
+
+
+def test_auto_is_none_for_one_process_and_fsdp2_for_several(monkeypatch):
+    assert resolve_mode("auto", 1) == "none"
+    assert resolve_mode("auto", 4) == "fsdp2"
+    with pytest.raises(ConfigError, match="trainer.distributed=none but torchrun started 2"):
+        resolve_mode("none", 2)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ConfigError, match="trainer.distributed=ddp needs a torchrun launch"):
+        resolve_mode("ddp", 1)
+
+
+def test_rank_shares_are_contiguous_and_cover_the_batch_in_order():
+    batch = [7, 3, 9, 1, 4, 8]
+    shares = [FakeRanks(r, 3).share(batch) for r in range(3)]
+    assert shares == [(0, [7, 3]), (2, [9, 1]), (4, [4, 8])]
+    with pytest.raises(
+        ConfigError, match=r"batch_size=6 must be divisible by the number of processes \(4\)"
+    ):
+        FakeRanks(0, 4).share(batch)
+
+
+def overrides(*extra: str) -> list[str]:
+    return ["trainer.batch_size=8", "data.task=arithmetic", *extra]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["model.lora_r=4"], r"model.lora_r > 0 \(LoRA\) is not supported with trainer.distributed=fsdp2"),
+        (["algo.name=online_grpo", "rollout.max_staleness=1"], "rollout.max_staleness > 0"),
+        (["algo.name=online_grpo", "algo.dynamic_sampling=true"], "algo.dynamic_sampling=true"),
+        (["algo.name=online_dpo"], "algo.name=online_dpo is not supported"),
+        (["trainer.batch_size=6"], "batch_size=6 does not split over 4 processes"),
+        (["trainer.grad_accum_steps=4"], "a multiple of trainer.grad_accum_steps = 4"),
+        (["algo.name=online_grpo", "algo.ppo_mini_batches=4"], "at least algo.ppo_mini_batches"),
+    ],
+)  # fmt: skip
+def test_what_several_processes_cannot_run_is_a_config_error(extra, message):
+    config = load_config(None, overrides(*extra))
+    with pytest.raises(ConfigError, match=message):
+        check_distributed(config, FakeRanks(0, 4))
+    check_distributed(config, FakeRanks(0, 1, mode="none"))  # one process runs it
+
+
+def test_losses_over_global_counts_add_up_to_the_whole_batch_loss():
+    """Two ranks, each with two micro-batches: per-token losses l, masks m. Token-mean over
+    the step is sum(m * l) / T with T the tokens of all ranks; each micro-batch divides by
+    T, so the four parts sum to the whole batch's loss (computed here by hand)."""
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [0.5, 0.5, 0.5], [2.0, 0.0, 8.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 1]], dtype=torch.bool)
+    tokens = 7  # counted: 2 + 1 + 3 + 1
+    by_hand = (1 + 2 + 4 + 1.5 + 8) / tokens
+    parts = [agg_loss(loss[i : i + 1], mask[i : i + 1], global_tokens=tokens) for i in range(4)]
+    assert float(sum(parts)) == pytest.approx(by_hand)
+    seqs = 4  # seq-mean-token-mean: mean over the 4 sequences of each one's token mean
+    by_hand_seq = ((1 + 2) / 2 + 4 + 1.5 / 3 + 8) / seqs
+    parts = [
+        agg_loss(loss[i : i + 1], mask[i : i + 1], "seq-mean-token-mean", global_seqs=seqs)
+        for i in range(4)
+    ]
+    assert float(sum(parts)) == pytest.approx(by_hand_seq)
+
+
+def test_under_torchrun_a_micro_batch_is_one_forward_whatever_its_lengths():
+    """Length buckets would give a rank a data-dependent number of forwards (each one a
+    collective under DDP/FSDP2): with ``by_length=False`` a micro-batch stays one forward.
+    Here 8 short groups and one long group, where buckets pay (the first split is checked)."""
+    from ardea.data import TrajectoryBatch
+    from ardea.trainer.rl_step import split_updates
+
+    lengths = [4] * 64 + [200] * 8  # 9 groups of 8 rows: padding dominates one forward
+    mask = torch.tensor([[1] * n + [0] * (200 - n) for n in lengths])
+    batch = TrajectoryBatch.from_tensors(
+        torch.ones(72, 200, dtype=torch.long),
+        mask,
+        mask.bool(),
+        group_ids=torch.arange(72) // 8,
+    )
+    split = dict(epochs=1, mini_batches=1, micro_batches=1, generator=torch.Generator())
+    assert len(split_updates(batch, **split)[0]) > 1  # one process: buckets
+    (update,) = split_updates(batch, **split, by_length=False)
+    assert len(update) == 1 and update[0].rows == 72
