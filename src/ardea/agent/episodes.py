@@ -115,10 +115,16 @@ class EpisodeRunner:
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,
         group_size: int | None = None,
+        first_prompt: int = 0,
     ) -> Episodes:
-        """Play ``group_size`` episodes of every row (module docstring)."""
+        """Play ``group_size`` episodes of every row (module docstring). ``first_prompt``:
+        the index of ``examples[0]`` in a rollout split over processes; it enters the turn
+        seeds, so each slice samples its own episodes (reproducibly, but not the episodes
+        one process playing every row would sample)."""
         start = time.perf_counter()
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
+        if first_prompt:
+            indices = (*indices, first_prompt)
         client = RecordingClient(engine or self.engine, self.tokenizer, history=self.history)
         episodes = []
         for group, row in enumerate(examples):
