@@ -70,21 +70,22 @@ class GuessNumber(Environment):
 
     def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
         """An imperfect player: every guess is consistent with the feedback so far; it is
-        the first quarter point of what is left (``low + (high - low) // 4``) 70 % of the
-        time and the midpoint otherwise. Its most likely move is thus the quarter point
-        (62.5 % of the 1..16 games won in 4 guesses, against 93.75 % for bisection), so a
-        model imitating it leaves RL room to improve, and it has seen the better move."""
+        the lowest number still possible (a linear search) half of the time and the
+        midpoint otherwise, for at most ``max_turns`` guesses. It wins 65/128 = 50.8 % of
+        the 1..16 games in 4 guesses (bisection: 93.75 %), and each choice matters: a first
+        guess at the midpoint is worth 0.656 against 0.359 for the lowest number, so RL has
+        a clear move to prefer, one the model has seen."""
         messages = self.reset(row)
         low, high = 1, self.high
-        while True:
-            quarter = rng.random() < 0.7
-            guess = low + (high - low) // 4 if quarter else (low + high) // 2
+        for turn in range(self.max_turns):
+            guess = (low + high) // 2 if rng.random() < 0.5 else low
             messages.append({"role": "assistant", "content": str(guess)})
             observation, _, done, _ = self.step(str(guess))
-            if done:
-                return messages
+            if done or turn == self.max_turns - 1:
+                break
             messages += observation
             low, high = (guess + 1, high) if guess < self.target else (low, guess - 1)
+        return messages
 
 
 def calculate(expression: str) -> int:
