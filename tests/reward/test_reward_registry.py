@@ -44,7 +44,9 @@ def test_builtins_are_registered():
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown reward function 'exact'; known: exact_match, "):
+    with pytest.raises(
+        ConfigError, match="unknown reward function 'exact'; known reward functions: exact_match, "
+    ):
         get_reward("exact")
     with pytest.raises(ConfigError, match="dotted path"):
         get_reward("nope")
@@ -89,4 +91,4 @@ def test_register_reward_decorator_and_duplicates():
         with pytest.raises(ValueError, match="already registered"):
             register_reward(name)(constant)
     finally:
-        registry_module._REWARDS.pop(name, None)
+        registry_module.REWARDS.unregister(name)

@@ -20,7 +20,7 @@ ONLINE = ["algo.name=online_grpo"]
         (["data.task_args.digits=12"], r"data\.task_args\.digits=12 must be an integer"),
         (
             ["reward.functions=[{name: nosuch}]"],
-            r"reward\.functions\[0\]: unknown reward function 'nosuch'; known: exact_match, ",
+            r"reward\.functions\[0\]: unknown reward function 'nosuch'; known reward functions: exact_match, ",
         ),
         (
             [*ONLINE, "reward.functions=[{name: task}, {name: format_regex}]"],

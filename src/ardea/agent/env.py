@@ -21,7 +21,6 @@ the known ones; unknown constructor options are errors.
 from __future__ import annotations
 
 import abc
-import importlib
 import inspect
 import random
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any, NamedTuple
 
 from ardea.agent.tools import ToolBox, parse_tool_calls
 from ardea.errors import ConfigError
+from ardea.registry import Registry, subclass_check
 
 Message = dict[str, Any]
 
@@ -94,36 +94,22 @@ class Environment(abc.ABC):
 
 
 EnvClass = type[Environment]
-ENVIRONMENTS: dict[str, EnvClass] = {}
+ENVIRONMENTS: Registry[EnvClass] = Registry(
+    "environment",
+    "environments",
+    field="agent.env",
+    check=subclass_check(Environment, "ardea.agent.Environment"),
+)
 
 
 def register_env(name: str) -> Callable[[EnvClass], EnvClass]:
     """Class decorator registering an environment as ``agent.env=<name>``."""
-
-    def decorate(cls: EnvClass) -> EnvClass:
-        if name in ENVIRONMENTS:
-            raise ValueError(f"environment {name!r} is already registered")
-        ENVIRONMENTS[name] = cls
-        return cls
-
-    return decorate
+    return ENVIRONMENTS.register(name)
 
 
 def env_class(name: str) -> EnvClass:
     """The environment class ``name``: a registered name or a dotted path to a class."""
-    if name in ENVIRONMENTS:
-        return ENVIRONMENTS[name]
-    module, _, attr = name.rpartition(".")
-    if module:
-        try:
-            cls = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"agent.env={name!r} cannot be imported: {exc}") from exc
-        if not (inspect.isclass(cls) and issubclass(cls, Environment)):
-            raise ConfigError(f"agent.env={name!r} is not an ardea.agent.Environment subclass")
-        return cls
-    known = ", ".join(sorted(ENVIRONMENTS))
-    raise ConfigError(f"unknown environment agent.env={name!r}; known environments: {known}")
+    return ENVIRONMENTS.get(name)
 
 
 def check_env_args(name: str, env_args: dict[str, Any]) -> None:

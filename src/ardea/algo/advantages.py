@@ -32,7 +32,6 @@ group std is the population std (``unbiased=False``), as in the seed's GRPO.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -42,6 +41,7 @@ from torch import Tensor
 
 from ardea.algo.gae import compute_token_level_gae, compute_turn_level_gae
 from ardea.algo.normalize import NORM_EPS, group_stats, masked_whiten
+from ardea.registry import Registry, callable_check
 
 
 @dataclass(frozen=True)
@@ -96,42 +96,24 @@ class AdvantageOutputs(NamedTuple):
 
 
 AdvantageEstimator = Callable[[AdvantageInputs], AdvantageOutputs]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", "estimators", check=callable_check
+)
 
 
 def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator registering ``fn(inputs: AdvantageInputs) -> AdvantageOutputs`` as ``name``."""
-
-    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return ADVANTAGE_ESTIMATORS.register(name)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """Look up a registered estimator, or import ``package.module.function`` by dotted path.
+    """A registered estimator, or the function at dotted path ``package.module.function``.
 
     Raises:
-        ValueError: unknown name; the message lists the registered ones.
+        ConfigError (a ValueError): an unknown name (the message lists the registered
+            ones) or a path that does not import.
     """
-    if name in ADVANTAGE_ESTIMATORS:
-        return ADVANTAGE_ESTIMATORS[name]
-    module_name, _, attr = name.rpartition(".")
-    if module_name:
-        try:
-            fn = getattr(importlib.import_module(module_name), attr, None)
-        except ImportError:
-            fn = None
-        if callable(fn):
-            return fn
-    known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-    raise ValueError(
-        f"unknown advantage estimator {name!r}; known estimators: {known} "
-        "(or a dotted path package.module.function)"
-    )
+    return ADVANTAGE_ESTIMATORS.get(name)
 
 
 def _broadcast(per_traj: Tensor, mask: Tensor) -> Tensor:

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ardea.algo._checks import as_mask, check_finite, check_float, check_shape
 from ardea.algo.agg import agg_loss, masked_mean
+from ardea.registry import Registry, callable_check
 
 LOG_RATIO_CLAMP = 20.0
 Metrics = dict[str, Tensor]
@@ -276,7 +277,7 @@ def gspo_policy_loss(
 
 
 PolicyLoss = Callable[..., tuple[Tensor, Metrics]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "policy losses", check=callable_check)
 _UNSUPPORTED: dict[str, tuple[str, ...]] = {}  # options an entry does not take
 _DECOUPLED: set[str] = set()  # entries whose old_logprobs are proximal, with behav_logprobs
 
@@ -294,9 +295,7 @@ def register_policy_loss(
     """
 
     def decorator(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES.register(name)(fn)
         _UNSUPPORTED[name] = tuple(unsupported)
         if decoupled:
             _DECOUPLED.add(name)
@@ -306,12 +305,9 @@ def register_policy_loss(
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    """The registered policy loss ``name``; an unknown name lists the known ones."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(
-            f"unknown policy loss {name!r}; known policy losses: {', '.join(sorted(POLICY_LOSSES))}"
-        )
-    return POLICY_LOSSES[name]
+    """The registered policy loss ``name``, or the function at a dotted path (a user's
+    loss takes every option, and is not decoupled); an unknown name lists the known ones."""
+    return POLICY_LOSSES.get(name)
 
 
 def is_decoupled(name: str) -> bool:
@@ -324,7 +320,7 @@ def check_policy_loss_options(name: str, **options: object) -> None:
     """Raise ValueError when an option ``name`` does not take is set (not None), or a
     decoupled loss gets no ``behav_logprobs``."""
     get_policy_loss(name)
-    given = [key for key in _UNSUPPORTED[name] if options.get(key) is not None]
+    given = [key for key in _UNSUPPORTED.get(name, ()) if options.get(key) is not None]
     if given:
         raise ValueError(f"policy loss {name!r} does not support {', '.join(given)}")
     if name in _DECOUPLED and options.get("behav_logprobs", True) is None:

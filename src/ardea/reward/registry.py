@@ -18,16 +18,18 @@ to user code.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ardea.errors import ConfigError
+from ardea.registry import Registry, callable_check
 
 RewardFn = Callable[[list[str], list[str], list[dict]], list]
 
-_REWARDS: dict[str, Callable[..., list]] = {}
+REWARDS: Registry[Callable[..., list]] = Registry(
+    "reward function", "reward functions", check=callable_check
+)
 _CHECKS: dict[str, Callable[..., None]] = {}
 
 
@@ -41,9 +43,7 @@ def register_reward(
     """
 
     def decorate(fn: Callable[..., list]) -> Callable[..., list]:
-        if name in _REWARDS:
-            raise ValueError(f"reward function {name!r} is already registered")
-        _REWARDS[name] = fn
+        REWARDS.register(name)(fn)
         if check is not None:
             _CHECKS[name] = check
         return fn
@@ -52,39 +52,12 @@ def register_reward(
 
 
 def reward_names() -> list[str]:
-    return sorted(_REWARDS)
-
-
-def _import_path(path: str) -> Callable[..., list]:
-    module_name, _, attr = path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or anything the user's module raises on import
-        raise ConfigError(
-            f"reward function {path!r}: cannot import module {module_name!r} "
-            f"({type(err).__name__}: {err})"
-        ) from err
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise ConfigError(f"reward function {path!r}: module {module_name!r} has no {attr!r}")
-    if not callable(fn):
-        raise ConfigError(f"reward function {path!r} is a {type(fn).__name__}, not a function")
-    return fn
+    return REWARDS.names()
 
 
 def get_reward(name: str) -> Callable[..., list]:
     """The registered function ``name``, or the function at dotted path ``name``."""
-    if not isinstance(name, str):
-        raise ConfigError(f"a reward function is named by a string, got {name!r}")
-    if name in _REWARDS:
-        return _REWARDS[name]
-    module_name, _, attr = name.rpartition(".")
-    if module_name and attr:
-        return _import_path(name)
-    raise ConfigError(
-        f"unknown reward function {name!r}; known: {', '.join(reward_names())}; "
-        "or give a dotted path package.module.function"
-    )
+    return REWARDS.get(name)
 
 
 def _options(name: str, fn: Callable[..., list]) -> tuple[list[str], list[str], bool] | None:

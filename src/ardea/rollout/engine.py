@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from ardea.config.fields import check_temperature
-from ardea.errors import ConfigError
+from ardea.registry import Registry, callable_check
 
 FinishReason = Literal["stop", "length"]
 
@@ -196,7 +196,9 @@ def check_state_dict(
 
 
 EngineFactory = Callable[..., GenerationEngine]
-ENGINES: dict[str, EngineFactory] = {}
+ENGINES: Registry[EngineFactory] = Registry(
+    "generation engine", "engines", field="rollout.engine", check=callable_check
+)
 
 
 def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
@@ -205,24 +207,13 @@ def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
     its own copy of the weights (e.g. for generating in a background thread while the model
     trains); ``precision`` (:class:`ardea.model.Precision` or None) is the autocast its
     forwards run under."""
-
-    def decorate(factory: EngineFactory) -> EngineFactory:
-        if name in ENGINES:
-            raise ValueError(f"generation engine {name!r} is already registered")
-        ENGINES[name] = factory
-        return factory
-
-    return decorate
+    return ENGINES.register(name)
 
 
 def engine_factory(name: str) -> EngineFactory:
-    """The registered engine factory ``name``; an unknown name lists the known ones."""
-    if name not in ENGINES:
-        raise ConfigError(
-            f"unknown generation engine rollout.engine={name!r}; known engines: "
-            f"{', '.join(sorted(ENGINES))}"
-        )
-    return ENGINES[name]
+    """The engine factory ``name`` (registered, or a dotted path to your own); an unknown
+    name lists the known ones."""
+    return ENGINES.get(name)
 
 
 def make_engine(

@@ -3,8 +3,9 @@
 A task generates problems with verifiable answers: ``examples(split, n)`` returns
 ``n`` deterministic :class:`Example`s of the ``train`` or ``test`` split (the two are
 disjoint), and ``score(completion, example)`` says whether a completion solves one.
-Tasks are created by registered name with explicit keyword arguments; an unknown
-name or argument is an error that lists the allowed ones.
+Tasks are created by registered name (or the dotted path of a :class:`Task` subclass) with
+explicit keyword arguments; an unknown name or argument is an error that lists the allowed
+ones.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ardea.errors import ConfigError
+from ardea.registry import Registry, subclass_check
 
 SPLITS = ("train", "test")
 
@@ -43,33 +45,30 @@ class Task(ABC):
         """1.0 when ``completion`` answers ``example`` correctly, else 0.0."""
 
 
-_TASKS: dict[str, type[Task]] = {}
+TASKS: Registry[type[Task]] = Registry(
+    "task", "tasks", field="data.task", check=subclass_check(Task, "ardea.data.Task")
+)
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     """Class decorator: make a :class:`Task` available as ``data.task=<name>``."""
 
     def decorate(cls: type[Task]) -> type[Task]:
-        if name in _TASKS:
-            raise ValueError(f"task {name!r} is already registered by {_TASKS[name].__name__}")
+        TASKS.register(name)(cls)
         cls.name = name
-        _TASKS[name] = cls
         return cls
 
     return decorate
 
 
 def task_names() -> list[str]:
-    return sorted(_TASKS)
+    return TASKS.names()
 
 
 def task_class(name: str) -> type[Task]:
-    """The task class registered as ``name``."""
-    if name not in _TASKS:
-        raise ConfigError(
-            f"unknown task data.task={name!r}; known tasks: {', '.join(task_names())}"
-        )
-    return _TASKS[name]
+    """The task class registered as ``name``, or the :class:`Task` subclass at dotted path
+    ``name``."""
+    return TASKS.get(name)
 
 
 def make_task(name: str, *, seed: int = 0, **kwargs: Any) -> Task:

@@ -27,6 +27,7 @@ from ardea.config import ArdeaConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
+from ardea.registry import Registry, subclass_check
 
 SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
 
@@ -187,35 +188,31 @@ class OnlineStrategy(Strategy):
         ).logprobs
 
 
-_STRATEGIES: dict[str, type[Strategy]] = {}
+def _check_strategy(name: str, cls: object) -> None:
+    subclass_check(Strategy, "ardea.trainer.Strategy")(name, cls)
+    kind = getattr(cls, "sample_kind", None)
+    if kind not in SAMPLE_KINDS:
+        raise ConfigError(f"strategy {name!r}: sample_kind={kind!r} not in {SAMPLE_KINDS}")
+
+
+STRATEGIES: Registry[type[Strategy]] = Registry(
+    "strategy", "strategies", field="algo.name", check=_check_strategy
+)
 
 
 def register_strategy(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
     """Class decorator: make a :class:`Strategy` available as ``algo.name=<name>``."""
-
-    def decorate(cls: type[Strategy]) -> type[Strategy]:
-        if name in _STRATEGIES:
-            raise ValueError(f"strategy {name!r} is already registered")
-        if cls.sample_kind not in SAMPLE_KINDS:
-            raise ValueError(
-                f"{cls.__name__}.sample_kind={cls.sample_kind!r} not in {SAMPLE_KINDS}"
-            )
-        _STRATEGIES[name] = cls
-        return cls
-
-    return decorate
+    return STRATEGIES.register(name)
 
 
 def strategy_names() -> list[str]:
-    return sorted(_STRATEGIES)
+    return STRATEGIES.names()
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    if name not in _STRATEGIES:
-        raise ConfigError(
-            f"unknown strategy algo.name={name!r}; known strategies: {', '.join(strategy_names())}"
-        )
-    return _STRATEGIES[name]
+    """The strategy registered as ``name``, or the :class:`Strategy` subclass at dotted
+    path ``name``."""
+    return STRATEGIES.get(name)
 
 
 def make_strategy(
