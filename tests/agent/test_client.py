@@ -170,8 +170,44 @@ def test_unsupported_options_are_errors(engine, tokenizer):
     msg = [{"role": "user", "content": "hi"}]
     with pytest.raises(TypeError, match="frequency_penalty"):
         client.chat.completions.create(messages=msg, frequency_penalty=0.5)
-    with pytest.raises(ValueError, match="stream"):
-        client.chat.completions.create(messages=msg, stream=True)
+    with pytest.raises(ValueError, match="stream_options is only allowed with stream=True"):
+        client.chat.completions.create(messages=msg, stream_options={"include_usage": True})
+    with pytest.raises(ValueError, match=r"unsupported key\(s\) \['continuous_usage'\]"):
+        client.chat.completions.create(
+            messages=msg, stream=True, stream_options={"continuous_usage": True}
+        )
+
+
+def test_streaming_sends_the_recorded_reply_as_chunks(tokenizer):
+    """stream=True: the reply's content, tool call and log-probs in one delta, then the
+    finish reason, then (include_usage) the usage; the call is recorded as without it."""
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+    client = RecordingClient(ScriptedEngine(tokenizer, [f"ok{call}"]), tokenizer)
+    stream = client.chat.completions.create(
+        messages=[{"role": "user", "content": "what is 2 plus 3?"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=True,
+        user="agent-7",
+    )
+    with stream:
+        chunks = list(stream)
+    (recorded,) = client.interactions
+    assert [c.id for c in chunks] == [recorded.id] * 3
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    delta = chunks[0].choices[0].delta
+    assert (delta.role, delta.content) == ("assistant", "ok")
+    (tool,) = delta.tool_calls
+    assert (tool.index, tool.function.name) == (0, "calculator")
+    assert tool.function.arguments == '{"expression": "2+3"}'
+    # "ok" + the call + <|im_end|>: one character token each, every one at log-prob -0.5
+    assert [t.logprob for t in chunks[0].choices[0].logprobs.content] == [-0.5] * (len(call) + 3)
+    assert chunks[0].choices[0].finish_reason is None
+    assert chunks[1].choices[0].finish_reason == "tool_calls"
+    assert chunks[2].choices == [] and chunks[2].usage.completion_tokens == len(call) + 3
+    assert chunks[2].usage.prompt_tokens == len(recorded.input_ids)
+    assert chunks[0].usage is None and chunks[1].usage is None
+    assert recorded.info["user"] == "agent-7"
 
 
 def test_conversations_with_equal_histories_stay_apart(tokenizer):

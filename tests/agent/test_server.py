@@ -64,3 +64,30 @@ def test_bad_requests_are_400s_naming_the_problem(served):
         api.chat.completions.create(
             model="ardea", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0
         )
+
+
+def test_streamed_http_calls_parse_with_the_openai_client(served, tokenizer):
+    """stream=True over HTTP: the openai client parses the server-sent events; the text and
+    log-probs it assembles are the recorded call's, and the continuation of a streamed reply
+    is appended to its tokens like any other."""
+    client, api = served
+    messages = [{"role": "user", "content": "guess 1-8"}]
+    stream = api.chat.completions.create(
+        model="any", messages=messages, stream=True, stream_options={"include_usage": True},
+        logprobs=True, seed=5,
+    )  # fmt: skip
+    chunks = list(stream)
+    (first,) = client.interactions
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.info["reply"]["content"]
+    logprobs = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]  # fmt: skip
+    assert logprobs == first.logprobs
+    assert chunks[-1].usage.total_tokens == len(first.input_ids) + len(first.output_ids)
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "lower"}]
+    api.chat.completions.create(model="any", messages=messages, stream=True)
+    second = client.interactions[1]
+    assert second.parent is first
+    assert second.input_ids[: len(first.input_ids) + len(first.output_ids)] == (
+        first.input_ids + first.output_ids
+    )

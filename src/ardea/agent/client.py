@@ -15,9 +15,15 @@ over HTTP (:mod:`ardea.agent.server`). What it serves:
 - the reply: the generated text with each well-formed ``<tool_call>`` block moved into
   ``message.tool_calls`` (finish reason ``tool_calls``), behaviour log-probs in
   ``choices[0].logprobs`` when ``logprobs=True``;
+- ``stream=True`` (with ``stream_options={"include_usage": True}``): the same reply as
+  ``ChatCompletionChunk``s (:mod:`ardea.agent.streaming`), for agent code that always
+  streams; ``user`` is recorded in the call's ``info``;
 - the record: input ids, output ids, log-probs, the engine's policy version per token,
   stop reason; :meth:`RecordingClient.set_reward` attaches a reward by completion id and
   :meth:`RecordingClient.export` returns the trajectories.
+
+Any other option (``stop``, penalties, ``logit_bias``, ``n`` > 1, ...) is an error naming
+it: the reply would not be what the request asked for.
 
 Batching. Calls made concurrently (threads, the HTTP server's worker threads) are generated
 together: a call waits ``batch_window`` seconds for others, then every waiting call with the
@@ -59,11 +65,13 @@ from ardea.agent.interaction import (
     Interaction,
     export_trajectories,
 )
+from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
 from ardea.agent.tools import TOOL_CALL, parse_tool_calls
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams, stop_token_ids
 
 _OPTIONS = ("model", "tools", "temperature", "top_p", "max_tokens", "max_completion_tokens",
-            "seed", "logprobs", "n", "stream", "tool_choice", "metadata")  # fmt: skip
+            "seed", "logprobs", "n", "stream", "stream_options", "tool_choice", "metadata",
+            "user")  # fmt: skip
 PARENT_KEY = "parent_id"  # metadata={"parent_id": <completion id>}: the call this one continues
 
 
@@ -80,6 +88,9 @@ class ChatRequest:
     params: SamplingParams
     logprobs: bool = False
     model: str = "ardea"
+    stream: bool = False
+    include_usage: bool = False  # stream_options={"include_usage": True}
+    user: str | None = None
     input_ids: list[int] = dataclasses.field(default_factory=list)
     parent: Interaction | None = None
     result: ChatCompletion | BaseException | None = None
@@ -130,8 +141,9 @@ class RecordingClient:
         self.engine_calls = 0
 
     # ------------------------------------------------------------------ the API
-    def create(self, **options: Any) -> ChatCompletion:
-        """``chat.completions.create``: serve one request (batched with concurrent ones)."""
+    def create(self, **options: Any) -> ChatCompletion | ChunkStream:
+        """``chat.completions.create``: serve one request (batched with concurrent ones);
+        with ``stream=True`` the completion comes as chunks (:mod:`ardea.agent.streaming`)."""
         request = self.request(**options)
         with self._cond:
             self._waiting.append(request)
@@ -152,6 +164,9 @@ class RecordingClient:
                     self._cond.notify_all()
         if isinstance(request.result, BaseException):
             raise request.result
+        if request.stream:
+            chunks = completion_chunks(request.result, include_usage=request.include_usage)
+            return ChunkStream(chunks)
         return request.result
 
     def create_many(self, requests: Sequence[ChatRequest]) -> list[ChatCompletion | BaseException]:
@@ -168,8 +183,10 @@ class RecordingClient:
                 f"chat.completions.create() got unsupported option(s) {unknown}; "
                 f"supported: messages, {', '.join(_OPTIONS)}"
             )
-        if options.get("stream"):
-            raise ValueError("stream=True is not supported by ardea's recording client")
+        stream = bool(options.get("stream"))
+        include_usage = check_stream_options(options.get("stream_options"))
+        if options.get("stream_options") is not None and not stream:
+            raise ValueError("stream_options is only allowed with stream=True")
         if options.get("n", 1) != 1:
             raise ValueError(f"n={options['n']!r}: one choice per call (make G calls instead)")
         if not messages:
@@ -189,6 +206,9 @@ class RecordingClient:
             params,
             logprobs=bool(options.get("logprobs")),
             model=str(options.get("model") or "ardea"),
+            stream=stream,
+            include_usage=include_usage,
+            user=options.get("user"),
             parent=self.get(parent_id) if parent_id is not None else None,
         )
 
@@ -307,7 +327,13 @@ class RecordingClient:
             stop_reason=c.finish_reason,
             parent=r.parent,
             id=completion_id,
-            info={"messages": r.messages, "reply": reply, "text": text, "continued": False},
+            info={
+                "messages": r.messages,
+                "reply": reply,
+                "text": text,
+                "continued": False,
+                "user": r.user,
+            },  # fmt: skip
         )
         with self._lock:
             self.interactions.append(call)

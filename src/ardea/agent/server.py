@@ -6,8 +6,9 @@ api_key="-")``) runs unchanged; every call is served and recorded by the wrapped
 :class:`~ardea.agent.client.RecordingClient`, so concurrent HTTP calls are batched like
 in-process ones (FastAPI runs each request in a worker thread). Routes:
 
-- ``POST /v1/chat/completions``: the chat completion (a bad request, e.g. an unsupported
-  option or a rewritten history, is a 400 with the OpenAI error body naming the problem);
+- ``POST /v1/chat/completions``: the chat completion, or with ``stream=True`` its chunks as
+  server-sent events (a bad request, e.g. an unsupported option or a rewritten history, is
+  a 400 with the OpenAI error body naming the problem);
 - ``GET /v1/models``: the one model served (any ``model`` name is accepted);
 - ``POST /v1/rewards`` with ``{"completion_id": ..., "reward": ...}``: attach a reward.
 """
@@ -21,9 +22,10 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ardea.agent.client import RecordingClient
+from ardea.agent.streaming import ChunkStream, server_sent_events
 from ardea.errors import ArdeaError
 
 START_TIMEOUT = 30.0
@@ -36,9 +38,12 @@ def build_app(client: RecordingClient) -> FastAPI:
     @app.post("/v1/chat/completions")
     def chat_completions(body: dict[str, Any]):
         try:
-            return client.create(**body).model_dump(exclude_none=True)
+            result = client.create(**body)
         except (ArdeaError, TypeError, ValueError, KeyError) as exc:
             return _error(str(exc), 400)
+        if isinstance(result, ChunkStream):  # generated already: errors came before this
+            return StreamingResponse(server_sent_events(result), media_type="text/event-stream")
+        return result.model_dump(exclude_none=True)
 
     @app.get("/v1/models")
     def models():
