@@ -29,6 +29,7 @@ def test_every_benchmark_has_a_smoke_test():
     assert SCRIPTS == [
         "bench_agent_gae.py",
         "bench_agent_rollout.py",
+        "bench_compute_dtype.py",
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
         "bench_logprob_memory.py",
@@ -49,6 +50,14 @@ def test_agent_gae_smoke(tmp_path):
     units = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 0 |")]
     assert units == ["token", "turn"]
     assert not (tmp_path / "runs").exists()  # smoke runs leave nothing behind
+
+
+def test_compute_dtype_smoke(tmp_path):
+    out = smoke("bench_compute_dtype.py", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["case"] for r in row["rows"]] == ["matmul n=64", "tiny-model training pass 4x16"]
+    assert all(r["fp32"] > 0 and r["bf16"] > 0 for r in row["rows"])
+    assert row["auto"] == ("torch.bfloat16" if row["flags"]["amx_tiles"] else "torch.float32")
 
 
 def test_gae_smoke(tmp_path):

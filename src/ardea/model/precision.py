@@ -3,9 +3,11 @@ generation) run under ``torch.autocast`` in the compute dtype (``model.compute_d
 
 ``auto`` picks bfloat16 where the hardware runs it fast and float32 elsewhere:
 
-- CPU: bfloat16 when the CPU has AVX-512 BF16 or AMX tiles (oneDNN then multiplies bf16
-  matrices several times faster than fp32; measured in ``benchmarks/README.md``), float32
-  otherwise (without them bf16 matmuls are emulated and slower than fp32);
+- CPU: bfloat16 when the CPU has AMX tiles (oneDNN then multiplies bf16 matrices several
+  times faster than fp32; measured in ``benchmarks/README.md``), float32 otherwise: with
+  AVX-512 BF16 alone bf16 matmuls ran 1.6–4.9x slower than fp32 and a training pass of the
+  tiny model 1.25x slower (``benchmarks/bench_compute_dtype.py``), and without either bf16
+  is emulated;
 - CUDA: bfloat16 when the GPU supports it (Ampere and newer), else float32.
 
 Under autocast the logits come out of the LM head in the compute dtype; log-probs, entropies
@@ -40,8 +42,7 @@ def fast_bfloat16(device: torch.device) -> bool:
     if device.type == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if device.type == "cpu":
-        cpu = torch.cpu
-        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+        return bool(torch.cpu._is_amx_tile_supported())
     return False
 
 
