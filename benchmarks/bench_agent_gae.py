@@ -9,8 +9,9 @@ For each seed the config's SFT stage runs once; its policy starts two RL runs th
 only in ``algo.ppo.gae_timestep_unit`` (``token``: one GAE step per generated token;
 ``turn``: one per assistant turn, the critic's value taken at each turn's first token),
 with the config's λ (VAPO's length-adaptive λ = 1 − 1/(α·L), L the token or turn count).
-Reported: held-out success rate (one greedy game per target) before and after RL, and the
-training wall time of each arm. The verdict says which unit won on the mean over seeds;
+Reported: held-out success rate (the config's evaluation: ``agent.eval_episodes`` sampled
+games per target, the same seed for both arms) before and after RL, and the training wall
+time of each arm. The verdict says which unit won on the mean over seeds;
 a tie is reported as such. Runs write under ``--workdir`` (a temporary directory by
 default, removed afterwards).
 """
