@@ -7,7 +7,7 @@ Two measurements, each alternating fp32 and bf16 over ``--repeats`` rounds (best
 each side is reported):
 
 - square ``torch.matmul`` at n = 64, 256, 1024 in float32 and in bfloat16 (GFLOP/s, 2n³
-  FLOPs per product);
+  FLOPs per product; the GRPO comparison's ``matmul_peak``: 3 products per timing);
 - a training pass (forward, backward, AdamW step) of the default recipe's tiny model
   (ardea's character tokenizer, hidden 64, 2 layers: what ``ardea train`` trains) on a
   batch of 64 × 48 tokens, fp32 parameters, plain or under ``torch.autocast("cpu",
@@ -25,17 +25,9 @@ import json
 import time
 
 import torch
+from grpo_workload import matmul_peak
 
 from ardea.model import Precision, build_char_tokenizer, build_tiny_model
-
-
-def matmul_seconds(dtype: torch.dtype, n: int) -> float:
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    reps = max(3, int(5e7 / n**3))
-    start = time.perf_counter()
-    for _ in range(reps):
-        torch.matmul(a, b)
-    return (time.perf_counter() - start) / reps
 
 
 def training_pass(bf16: bool, batch: int, seq: int):
@@ -63,13 +55,10 @@ def training_pass(bf16: bool, batch: int, seq: int):
     return run
 
 
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def seconds_of(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -89,11 +78,11 @@ def main() -> None:
     auto = Precision.resolve("auto", torch.device("cpu"), torch.float32).compute
     rows = []
     for n in sizes:
-        seconds = {"fp32": float("inf"), "bf16": float("inf")}
+        gflops = {"fp32": 0.0, "bf16": 0.0}
         for _ in range(repeats):
             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-                seconds[name] = min(seconds[name], matmul_seconds(dtype, n))
-        gflops = {k: 2 * n**3 / v / 1e9 for k, v in seconds.items()}
+                gflops[name] = max(gflops[name], matmul_peak(dtype, n, repeats=1))
+        seconds = {k: 2 * n**3 / v / 1e9 for k, v in gflops.items()}
         rows.append({"case": f"matmul n={n}", **seconds, "gflops": gflops})
     passes = {"fp32": training_pass(False, batch, seq), "bf16": training_pass(True, batch, seq)}
     for run in passes.values():
@@ -101,7 +90,7 @@ def main() -> None:
     seconds = {"fp32": float("inf"), "bf16": float("inf")}
     for _ in range(repeats):
         for name, run in passes.items():
-            seconds[name] = min(seconds[name], best(run, 1))
+            seconds[name] = min(seconds[name], seconds_of(run))
     rows.append({"case": f"tiny-model training pass {batch}x{seq}", **seconds})
     print(json.dumps({"flags": flags, "auto": str(auto), "threads": args.threads, "rows": rows}))
     print(f"CPU: AMX tiles {flags['amx_tiles']}, AVX-512 BF16 {flags['avx512_bf16']}; "

@@ -70,16 +70,23 @@ import dataclasses
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import transformers
+from grpo_workload import (
+    SMOKE,
+    Workload,
+    matmul_peak,
+    realistic_inputs,
+    run_offline,
+    step_flops,
+    write_inputs,
+)
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "trl_grpo_worker.py"
@@ -93,123 +100,6 @@ CASES = {
     "bf16": {"beta": 0.0, "bf16": True, "ardea_compute": "bfloat16", "realistic": False},
     "realistic": {"beta": 0.0, "bf16": False, "ardea_compute": "float32", "realistic": True},
 }
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """Model shape, batch and run lengths (module docstring)."""
-
-    hidden: int = 256
-    intermediate: int = 768
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
-    prompts: int = 8
-    group: int = 8
-    new_tokens: int = 64
-    lr: float = 1e-5
-    warmup: int = 2
-    steps: int = 5
-    repeats: int = 3
-    dataset: int = 256
-
-
-SMOKE = Workload(
-    hidden=32, intermediate=64, layers=2, heads=2, kv_heads=1, prompts=2, group=2,
-    new_tokens=8, warmup=1, steps=1, repeats=1, dataset=16,
-)  # fmt: skip
-
-
-# ------------------------------------------------------------------ inputs
-def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
-    """The model + tokenizer directory and the prompt JSONL; returns them and the shape
-    figures the FLOP count needs."""
-    from ardea.model import build_char_tokenizer, build_tiny_model
-
-    transformers.utils.logging.disable_progress_bar()
-    tokenizer = build_char_tokenizer(model_max_length=128)
-    model = build_tiny_model(
-        tokenizer, hidden_size=work.hidden, num_layers=work.layers, num_heads=work.heads,
-        num_kv_heads=work.kv_heads, intermediate_size=work.intermediate,
-        max_position_embeddings=128, tie_word_embeddings=True, seed=0,
-    )  # fmt: skip
-    model_dir = root / "model"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    rng = random.Random(0)
-    data = root / "prompts.jsonl"
-    with data.open("w", encoding="utf-8") as handle:
-        for _ in range(work.dataset):
-            a, b = rng.randint(10, 99), rng.randint(10, 99)
-            handle.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-    shape = {
-        "vocab": model.config.vocab_size,
-        "prompt_tokens": len(tokenizer("10+10=", add_special_tokens=False)["input_ids"]),
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }
-    return model_dir, data, shape
-
-
-def realistic_inputs(work: Workload, root: Path, threads: int, sft: Path | None, smoke: bool):
-    """The realistic case's model and prompts: the default recipe's SFT checkpoint (its
-    ``sft`` stage run here through ``ardea train`` unless ``sft`` names one) and 3-digit
-    additions of the recipe's task, ``{"prompt": "347+589=", "answer": "936"}``."""
-    from omegaconf import OmegaConf
-
-    from ardea.config.loader import DEFAULT_RECIPE
-    from ardea.data.tasks import make_task
-
-    recipe = OmegaConf.load(DEFAULT_RECIPE)
-    if sft is None:
-        stage = OmegaConf.merge({k: v for k, v in recipe.items() if k != "stages"},
-                                recipe.stages.sft)  # fmt: skip
-        run_dir = root / "recipe-sft"
-        stage.trainer.output_dir = str(run_dir)
-        stage.trainer.num_threads = threads
-        stage.logging = {"progress": False, "tensorboard": False}
-        if smoke:  # seconds: a tiny model, a few steps
-            stage.trainer.max_steps = 4
-            stage.model = {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}
-        path = root / "recipe-sft.yaml"
-        OmegaConf.save(stage, path)
-        ardea = Path(sys.executable).parent / "ardea"
-        _run([str(ardea), "train", str(path)], "ardea train (the default recipe's SFT stage)")
-        sft = sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "policy"
-    task = make_task(recipe.data.task, **recipe.data.task_args)
-    data = root / "realistic-prompts.jsonl"
-    with data.open("w", encoding="utf-8") as handle:
-        for example in task.examples("train", work.dataset):
-            handle.write(json.dumps({"prompt": example.prompt, "answer": example.answer}) + "\n")
-    return sft, data
-
-
-def step_flops(work: Workload, shape: dict, *, reference: bool) -> float:
-    """FLOPs of one optimizer step (module docstring)."""
-    h, kv = work.hidden, work.hidden // work.heads * work.kv_heads
-    matmul = work.layers * (2 * h * h + 2 * h * kv + 3 * h * work.intermediate)
-    matmul += shape["vocab"] * h
-
-    def forward(s: int) -> float:
-        return 2.0 * matmul * s + work.layers * 2.0 * h * s * (s + 1)
-
-    seq = shape["prompt_tokens"] + work.new_tokens
-    passes = forward(seq - 1) + (4 if reference else 3) * forward(seq)
-    return work.prompts * work.group * passes
-
-
-def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 5) -> float:
-    """Best GFLOP/s of ``n × n`` ``torch.matmul`` in ``dtype`` (2n³ FLOPs each)."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    torch.matmul(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(3):
-            torch.matmul(a, b)
-        best = min(best, (time.perf_counter() - start) / 3)
-    return 2.0 * n**3 / best / 1e9
 
 
 # ---------------------------------------------------------------- TRL venv
@@ -280,7 +170,7 @@ def run_ardea(config: dict, run_dir: Path, threads: int) -> dict:
     path = run_dir.with_suffix(".yaml")
     path.write_text(json.dumps(config, indent=1))  # JSON is YAML
     ardea = Path(sys.executable).parent / "ardea"
-    _run([str(ardea), "train", str(path)], f"ardea train {path}")
+    run_offline([str(ardea), "train", str(path)], f"ardea train {path}")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     steps = [r for r in map(json.loads, lines) if "train/loss" in r]
     return {
@@ -307,17 +197,9 @@ def run_trl(python: Path, work: Workload, case: str, model_dir, data, run_dir, t
     }  # fmt: skip
     spec_path, out_path = run_dir.with_suffix(".spec.json"), run_dir.with_suffix(".out.json")
     spec_path.write_text(json.dumps(spec))
-    _run([str(python), str(WORKER), str(spec_path), str(out_path)], f"TRL {case}")
+    run_offline([str(python), str(WORKER), str(spec_path), str(out_path)], f"TRL {case}")
     result = json.loads(out_path.read_text())
     return {"ends": result["step_end"], "versions": result["versions"]}
-
-
-def _run(command: list[str], what: str) -> None:
-    env = {**os.environ, **OFFLINE}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr)[-3000:]
-        raise SystemExit(f"{what} failed with status {done.returncode}:\n{tail}")
 
 
 def measured(ends: list[float], warmup: int) -> list[float]:

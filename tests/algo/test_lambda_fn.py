@@ -139,7 +139,8 @@ def test_resolve_numbers_paths_and_callables():
         (1.5, r"\[0, 1\]"),
         ("nomodule", "dotted path"),
         ("ardea.no_such_module.fn", "cannot import"),
-        ("ardea.algo.lambda_fn.no_such_function", "no function"),
+        ("ardea.algo.lambda_fn.no_such_function", "has no 'no_such_function'"),
+        ("ardea.algo.lambda_fn.math", "is a module, not a function"),
         ([0.5], "number or a dotted path"),
     ],
 )

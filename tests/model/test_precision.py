@@ -23,7 +23,7 @@ def test_auto_is_bfloat16_only_where_it_is_fast(monkeypatch, fast, expected):
     [(True, True, True), (True, False, True), (False, True, False), (False, False, False)],
 )
 def test_a_cpu_is_fast_at_bfloat16_only_with_amx_tiles(monkeypatch, amx, avx512_bf16, fast):
-    """AVX-512 BF16 alone does not count: bf16 matmuls measured 1.6-4.9x slower than fp32
+    """AVX-512 BF16 alone does not count: bf16 matmuls measured 1.9-5.5x slower than fp32
     on such a CPU (benchmarks/bench_compute_dtype.py)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)

@@ -333,7 +333,7 @@ class RecordingClient:
                 "text": text,
                 "continued": False,
                 "user": r.user,
-            },  # fmt: skip
+            },
         )
         with self._lock:
             self.interactions.append(call)

@@ -26,7 +26,6 @@ A config's ``gae_lambda`` names a function by dotted path, e.g.
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +34,8 @@ import torch
 from torch import Tensor
 
 from ardea.algo._checks import as_mask, check_tensor
+from ardea.errors import ConfigError
+from ardea.registry import import_dotted
 
 LambdaFn = Callable[..., Tensor]
 CONTEXT_KEYS = ("effective_token_lengths", "turn_counts", "timestep_lengths")
@@ -93,18 +94,9 @@ def relative_position_gae_lambda(context: Mapping[str, Tensor], *, q: float) -> 
 
 
 def _import_dotted(path: str) -> LambdaFn:
-    module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(
-            f"gae_lambda={path!r} must be a number or a dotted path 'package.module.function'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"gae_lambda={path!r}: cannot import module {module_name!r}") from exc
-    fn = getattr(module, attr, None)
+    fn = import_dotted(path, f"gae_lambda={path!r}")
     if not callable(fn):
-        raise ValueError(f"gae_lambda={path!r}: module {module_name!r} has no function {attr!r}")
+        raise ConfigError(f"gae_lambda={path!r} is a {type(fn).__name__}, not a function")
     return fn
 
 

@@ -5,8 +5,8 @@ generation) run under ``torch.autocast`` in the compute dtype (``model.compute_d
 
 - CPU: bfloat16 when the CPU has AMX tiles (oneDNN then multiplies bf16 matrices several
   times faster than fp32; measured in ``benchmarks/README.md``), float32 otherwise: with
-  AVX-512 BF16 alone bf16 matmuls ran 1.6–4.9x slower than fp32 and a training pass of the
-  tiny model 1.25x slower (``benchmarks/bench_compute_dtype.py``), and without either bf16
+  AVX-512 BF16 alone bf16 matmuls ran 1.9–5.5x slower than fp32 and a training pass of the
+  tiny model 1.3x slower (``benchmarks/bench_compute_dtype.py``), and without either bf16
   is emulated;
 - CUDA: bfloat16 when the GPU supports it (Ampere and newer), else float32.
 
