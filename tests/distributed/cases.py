@@ -3,14 +3,17 @@ test process itself (1 process). ``python cases.py PHASE ROOT [MODE ...]``.
 
 Phases:
 
-- ``fresh``: one optimizer step of every strategy (sft and online_ppo in two micro-batches) (``<ROOT>/<world>/<mode>/<algo>``);
-- ``reference``: (1 process) the same one step and an uninterrupted two-step run
-  (``<ROOT>/1/none/<algo>``, ``<ROOT>/1/none/<algo>_two``);
+- ``fresh`` (2 processes) and ``reference`` (1 process): every strategy (sft and online_ppo
+  accumulating two micro-batches) for one optimizer step, sft and online_ppo for two with a
+  checkpoint after each (``<ROOT>/<world>/<mode>/<algo>``);
 - ``forever`` (2 processes): a run that only ends when killed (:func:`forever`);
-- ``resume``: the second step resumed from the other world size's one-step checkpoint:
+- ``resume``: the second step resumed from the other world size's step-1 checkpoint:
   at 2 processes from the one-process run (``<ROOT>/2/<mode>/<algo>_resumed``), in one
   process from the 2-process run of each MODE (``<ROOT>/1/none/<algo>_from_<mode>``).
 
+Every run records what each optimizer step was given (:func:`record_optimizer_steps`):
+the whole parameters before it, their whole gradients (gathered from FSDP2's shards; after
+the all-reduce and clipping) and the optimizer's hyperparameters, in ``<run>/steps.pt``.
 Every run is float32 with a constant learning rate, so a step's weights depend only on
 the global batch and the optimizer state in the checkpoint.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 ALGOS = ("sft", "grpo", "online_grpo", "online_ppo")
@@ -41,7 +45,7 @@ COMMON = [
     "model.num_kv_heads=1",
     "model.intermediate_size=64",
     "trainer.batch_size=4",
-    "trainer.lr=5e-4",  # Adam's first step is ~lr·sign(g): see the tests' docstring
+    "trainer.lr=5e-4",
     "trainer.warmup_steps=0",
     "trainer.lr_schedule=constant",
     "trainer.eval_every=0",
@@ -49,6 +53,7 @@ COMMON = [
     "trainer.num_threads=1",
     "trainer.device=cpu",
     "logging.progress=false",
+    "logging.log_every=1",  # every step's gradient norm before clipping, compared by the tests
     "logging.tensorboard=false",
 ]
 
@@ -104,8 +109,9 @@ def train(
     resume: str = "never",
     extra: tuple[str, ...] = (),
 ) -> None:
-    """Run ``algo``; a resumed run first writes what it loaded to ``<run_dir>/loaded.pt``
-    (whole weights, optimizer and strategy state, gathered as a checkpoint gathers them)."""
+    """Run ``algo``, recording its optimizer steps; a resumed run first writes what it
+    loaded to ``<run_dir>/loaded.pt`` (whole weights, optimizer and strategy state, gathered
+    as a checkpoint gathers them)."""
     import torch
 
     from ardea.config import load_config
@@ -122,11 +128,58 @@ def train(
         }
         if trainer.dist.is_main:
             torch.save(loaded, run_dir / "loaded.pt")
-    trainer.train()
+    with record_optimizer_steps(trainer) as records:
+        trainer.train()
+    if trainer.dist.is_main:
+        torch.save(records, run_dir / "steps.pt")
 
 
-def final_checkpoint(run_dir: Path) -> Path:
-    return sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+def whole(tensor):
+    """A parameter or gradient as one plain CPU tensor (an FSDP2 DTensor is gathered:
+    collective, every rank calls it in the same order)."""
+    full_tensor = getattr(tensor, "full_tensor", None)
+    return (full_tensor() if callable(full_tensor) else tensor).detach().cpu().clone()
+
+
+@contextmanager
+def record_optimizer_steps(trainer):
+    """While open, every optimizer step of ``trainer`` (the policy's, the critic's) appends
+    ``{"module", "step", "params", "grads", "hyper"}`` to the yielded list: its training step
+    (1-based, as checkpoints count), the whole parameters before the step and their
+    gradients by the module's own parameter names (a gradient is None where the optimizer
+    skips the parameter), and per parameter its group's ``lr, betas, eps, weight_decay``."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from ardea.trainer.distributed import unwrap
+
+    names = {}
+    modules = [("policy", trainer.policy)]
+    modules += [("critic", m) for m in trainer.strategy.trained_modules()]
+    for label, module in modules:
+        for name, param in unwrap(module).named_parameters():
+            names[id(param)] = (label, name)
+    records: list[dict] = []
+
+    def before_step(optimizer, args, kwargs):
+        record = {"step": trainer.step + 1, "params": {}, "grads": {}, "hyper": {}}
+        for group in optimizer.param_groups:
+            hyper = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay")}
+            for param in group["params"]:
+                record["module"], name = names[id(param)]
+                record["params"][name] = whole(param)
+                record["grads"][name] = None if param.grad is None else whole(param.grad)
+                record["hyper"][name] = hyper
+        records.append(record)
+
+    handle = register_optimizer_step_pre_hook(before_step)
+    try:
+        yield records
+    finally:
+        handle.remove()
+
+
+def first_checkpoint(run_dir: Path) -> Path:
+    return sorted((run_dir / "checkpoints").glob("step_*"))[0]
 
 
 def main(phases: str, root: Path, modes: list[str]) -> None:
@@ -135,19 +188,16 @@ def main(phases: str, root: Path, modes: list[str]) -> None:
     for phase, mode in ((p, m) for p in phases.split("+") for m in modes):
         for algo in ALGOS:
             here = root / str(world) / mode
-            if phase == "fresh":
-                train(algo, here / algo, mode)
-            elif phase == "reference":
-                train(algo, here / algo, mode)
-                if algo in RESUMED:
-                    train(algo, here / f"{algo}_two", mode, steps=2)
+            if phase in ("fresh", "reference"):
+                steps = 2 if algo in RESUMED else 1
+                train(algo, here / algo, mode, steps=steps, extra=("trainer.save_every=1",))
             elif algo not in RESUMED:
                 continue
             elif phase == "resume" and world > 1:  # from the one-process checkpoint
-                start = final_checkpoint(root / "1" / "none" / algo)
+                start = first_checkpoint(root / "1" / "none" / algo)
                 train(algo, here / f"{algo}_resumed", mode, steps=2, resume=str(start))
             elif phase == "resume":  # one process, from the checkpoint of MODE at 2
-                start = final_checkpoint(root / "2" / mode / algo)
+                start = first_checkpoint(root / "2" / mode / algo)
                 out = root / "1" / "none" / f"{algo}_from_{mode}"
                 train(algo, out, "none", steps=2, resume=str(start))
             else:
