@@ -279,6 +279,12 @@ class TrainerConfig:
     eval_every: int = option(500, "Evaluate every N steps (0 = only at the end).")
     save_every: int = option(1000, "Save a checkpoint every N steps (0 = only at the end).")
     keep_last: int = option(2, "Checkpoints kept on disk (older ones are deleted).")
+    keep_best: bool = option(
+        False,
+        "Also keep the checkpoint of the best evaluation so far in checkpoints/best/ "
+        "(by eval/accuracy, else eval/success_rate, else eval/reward_mean); results.json "
+        "names it (best_checkpoint, best_step) beside the last one (checkpoint).",
+    )
     seed: int = option(0, "Seed for model init, data order and sampling.")
     device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available).")
     num_threads: int = option(0, "CPU threads for torch (0 = torch's default).")

@@ -27,8 +27,13 @@ COMPLETE_MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 
 
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step:07d}"
+BEST_DIR = "best"  # checkpoints/best/: trainer.keep_best's checkpoint (never pruned or resumed)
+
+
+def checkpoint_dir(run_dir: Path, step: int | str) -> Path:
+    """``checkpoints/step_XXXXXXX`` of a step, or ``checkpoints/<name>`` (e.g. BEST_DIR)."""
+    name = step if isinstance(step, str) else f"step_{step:07d}"
+    return Path(run_dir) / "checkpoints" / name
 
 
 def save_checkpoint(
@@ -41,15 +46,18 @@ def save_checkpoint(
     keep_last: int,
     policy_state: dict[str, torch.Tensor] | None = None,
     save_extra: Callable[[Path], None] | None = None,
+    final: Path | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune old ones; return its path.
+    """Write the checkpoint of ``step`` atomically and prune old ones; return its path
+    (``final``: write it there instead of ``checkpoints/step_XXXXXXX``, replacing what is
+    there, e.g. ``checkpoints/best``).
 
     ``policy_state``: the policy's whole weights when its own are shards (gathered by the
     caller). ``save_extra(directory)`` writes further modules (e.g. a PPO critic into
     ``critic/``) before the checkpoint is marked complete. Under torchrun only rank 0 calls
     this (the others wait until it is done), so the temporary directory and rename stay one
     process's."""
-    final = checkpoint_dir(run_dir, step)
+    final = checkpoint_dir(run_dir, step) if final is None else Path(final)
     tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)

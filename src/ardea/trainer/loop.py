@@ -30,7 +30,7 @@ from ardea.model.lora import load_policy_weights
 from ardea.reward import build_scorer
 from ardea.rollout import RolloutRunner, SamplingParams, make_engine
 from ardea.trainer.agent_runs import AgentEvaluation, agent_rows, episode_runner
-from ardea.trainer.checkpoint import checkpoint_dir, load_trainer_state, save_checkpoint
+from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.evaluate import Evaluator, append_samples
@@ -53,6 +53,7 @@ from ardea.trainer.setup import (
 from ardea.trainer.state import restore_rng_state, rng_state
 from ardea.trainer.strategies import strategy_class
 from ardea.trainer.updates import PhaseTimer, Updater, step_throughput
+from ardea.trainer.watch import judge
 
 
 class Trainer:
@@ -117,6 +118,7 @@ class Trainer:
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
+        self.best: dict[str, Any] | None = None  # trainer.keep_best's checkpoint
         self.profile = StepProfile()  # this invocation's steps (like its wall time)
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -189,9 +191,10 @@ class Trainer:
         return reference
 
     # ------------------------------------------------------------ checkpoints
-    def save(self) -> Path:
+    def save(self, *, best: bool = False) -> Path:
         """Write a checkpoint: every rank gathers its shards (collectives), rank 0 writes
-        and renames it into place, the others wait until it has."""
+        and renames it into place, the others wait until it has. ``best``: into
+        ``checkpoints/best/`` (``trainer.keep_best``), replacing the one there."""
         state = {
             "step": self.step,
             "train_seconds": self.train_seconds,
@@ -199,13 +202,14 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
             "history": self.history,
+            "best": self.best,
             "strategy": self.strategy.state_dict(),
             "rollouts": self.rl.state_dict() if self.rl is not None else {},
             "config_yaml": config_to_yaml(self.config),
         }
         policy_state = full_state_dict(self.policy, cpu=True) if self.dist.active else None
         modules = self.strategy.module_states()
-        path = checkpoint_dir(self.run_dir, self.step)
+        path = checkpoint_dir(self.run_dir, BEST_DIR if best else self.step)
         if self.dist.is_main:
             path = save_checkpoint(
                 self.run_dir,
@@ -216,6 +220,7 @@ class Trainer:
                 keep_last=self.config.trainer.keep_last,
                 policy_state=policy_state,
                 save_extra=lambda directory: self.strategy.save_modules(directory, modules),
+                final=path,
             )
         self.dist.after_main()
         return path
@@ -231,6 +236,7 @@ class Trainer:
         self.step = int(state["step"])
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.history = state["history"]
+        self.best = state.get("best")
         self.strategy.load_state_dict(state["strategy"])
         if self.rl is not None:
             self.rl.load_state_dict(state["rollouts"])
@@ -270,11 +276,20 @@ class Trainer:
             return
         if logger is not None:
             logger.log(self.step, metrics)
-        for name, value in metrics.items():
-            self.history.setdefault(name, []).append([self.step, value])
+        for key, value in metrics.items():
+            self.history.setdefault(key, []).append([self.step, value])
         progress.print(
             f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         )
+        verdict = judge(self.history, self.step)
+        if verdict is None:
+            return
+        name, warning, improved = verdict
+        if warning:
+            progress.print(warning)
+        # rank 0's decision: every rank takes part in writing a checkpoint
+        if self.config.trainer.keep_best and self.dist.broadcast(improved):
+            self.best = {"step": self.step, "metric": name, "path": str(self.save(best=True))}
 
     def _check_nonfinite(self) -> None:
         limit = self.config.trainer.max_nonfinite_steps

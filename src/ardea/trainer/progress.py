@@ -63,4 +63,4 @@ class TrainingProgress:
         )
 
     def print(self, message: str) -> None:
-        self._progress.console.print(message)
+        self._progress.console.print(message, soft_wrap=True)  # one line, whatever the width

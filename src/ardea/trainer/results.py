@@ -66,6 +66,12 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
     results["train_seconds"] = round(trainer.train_seconds, 1)
     results["wall_seconds"] = round(wall_seconds, 1)
     results["checkpoint"] = str(Path(checkpoint) / "policy") if checkpoint else None
+    if trainer.best is not None:  # trainer.keep_best
+        name, step = trainer.best["metric"], trainer.best["step"]
+        results["best_checkpoint"] = str(Path(trainer.best["path"]) / "policy")
+        results["best_step"] = step
+        results["best_metric"] = name
+        results["best_value"] = next(v for s, v in trainer.history[name] if s == step)
     results["run_dir"] = str(trainer.run_dir)
     results["profile"] = trainer.profile.summary()
     write_results(trainer.run_dir, results)
