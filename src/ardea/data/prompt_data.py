@@ -21,7 +21,8 @@ or leaves no room for the completion).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import dataclass
 from typing import Any
 
 from ardea.data.chat import as_messages, generation_prompt_ids
@@ -91,4 +92,5 @@ def reward_row(item: RolloutPrompt) -> dict[str, Any]:
     "meta"}``. A fresh dict each call, so a reward function cannot change the dataset."""
     if isinstance(item, PromptSample):
         return dict(item.row)
-    return asdict(item)
+    # not the demonstration: what a demonstrator wrote is SFT's business, not the verifier's
+    return {"prompt": item.prompt, "answer": item.answer, "meta": copy.deepcopy(item.meta)}

@@ -28,7 +28,7 @@ def tokenize_examples(
     samples = []
     for index, example in enumerate(examples):
         prompt = encode_prompt(tokenizer, example.prompt, chat_template=chat_template)
-        answer = encode_answer(tokenizer, example.answer)
+        answer = encode_answer(tokenizer, example.demonstrated)
         if len(prompt) + len(answer) > max_length:
             raise ValueError(
                 f"example {index} has {len(prompt) + len(answer)} tokens, more than the model's "

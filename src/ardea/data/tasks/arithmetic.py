@@ -5,11 +5,20 @@ held-out ``test`` split is a property of the problem itself (a keyed hash of
 ``(a, op, b)`` under the split seed), so train and test never share a problem and the
 test split does not change when the number of training examples does.
 
-With ``reverse`` the answer is written least-significant digit first (``347+589=`` →
-``639``; a sign stays in front: ``12-340=`` → ``-823``). A model that writes left to right
-then produces each digit after the operand digits and the carry it depends on, which makes
-addition learnable by tiny transformers from far fewer examples (Lee et al., "Teaching
-Arithmetic to Small Transformers", ICLR 2024: the "reverse" output format).
+``reverse`` writes every number least-significant digit first, the operands zero-padded to
+``digits`` digits: 347+589=936 becomes ``743+985=`` → ``639``, and 45+985=1030 becomes
+``540+589=`` → ``0301`` (a sign stays in front: ``-823`` is -328). Every answer digit then
+comes after the operand digits and the carry it depends on, at the same distance from them
+whatever its place, which makes addition learnable by tiny transformers from far fewer
+examples and steps (Lee et al., "Teaching Arithmetic to Small Transformers", ICLR 2024,
+section 4: the reversed output; the reversed, aligned operands make each answer digit's
+operands a fixed number of tokens back).
+
+``drop_carry`` models a sloppy demonstrator: each training example whose answer has a digit
+more than the larger operand (a carry out of the top place, e.g. 985+45=1030) has its
+*demonstration* (:attr:`Example.demonstration`, what SFT trains on) written without that
+carry (``030``) with this probability. The answer every reward, score and evaluation checks
+stays the correct one, and the held-out split has no demonstrations.
 """
 
 from __future__ import annotations
@@ -32,7 +41,10 @@ class ArithmeticTask(Task):
         ops: the operators to draw from, a string over ``+-*``.
         test_fraction: share of all problems reserved for the held-out split.
         seed: seed of the split and of the draws.
-        reverse: write the answer's digits least-significant first (347+589= -> 639).
+        reverse: write every number least-significant digit first, operands zero-padded
+            to ``digits`` digits (347+589=936 -> 743+985= -> 639).
+        drop_carry: probability that a training demonstration drops a carry out of the top
+            digit (module docstring); 0 = every demonstration is correct.
     """
 
     def __init__(
@@ -42,6 +54,7 @@ class ArithmeticTask(Task):
         test_fraction: float = 0.1,
         seed: int = 0,
         reverse: bool = False,
+        drop_carry: float = 0.0,
     ) -> None:
         if not isinstance(digits, int) or not 1 <= digits <= 9:
             raise ConfigError(f"data.task_args.digits={digits!r} must be an integer in [1, 9]")
@@ -51,8 +64,15 @@ class ArithmeticTask(Task):
             raise ConfigError(f"data.task_args.test_fraction={test_fraction!r} must be in (0, 1)")
         if not isinstance(reverse, bool):
             raise ConfigError(f"data.task_args.reverse={reverse!r} must be true or false")
+        if isinstance(drop_carry, bool) or not isinstance(drop_carry, int | float):
+            raise ConfigError(
+                f"data.task_args.drop_carry={drop_carry!r} must be a number in [0, 1]"
+            )
+        if not 0.0 <= drop_carry <= 1.0:
+            raise ConfigError(f"data.task_args.drop_carry={drop_carry!r} must be in [0, 1]")
         self.digits = digits
         self.reverse = reverse
+        self.drop_carry = float(drop_carry)
         self.ops = "".join(dict.fromkeys(ops))
         self.test_fraction = test_fraction
         self.seed = seed
@@ -78,6 +98,9 @@ class ArithmeticTask(Task):
                 f"has only about {int(capacity)}; lower data.eval_size or raise digits"
             )
         rng = random.Random(f"arithmetic:{self.seed}:{split}")
+        sloppy = random.Random(
+            f"arithmetic:{self.seed}:demonstrator"
+        )  # same problems for any drop_carry
         high = 10**self.digits - 1
         seen: set[tuple[int, str, int]] = set()
         out: list[Example] = []
@@ -91,12 +114,33 @@ class ArithmeticTask(Task):
                     continue
                 seen.add((a, op, b))
             result = OPERATORS[op](a, b)
-            out.append(Example(f"{a}{op}{b}=", self.answer(result), {"a": a, "b": b, "op": op}))
+            demonstration = None
+            if not want_test and self._carries_out(a, b, result):
+                if sloppy.random() < self.drop_carry:  # the top digit left out
+                    demonstration = self.digits_text(str(result)[1:])
+            meta = {"a": a, "b": b, "op": op}
+            out.append(Example(self.prompt(a, op, b), self.number(result), meta, demonstration))
         return out
 
-    def answer(self, result: int) -> str:
-        """``result`` as the task writes it: its digits reversed with ``reverse``."""
-        sign, digits = ("-", str(-result)) if result < 0 else ("", str(result))
+    @staticmethod
+    def _carries_out(a: int, b: int, result: int) -> bool:
+        """Whether ``result`` has a digit more than the larger operand (a carry out of the
+        top place of an addition)."""
+        return result >= 0 and len(str(result)) > len(str(max(a, b)))
+
+    def prompt(self, a: int, op: str, b: int) -> str:
+        """The problem as the task writes it: ``347+589=``, reversed ``743+985=``."""
+        if not self.reverse:
+            return f"{a}{op}{b}="
+        return f"{a:0{self.digits}d}"[::-1] + op + f"{b:0{self.digits}d}"[::-1] + "="
+
+    def number(self, value: int) -> str:
+        """An answer as the task writes it: its digits reversed with ``reverse``."""
+        return self.digits_text(str(value))
+
+    def digits_text(self, text: str) -> str:
+        """A written number ``text`` (digits, maybe after a sign), reversed with ``reverse``."""
+        sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
         return sign + (digits[::-1] if self.reverse else digits)
 
     def score(self, completion: str, example: Example) -> float:

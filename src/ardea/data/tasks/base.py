@@ -24,11 +24,19 @@ SPLITS = ("train", "test")
 
 @dataclass(frozen=True)
 class Example:
-    """One problem: the prompt text, the reference answer text, and extra fields."""
+    """One problem: the prompt text, the reference answer text, extra fields, and the
+    ``demonstration`` SFT trains on when it differs from the answer (a demonstrator's
+    mistake; None: the answer itself). Rewards and evaluation always check ``answer``."""
 
     prompt: str
     answer: str
     meta: dict[str, Any] = field(default_factory=dict)
+    demonstration: str | None = None
+
+    @property
+    def demonstrated(self) -> str:
+        """The text SFT trains on: the demonstration, else the answer."""
+        return self.answer if self.demonstration is None else self.demonstration
 
 
 class Task(ABC):
