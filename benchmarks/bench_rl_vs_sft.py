@@ -15,7 +15,7 @@ Reported per seed and arm: steps, training seconds, held-out exact-match accurac
 the task's held-out split) at the start and the end. The script exits with status 1 when,
 for any seed, the RL arm does not end above every SFT-continued arm.
 
-    python benchmarks/bench_rl_vs_sft.py                      # seeds 0 1 2 (about 20 min per seed on 2 cores)
+    python benchmarks/bench_rl_vs_sft.py                      # seeds 0 1 2 (about 7 min per seed on 2 cores)
     python benchmarks/bench_rl_vs_sft.py --seeds 0 --out /tmp/rl_vs_sft
     python benchmarks/bench_rl_vs_sft.py --smoke      # seconds: seed 0, a few steps, exit 0
 """

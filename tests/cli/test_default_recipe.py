@@ -1,5 +1,6 @@
-"""A shortened default recipe (``ardea train`` without a config: SFT on scarce
-demonstrations, then online GRPO) through the real CLI, then ``ardea eval`` on its run."""
+"""The default recipe (``ardea train`` without a config: SFT on scarce, sloppy
+demonstrations, then online GRPO) with a shortened RL stage, through the real CLI, then
+``ardea eval`` on its run."""
 
 import json
 import re
@@ -11,16 +12,14 @@ from ardea.trainer.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# 2-digit sums: 400 SFT steps reach ~45 % held-out accuracy, and 100 RL steps are enough to
-# see RL's gain (it dips first, then climbs above the SFT policy)
+# the recipe's own SFT stage (1,600 steps: the sloppy demonstrator's ~50 % on every seed the
+# grid measured); 50 RL steps of the 200 are enough to remove most of its mistake (the grid's
+# runs were at 100 % by step 50), evaluated on 200 held-out problems
 SHORT = [
     "data.eval_size=200",
-    "data.task_args.digits=2",
-    "trainer.num_threads=1",
     "logging.progress=false",
-    "stages.sft.trainer.max_steps=400",
-    "stages.rl.trainer.max_steps=100",
-    "stages.rl.trainer.eval_every=50",
+    "stages.rl.trainer.max_steps=50",
+    "stages.rl.trainer.eval_every=25",
 ]
 
 
@@ -34,9 +33,13 @@ def test_shortened_default_recipe(tmp_path):
     stage_seconds = results["sft"]["wall_seconds"] + results["rl"]["wall_seconds"]
     assert results["wall_seconds"] >= stage_seconds - 0.2  # the whole run spans both stages
     assert results["sft"]["strategy"] == "sft" and results["rl"]["strategy"] == "online_grpo"
-    assert results["sft"]["steps"] == 400 and results["rl"]["steps"] == 100
+    assert results["sft"]["steps"] == 1600 and results["rl"]["steps"] == 50
     assert before == results["sft"]["accuracy"]  # RL starts from the SFT stage's final policy
-    assert after > before + 0.03, (before, after)  # RL improved on the SFT policy
+    # SFT imitates a demonstrator who drops the top carry three times in four: it answers
+    # roughly the half of the problems without one; RL on the verifier's reward fixes that
+    assert 0.3 < before < 0.7, before
+    assert after > before + 0.25, (before, after)
+    assert results["rl"]["best_checkpoint"].startswith(str(run_dir / "rl" / "checkpoints" / "best"))
     for stage in ("sft", "rl"):
         for name in ("config.yaml", "metrics.jsonl", "results.json", "report.png"):
             assert (run_dir / stage / name).is_file(), (stage, name)
@@ -44,13 +47,11 @@ def test_shortened_default_recipe(tmp_path):
     losses = [r["train/loss"] for r in sft_records if "train/loss" in r]
     assert losses[-1] < 0.5 * losses[0]  # the SFT stage learned from its demonstrations
     records = read_metrics(run_dir / "rl" / "metrics.jsonl")
-    assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 50, 100]
+    assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 25, 50]
     assert any("rollout/reward_mean" in r and "rollout/accuracy" in r for r in records)
     # `ardea eval` on the run directory evaluates the last stage's final policy: the same
     # greedy answers on the same held-out prompts as the run's own last evaluation
-    evaluated = ardea(
-        "eval", str(run_dir), "data.eval_size=200", "data.task_args.digits=2", cwd=tmp_path
-    ).stdout
+    evaluated = ardea("eval", str(run_dir), "data.eval_size=200", cwd=tmp_path).stdout
     shown = re.search(r"accuracy\s*│\s*([\d.]+)%", evaluated)
     assert shown is not None, evaluated
     assert float(shown.group(1)) / 100 == pytest.approx(after, abs=1e-9)

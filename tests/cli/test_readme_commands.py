@@ -36,6 +36,8 @@ SHORT_STAGES = ["stages.sft.trainer.max_steps=2", "stages.rl.trainer.max_steps=2
 SHORT_EVAL = ["data.eval_size=8"]
 #: a checkpoint of the (full) default recipe's run: stage, step
 CHECKPOINT = re.compile(r"runs/default/(\w+)/checkpoints/step_(\d+)/policy")
+#: a checkpoint of another ready config's run (e.g. runs/sft_arithmetic/...)
+OTHER_RUN = re.compile(r"runs/(?!default/)\w+/checkpoints/step_\d+/policy")
 #: a model directory the README names that this machine does not have
 ELSEWHERE = "/models/Qwen2.5-0.5B-Instruct"
 
@@ -110,6 +112,7 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
     """``command`` as argv, on this machine's models, with the shortening appended."""
     command = command.replace(ELSEWHERE, final_policy(root, "sft"))
     command = CHECKPOINT.sub(lambda m: final_policy(root, m.group(1)), command)
+    command = OTHER_RUN.sub(lambda m: final_policy(root, "sft"), command)
     argv = shlex.split(command, comments=True)[1:]
     if argv == ["train"]:
         return []  # the plain default recipe: the fixture's own run
