@@ -1,5 +1,6 @@
 """PPO (clip-higher, dual-clip), decoupled PPO and GSPO losses."""
 
+import dataclasses
 import math
 
 import pytest
@@ -7,11 +8,15 @@ import torch
 
 from ardea.algo import (
     POLICY_LOSSES,
+    POLICY_OPTIONS,
+    PolicyLoss,
+    PolicyLossInputs,
     decoupled_ppo_policy_loss,
     get_policy_loss,
     gspo_policy_loss,
     ppo_policy_loss,
 )
+from ardea.errors import ConfigError
 
 # ratios 1.5, 0.5, 1.1, 0.5, 4.0 against advantages +1, +1, -1, -1, -1
 RATIOS = torch.tensor([[1.5, 0.5, 1.1, 0.5, 4.0]], dtype=torch.float64)
@@ -122,25 +127,49 @@ def test_gspo_uses_the_length_normalized_sequence_ratio():
 
 def test_registry_entries_share_one_signature():
     assert set(POLICY_LOSSES) >= {"ppo", "decoupled_ppo", "gspo"}
-    args = (RATIOS.log(), OLD, ADV, MASK)
+    inputs = PolicyLossInputs(RATIOS.log(), OLD, ADV, MASK)
     options = dict(eps_clip=0.2, eps_clip_higher=0.28, loss_agg_mode="token-mean")
-    for name in ("ppo", "decoupled_ppo", "gspo"):
-        extra = {"behav_logprobs": OLD} if name == "decoupled_ppo" else {}
-        loss, metrics = get_policy_loss(name)(*args, **options, **extra)
+    for name in ("ppo", "gspo"):
+        loss, metrics = get_policy_loss(name)(inputs, **options)
         assert loss.dim() == 0 and "loss/policy" in metrics
+    decoupled = get_policy_loss("decoupled_ppo")
+    assert decoupled.needs_proximal and not get_policy_loss("ppo").needs_proximal
+    # behaviour == proximal: the weight is 1 and decoupled PPO is PPO
+    loss, metrics = decoupled(dataclasses.replace(inputs, behav_logprobs=OLD), **options)
+    torch.testing.assert_close(loss, get_policy_loss("ppo")(inputs, **options)[0])
+    assert float(metrics["loss/behav_imp_weight"]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="needs behav_logprobs"):
-        get_policy_loss("decoupled_ppo")(*args)
-    with pytest.raises(ValueError, match="does not support behav_logprobs"):
-        get_policy_loss("ppo")(*args, behav_logprobs=OLD)
-    with pytest.raises(ValueError, match="does not support c_clip"):
-        get_policy_loss("gspo")(*args, c_clip=3.0)
-    with pytest.raises(TypeError):
-        get_policy_loss("ppo")(*args, clip_ratio=0.2)
+        decoupled(inputs)
+    with pytest.raises(ValueError, match="takes no behav_logprobs"):
+        get_policy_loss("ppo")(dataclasses.replace(inputs, behav_logprobs=OLD))
+    with pytest.raises(TypeError, match="'gspo' does not take c_clip; it takes eps_clip"):
+        get_policy_loss("gspo")(inputs, c_clip=3.0)
+    with pytest.raises(TypeError, match="does not take clip_ratio"):
+        get_policy_loss("ppo")(inputs, clip_ratio=0.2)
+    with pytest.raises(ValueError, match=r"\['kl_coef'\] are not algo.ppo options"):
+        PolicyLoss("mine", lambda inputs: None, options=("kl_coef",))
     with pytest.raises(
-        ValueError,
+        ConfigError,
         match="unknown policy loss 'ppo2'; known policy losses: decoupled_ppo, gspo, ppo",
     ):
         get_policy_loss("ppo2")
+
+
+def test_a_function_by_dotted_path_takes_every_option(tmp_path, monkeypatch):
+    """A user's plain function named by dotted path is wrapped: it gets every algo.ppo
+    policy option and no proximal policy."""
+    (tmp_path / "my_losses.py").write_text(
+        "def mean_advantage(inputs, **options):\n"
+        "    mask = inputs.loss_mask.bool()\n"
+        "    return -inputs.advantages[mask].mean(), {'loss/options': len(options)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loss = get_policy_loss("my_losses.mean_advantage")
+    assert loss.options == POLICY_OPTIONS and not loss.needs_proximal
+    inputs = PolicyLossInputs(RATIOS.log(), OLD, ADV, MASK)
+    value, metrics = loss(inputs, eps_clip=0.2, c_clip=3.0)
+    assert value.item() == pytest.approx(0.2)  # advantages +1 +1 -1 -1 -1
+    assert metrics == {"loss/options": 2}
 
 
 @pytest.mark.parametrize(

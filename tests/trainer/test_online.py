@@ -129,8 +129,8 @@ def test_online_ppo_reward_rises_and_critic_learns(tmp_path, reward_module):
     # tokenizer emits few, a trained one mostly digits
     assert sum(rewards[:3]) / 3 < 0.3
     assert sum(rewards[-3:]) / 3 > 0.6
-    trained = [r for r in records if "train/value_loss" in r]
-    for name in ("critic/explained_variance", "critic/grad_norm", "critic/lr", "train/value_loss"):
+    trained = [r for r in records if "loss/value" in r]
+    for name in ("critic/explained_variance", "critic/grad_norm", "critic/lr", "loss/value"):
         assert all(name in r for r in trained), name
     # the critic starts at V = 0 and learns the rising reward
     assert trained[0]["critic/value_mean"] == 0.0
@@ -172,7 +172,7 @@ def test_bounded_staleness_two(strategy, tmp_path, reward_module):
     assert lags == [0, 1, 2, 2, 2, 2, 2, 2]
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout/staleness"] for r in records if "rollout/staleness" in r] == lags
-    decoupled = [r["train/behav_imp_weight"] for r in records if "train/behav_imp_weight" in r]
+    decoupled = [r["loss/behav_imp_weight"] for r in records if "loss/behav_imp_weight" in r]
     assert len(decoupled) == 8  # eta > 0 turns decoupled PPO on by default
     assert trainer.rl.worker is None  # closed at the end of training
 

@@ -240,14 +240,14 @@ def test_policy_loss_of_a_step_at_a_known_ratio(tmp_path, reward_module, options
         for a in advantages
     ]
     expected = token_mean(per_row, lengths)
-    assert out["train/policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert out["loss/policy"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     if "drop" in expect:
-        assert out["train/behav_imp_weight"] == pytest.approx(expect["weight"], rel=1e-4)
-        assert out["train/behav_drop_fraction"] == expect["drop"]
+        assert out["loss/behav_imp_weight"] == pytest.approx(expect["weight"], rel=1e-4)
+        assert out["loss/behav_drop_frac"] == expect["drop"]
     else:
-        assert "train/behav_imp_weight" not in out
+        assert "loss/behav_imp_weight" not in out
     clipped = [float(a > 0 and expect["ratio"] > 1 + high) for a in advantages]
-    assert out["train/clip_fraction"] == pytest.approx(token_mean(clipped, lengths), abs=1e-6)
+    assert out["loss/clip_frac"] == pytest.approx(token_mean(clipped, lengths), abs=1e-6)
 
 
 def test_gspo_takes_the_sequence_ratio(tmp_path, reward_module):
@@ -274,7 +274,7 @@ def test_gspo_takes_the_sequence_ratio(tmp_path, reward_module):
     advantages = group_advantages(rollouts[0].batch.rewards.tolist(), group_size=8)
     per_row = [surrogate(a, math.exp(0.3 / n), 3e-4, 4e-4) for a, n in zip(advantages, lengths)]
     expected = sum(per_row) / len(per_row)
-    assert out["train/policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert out["loss/policy"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
 # ------------------------------------------------------------- advantage estimators
@@ -333,7 +333,7 @@ def test_the_configured_advantage_estimator_drives_the_loss(
     weights = lengths if agg == "seq-mean-token-sum" else [1] * len(lengths)
     expected = -sum(n * a for n, a in zip(weights, advantages)) / len(lengths)
     assert abs(expected) > 1e-3  # the case separates the estimators
-    assert out["train/policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert out["loss/policy"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
 # -------------------------------------------------------------------- temperature
@@ -347,8 +347,8 @@ def test_trainer_logprobs_use_the_rollout_temperature(
     temperature, which holds only if both sides divide the logits by the same T."""
     trainer = trainer_for(tmp_path, f"algo.name={strategy}", f"rollout.temperature={temperature}")
     out = one_step(trainer)
-    assert out["train/approx_kl"] < 1e-9
-    assert out["train/clip_fraction"] == 0.0
+    assert out["loss/approx_kl"] < 1e-9
+    assert out["loss/clip_frac"] == 0.0
 
 
 # --------------------------------------------------------------------- KL loss term
@@ -378,7 +378,7 @@ def test_kl_to_the_reference_is_a_loss_term_of_online_grpo(
     per_token = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
     assert out["train/kl"] == pytest.approx(float(per_token.mean()), rel=1e-3)
     assert out["train/kl"] > 1e-4
-    added = out["train/loss"] - out["train/policy_loss"]
+    added = out["train/loss"] - out["loss/policy"]
     assert added == pytest.approx(kl_ctl * out["train/kl"], rel=1e-4)
 
 
@@ -451,9 +451,13 @@ def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
         ),
         (
             ["algo.policy_loss=ppo", "algo.ppo.behav_imp_weight_cap=2.0"],
-            r"'ppo' does not support behav_imp_weight_cap",
+            r"algo.policy_loss='ppo' does not take algo.ppo.behav_imp_weight_cap=2.0; unset it",
         ),
-        (["algo.policy_loss=gspo", "algo.ppo.c_clip=3.0"], r"'gspo' does not support c_clip"),
+        (
+            ["algo.policy_loss=gspo", "algo.ppo.c_clip=3.0"],
+            r"'gspo' does not take algo.ppo.c_clip=3.0; .* \(it takes eps_clip, eps_clip_higher, "
+            r"loss_agg_mode\)",
+        ),
         (
             ["algo.name=online_ppo", "algo.dynamic_sampling=true"],
             r"algo.dynamic_sampling=true is not supported by algo.name=online_ppo",
@@ -483,8 +487,8 @@ def test_bfloat16_compute_trains_with_ratios_near_one(tmp_path, reward_module):
     trainer = trainer_for(tmp_path, "model.compute_dtype=bfloat16", "trainer.max_steps=2")
     assert trainer.precision.compute == torch.bfloat16
     out = one_step(trainer)
-    assert 1e-9 < out["train/approx_kl"] < 1e-3
-    assert out["train/clip_fraction"] < 0.01
+    assert 1e-9 < out["loss/approx_kl"] < 1e-3
+    assert out["loss/clip_frac"] < 0.01
     assert math.isfinite(one_step(trainer)["train/loss"])
 
 

@@ -8,7 +8,8 @@ rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
 - KL estimators: :func:`kl_penalty`
 - advantage estimators: :func:`register_advantage`, :func:`get_advantage_estimator`
 - the advantage pipeline: :func:`compute_advantages`
-- losses: PPO / decoupled PPO / GSPO, value, DPO / IPO, cross-entropy, :func:`agg_loss`
+- policy losses: PPO / decoupled PPO / GSPO as :class:`PolicyLoss` entries of
+  :data:`POLICY_LOSSES` reading :class:`PolicyLossInputs`; value, DPO / IPO, cross-entropy, :func:`agg_loss`
 """
 
 from ardea.algo._ckernel import c_kernel_available
@@ -52,15 +53,17 @@ from ardea.algo.normalize import (
 )
 from ardea.algo.pipeline import compute_advantages, next_token_align, place_outcome
 from ardea.algo.policy_loss import (
-    POLICY_LOSSES,
-    check_policy_loss_options,
     clipped_surrogate,
     decoupled_ppo_policy_loss,
-    get_policy_loss,
     gspo_policy_loss,
-    is_decoupled,
     ppo_policy_loss,
-    register_policy_loss,
+)
+from ardea.algo.policy_loss_registry import (
+    POLICY_LOSSES,
+    POLICY_OPTIONS,
+    PolicyLoss,
+    PolicyLossInputs,
+    get_policy_loss,
 )
 from ardea.algo.preference_loss import dpo_loss, ipo_loss
 from ardea.algo.value_loss import explained_variance, value_loss
@@ -71,6 +74,9 @@ __all__ = [
     "KL_ESTIMATORS",
     "NORM_MODES",
     "POLICY_LOSSES",
+    "POLICY_OPTIONS",
+    "PolicyLoss",
+    "PolicyLossInputs",
     "AdvantageInputs",
     "AdvantageOutputs",
     "agg_counts",
@@ -85,7 +91,6 @@ __all__ = [
     "compute_token_level_gae",
     "compute_turn_level_gae",
     "constant_gae_lambda",
-    "check_policy_loss_options",
     "decoupled_ppo_policy_loss",
     "dpo_loss",
     "dr_grpo_advantages",
@@ -98,7 +103,6 @@ __all__ = [
     "groups_with_spread",
     "grpo_advantages",
     "gspo_policy_loss",
-    "is_decoupled",
     "ipo_loss",
     "kl_penalty",
     "masked_cross_entropy",
@@ -109,7 +113,6 @@ __all__ = [
     "place_outcome",
     "ppo_policy_loss",
     "register_advantage",
-    "register_policy_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "relative_position_gae_lambda",

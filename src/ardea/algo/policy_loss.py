@@ -26,19 +26,19 @@ micro-batches gives the whole-batch value:
 - ``loss/behav_imp_weight``, ``loss/behav_drop_frac`` (decoupled PPO): mean importance
   weight over all counted tokens (a dropped token counts as 0), fraction of tokens dropped
   by ``behav_imp_weight_cap``.
+
+The registry of these losses, one signature for all: :mod:`ardea.algo.policy_loss_registry`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ardea.algo._checks import as_mask, check_finite, check_float, check_shape
 from ardea.algo.agg import agg_loss, masked_mean
-from ardea.registry import Registry, callable_check
 
 LOG_RATIO_CLAMP = 20.0
 Metrics = dict[str, Tensor]
@@ -274,102 +274,3 @@ def gspo_policy_loss(
         "loss/approx_kl": masked_mean(_approx_kl(token_log_ratio), m, global_tokens=global_tokens),
     }
     return loss, metrics
-
-
-PolicyLoss = Callable[..., tuple[Tensor, Metrics]]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "policy losses", check=callable_check)
-_UNSUPPORTED: dict[str, tuple[str, ...]] = {}  # options an entry does not take
-_DECOUPLED: set[str] = set()  # entries whose old_logprobs are proximal, with behav_logprobs
-
-
-def register_policy_loss(
-    name: str, *, unsupported: tuple[str, ...] = (), decoupled: bool = False
-) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator registering a policy loss under ``name``.
-
-    Entries take ``(logprobs, old_logprobs, advantages, loss_mask, *, behav_logprobs,
-    eps_clip, eps_clip_higher, c_clip, behav_imp_weight_cap, loss_agg_mode, global_tokens,
-    global_seqs, horizon)`` and return ``(loss, metrics)``. Options in ``unsupported`` must
-    be None (anything else is an error, never silently ignored); a ``decoupled`` entry
-    takes the proximal policy as ``old_logprobs`` and needs ``behav_logprobs``.
-    """
-
-    def decorator(fn: PolicyLoss) -> PolicyLoss:
-        POLICY_LOSSES.register(name)(fn)
-        _UNSUPPORTED[name] = tuple(unsupported)
-        if decoupled:
-            _DECOUPLED.add(name)
-        return fn
-
-    return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    """The registered policy loss ``name``, or the function at a dotted path (a user's
-    loss takes every option, and is not decoupled); an unknown name lists the known ones."""
-    return POLICY_LOSSES.get(name)
-
-
-def is_decoupled(name: str) -> bool:
-    """Whether policy loss ``name`` takes a proximal policy and behaviour log-probs."""
-    get_policy_loss(name)
-    return name in _DECOUPLED
-
-
-def check_policy_loss_options(name: str, **options: object) -> None:
-    """Raise ValueError when an option ``name`` does not take is set (not None), or a
-    decoupled loss gets no ``behav_logprobs``."""
-    get_policy_loss(name)
-    given = [key for key in _UNSUPPORTED.get(name, ()) if options.get(key) is not None]
-    if given:
-        raise ValueError(f"policy loss {name!r} does not support {', '.join(given)}")
-    if name in _DECOUPLED and options.get("behav_logprobs", True) is None:
-        raise ValueError(f"policy loss {name!r} needs behav_logprobs (N, S)")
-
-
-@register_policy_loss("ppo", unsupported=("behav_logprobs", "behav_imp_weight_cap"))
-def _ppo_entry(
-    logprobs,
-    old_logprobs,
-    advantages,
-    loss_mask,
-    *,
-    behav_logprobs=None,
-    behav_imp_weight_cap=None,
-    **kwargs,
-) -> tuple[Tensor, Metrics]:
-    check_policy_loss_options(
-        "ppo", behav_logprobs=behav_logprobs, behav_imp_weight_cap=behav_imp_weight_cap
-    )
-    return ppo_policy_loss(logprobs, old_logprobs, advantages, loss_mask, **kwargs)
-
-
-@register_policy_loss("decoupled_ppo", decoupled=True)
-def _decoupled_entry(
-    logprobs, old_logprobs, advantages, loss_mask, *, behav_logprobs=None, **kwargs
-) -> tuple[Tensor, Metrics]:
-    check_policy_loss_options("decoupled_ppo", behav_logprobs=behav_logprobs)
-    return decoupled_ppo_policy_loss(
-        logprobs, old_logprobs, behav_logprobs, advantages, loss_mask, **kwargs
-    )
-
-
-@register_policy_loss("gspo", unsupported=("behav_logprobs", "behav_imp_weight_cap", "c_clip"))
-def _gspo_entry(
-    logprobs,
-    old_logprobs,
-    advantages,
-    loss_mask,
-    *,
-    behav_logprobs=None,
-    behav_imp_weight_cap=None,
-    c_clip=None,
-    **kwargs,
-) -> tuple[Tensor, Metrics]:
-    check_policy_loss_options(
-        "gspo",
-        behav_logprobs=behav_logprobs,
-        behav_imp_weight_cap=behav_imp_weight_cap,
-        c_clip=c_clip,
-    )
-    return gspo_policy_loss(logprobs, old_logprobs, advantages, loss_mask, **kwargs)

@@ -153,7 +153,8 @@ class AlgoConfig:
         "Online RL and grpo: the policy loss by registered name: ppo (clipped surrogate, "
         "clip-higher and dual-clip through algo.ppo), decoupled_ppo (ratio against the policy "
         "before the step's updates, behaviour weight capped by algo.ppo.behav_imp_weight_cap) "
-        "or gspo (sequence-level ratio; set algo.ppo.eps_clip=3e-4 eps_clip_higher=4e-4); "
+        "or gspo (sequence-level ratio; set algo.ppo.eps_clip=3e-4 eps_clip_higher=4e-4), "
+        "or the dotted path of your own ardea.algo.PolicyLoss or fn(inputs, **options); "
         "null = decoupled_ppo when rollout.max_staleness > 0, else ppo.",
     )
     dynamic_sampling: bool = option(

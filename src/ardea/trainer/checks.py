@@ -18,7 +18,7 @@ from ardea.model import check_model_dir
 from ardea.reward import build_scorer, check_reward_names
 from ardea.rollout import engine_factory
 from ardea.trainer.strategies import strategy_class
-from ardea.trainer.strategies.grpo import policy_loss_fn
+from ardea.trainer.strategies.policy_gradient import resolve_policy_loss
 
 
 def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
@@ -32,7 +32,7 @@ def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
     strategy = strategy_class(config.algo.name)
     engine_factory(config.rollout.engine)
     if config.algo.policy_loss is not None:
-        policy_loss_fn(config.algo.policy_loss)
+        resolve_policy_loss(config.algo.policy_loss, config.algo.ppo)
     data = config.data
     task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
     if config.agent.env is not None:  # the environment rewards the episodes

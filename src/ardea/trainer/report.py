@@ -22,7 +22,7 @@ PANELS = [
     ("rollout/reward_mean", "reward"),
     ("rollout/accuracy", "rollout accuracy (sampled)"),
     ("train/kl", "KL to reference"),
-    ("train/value_loss", "critic value loss"),
+    ("loss/value", "critic value loss"),
     ("critic/explained_variance", "critic explained variance"),
     ("train/entropy", "entropy"),
     ("train/grad_norm", "gradient norm"),

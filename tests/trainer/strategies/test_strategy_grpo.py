@@ -56,10 +56,10 @@ def test_ratio_one_surrogate_and_advantages():
     tokens = sum(n)
     expected = -sum(a * k for a, k in zip(adv, n)) / tokens
     assert loss.item() == pytest.approx(expected, abs=1e-6)
-    assert metrics["train/policy_loss"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["loss/policy"] == pytest.approx(expected, abs=1e-6)
     assert metrics["train/advantage_mean"] == pytest.approx(-expected, abs=1e-6)
-    assert metrics["train/clip_fraction"] == 0.0
-    assert metrics["train/approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["loss/clip_frac"] == 0.0
+    assert metrics["loss/approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert metrics["train/reward_mean"] == pytest.approx(sum(REWARDS) / 6)
     mean = sum(REWARDS) / 6
     std = math.sqrt(sum((r - mean) ** 2 for r in REWARDS) / 6)
@@ -109,10 +109,10 @@ def test_behaviour_logprobs_replace_the_old_policy():
     per_row = [-a * (r if a > 0 else 0.8) for a in adv]
     tokens = sum(n)
     expected = sum(x * k for x, k in zip(per_row, n)) / tokens
-    assert metrics["train/policy_loss"] == pytest.approx(expected, abs=1e-5)
+    assert metrics["loss/policy"] == pytest.approx(expected, abs=1e-5)
     negative = sum(k for a, k in zip(adv, n) if a < 0)
-    assert metrics["train/clip_fraction"] == pytest.approx(negative / tokens)
-    assert metrics["train/approx_kl"] == pytest.approx(r - 1 + 0.5, abs=1e-5)
+    assert metrics["loss/clip_frac"] == pytest.approx(negative / tokens)
+    assert metrics["loss/approx_kl"] == pytest.approx(r - 1 + 0.5, abs=1e-5)
 
 
 def test_behaviour_logprobs_are_validated():
@@ -139,8 +139,8 @@ def test_offline_old_policy_is_the_policy_before_the_update():
     assert strategy.frozen_modules() == []
     batch = group_batch()
     loss, metrics = step(strategy, batch)
-    assert metrics["train/approx_kl"] == pytest.approx(0.0, abs=1e-7)
-    assert metrics["train/clip_fraction"] == 0.0
+    assert metrics["loss/approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["loss/clip_frac"] == 0.0
     loss.backward()
     grads = [p.grad.clone() for p in policy.parameters()]
     policy.zero_grad()
@@ -175,9 +175,7 @@ def test_kl_term_against_a_frozen_reference(estimator):
     completion = batch.loss_mask[:, 1:]
     expected_kl = kl[completion].mean().item()
     assert metrics["train/kl"] == pytest.approx(expected_kl, abs=1e-5)
-    assert loss.item() == pytest.approx(
-        metrics["train/policy_loss"] + kl_ctl * expected_kl, abs=1e-5
-    )
+    assert loss.item() == pytest.approx(metrics["loss/policy"] + kl_ctl * expected_kl, abs=1e-5)
     before = {n: p.clone() for n, p in strategy.reference.named_parameters()}
     loss.backward()
     assert all(p.grad is None for p in strategy.reference.parameters())

@@ -99,7 +99,7 @@ def test_grpo(mode):
     )
     metrics = (
         "train/loss",
-        "train/policy_loss",
+        "loss/policy",
         "train/kl",
         "train/entropy",
         "train/advantage_mean",

@@ -9,7 +9,7 @@ from numerics import assert_gradients_close, decoder_gradient_terms, gamma
 from strategy_testing import online_strategy, rollout_batch, run_step, tiny_policy
 
 import ardea.trainer.strategies.online_ppo as online_ppo_module
-from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies import policy_gradient, strategy_class
 from ardea.trainer.strategies.online_ppo import OnlinePPOStrategy
 
 LENGTHS = [7, 9, 6, 8]
@@ -59,7 +59,7 @@ def test_loss_is_finite_and_differentiable_for_policy_and_critic():
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in strategy.policy.parameters())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in strategy.critic.parameters())
-    for name in ("train/policy_loss", "train/value_loss", "train/entropy", "train/clip_fraction"):
+    for name in ("loss/policy", "loss/value", "train/entropy", "loss/clip_frac"):
         assert name in metrics
 
 
@@ -99,7 +99,7 @@ def test_zero_advantages_returns_and_head_give_zero_loss():
     )
     loss, metrics = loss_of(strategy, pinned)
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
-    assert metrics["train/value_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["loss/value"] == pytest.approx(0.0, abs=1e-7)
 
 
 def test_all_masked_completion_tokens_give_zero_loss():
@@ -123,7 +123,7 @@ def test_pinned_advantages_are_not_recomputed_by_the_loss(monkeypatch):
     policy_loss = {}
     for c in (0.0, 1.0, 2.0):
         pinned = pinned.pin(advantages=torch.full_like(pinned.advantages, c))
-        policy_loss[c] = loss_of(strategy, pinned)[1]["train/policy_loss"]
+        policy_loss[c] = loss_of(strategy, pinned)[1]["loss/policy"]
     assert policy_loss[0.0] == pytest.approx(0.0, abs=1e-7)
     assert policy_loss[1.0] != pytest.approx(0.0, abs=1e-4)
     assert policy_loss[2.0] == pytest.approx(2 * policy_loss[1.0], rel=1e-5)
@@ -183,7 +183,7 @@ def test_kl_penalty_is_folded_into_the_rewards(monkeypatch):
     batch = replace(batch, logprobs=batch.loss_mask.float())  # +1 on the two completion tokens
     strategy.critic = fixed_critic(torch.zeros(1, 5))
     monkeypatch.setattr(
-        online_ppo_module,
+        policy_gradient,
         "reference_logprobs",
         lambda strategy, batch: torch.zeros(batch.input_ids.shape),
     )
@@ -335,11 +335,11 @@ def test_value_loss_term_by_hand(vf_coef, value_eps_clip):
     value_loss = 0.5 * sum(n * s for n, s in zip(tokens, squared)) / sum(tokens)
     bias_grad = vf_coef * sum(n * s for n, s in zip(tokens, slopes)) / sum(tokens)
     loss, metrics = loss_of(strategy, pinned)
-    assert metrics["train/value_loss"] == pytest.approx(value_loss, rel=1e-5)
-    assert float(loss.detach()) - metrics["train/policy_loss"] == pytest.approx(
+    assert metrics["loss/value"] == pytest.approx(value_loss, rel=1e-5)
+    assert float(loss.detach()) - metrics["loss/policy"] == pytest.approx(
         vf_coef * value_loss, rel=1e-5
     )
     loss.backward()
     assert float(strategy.critic.value_head.bias.grad) == pytest.approx(bias_grad, rel=1e-5)
     clipped_rows = 0 if value_eps_clip is None else 4 + 3 + 5
-    assert metrics["train/value_clip_fraction"] == pytest.approx(clipped_rows / 18, abs=1e-6)
+    assert metrics["loss/value_clip_frac"] == pytest.approx(clipped_rows / 18, abs=1e-6)

@@ -6,8 +6,8 @@ broadcast over its completion tokens; the loss is PPO's clipped surrogate plus
 ``kl_ctl * KL(pi || pi_ref)`` as a loss term (not a reward penalty). Every formula lives in
 :mod:`ardea.algo`: advantages from :func:`ardea.algo.compute_advantages` with the registered
 estimator ``algo.ppo.adv_estimator``, the policy loss from the registry
-(:func:`ardea.algo.get_policy_loss`, ``algo.policy_loss``: ``ppo`` with ``eps_clip``,
-``eps_clip_higher``, ``c_clip``; ``decoupled_ppo``; ``gspo``), aggregated by
+(``algo.policy_loss``: ``ppo`` with ``eps_clip``, ``eps_clip_higher``, ``c_clip``;
+``decoupled_ppo``; ``gspo``; :mod:`ardea.trainer.strategies.policy_gradient`), aggregated by
 ``loss_agg_mode``, the KL from :func:`ardea.algo.kl_penalty` (``kl_estimator``), aggregated
 like the policy loss.
 
@@ -35,11 +35,12 @@ row as its horizon. The trainer's log-probs use the batch's temperature (the one
 behaviour log-probs were sampled at; 1 for data files).
 
 Metrics (token means over the step's trained tokens unless noted; sums over micro-batches
-give the step value): ``train/loss``, ``train/policy_loss``, ``train/kl`` (with a reference),
-``train/clip_fraction``, ``train/approx_kl`` (k3 estimate of KL(old || pi)),
-``train/entropy``, ``train/advantage_mean``, ``train/reward_mean`` and ``train/reward_std``
-(population std; both over the step's completions), ``train/behav_imp_weight`` and
-``train/behav_drop_fraction`` (decoupled PPO), and the MoE metrics.
+give the step value): ``train/loss``, the policy loss's own ``loss/*`` metrics
+(``loss/policy``, ``loss/clip_frac``, ``loss/dual_clip_frac``, ``loss/approx_kl``: k3
+estimate of KL(old || pi); ``loss/behav_imp_weight`` and ``loss/behav_drop_frac`` with
+decoupled PPO), ``train/kl`` (with a reference), ``train/entropy``,
+``train/advantage_mean``, ``train/reward_mean`` and ``train/reward_std`` (population std;
+both over the step's completions), and the MoE metrics.
 """
 
 from __future__ import annotations
@@ -49,25 +50,25 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ardea import data
-from ardea.algo import (
-    agg_loss,
-    check_policy_loss_options,
-    compute_advantages,
-    get_policy_loss,
-    is_decoupled,
-    kl_penalty,
-    masked_mean,
-)
+from ardea.algo import agg_loss, compute_advantages, kl_penalty, masked_mean
 from ardea.config.ppo import PPOConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
-from ardea.model import LogprobOutput, sequence_logprobs
 from ardea.trainer.strategies.base import Strategy, register_strategy
 from ardea.trainer.strategies.moe import MoETerms
+from ardea.trainer.strategies.policy_gradient import (
+    global_counts,
+    policy_forward,
+    policy_loss_name,
+    policy_objective,
+    ratio_reference,
+    reference_logprobs,
+    resolve_policy_loss,
+    rl_step_counts,
+)
 
 CRITIC_ESTIMATORS = ("gae",)  # estimators that need a critic
 
@@ -84,119 +85,6 @@ def advantage_config(ppo: PPOConfig) -> PPOConfig:
     return dataclasses.replace(ppo, kl_ctl=0.0, adv_estimator=estimator)
 
 
-def policy_loss_fn(name: str):
-    """The registered policy loss ``name``, or a :class:`ConfigError` listing the known ones."""
-    try:
-        return get_policy_loss(name)
-    except ValueError as error:
-        raise ConfigError(f"algo.policy_loss: {error}") from None
-
-
-def policy_loss_name(config: Any, *, online: bool) -> str:
-    """``algo.policy_loss``, or its default: decoupled PPO when online rollouts may be stale
-    (``rollout.max_staleness > 0``), else PPO."""
-    if config.algo.policy_loss is not None:
-        return config.algo.policy_loss
-    return "decoupled_ppo" if online and config.rollout.max_staleness > 0 else "ppo"
-
-
-def check_policy_loss(name: str, ppo: PPOConfig) -> None:
-    """Every ``algo.ppo`` option the loss ``name`` cannot take is a config error."""
-    policy_loss_fn(name)
-    options = dict(c_clip=ppo.c_clip, behav_imp_weight_cap=ppo.behav_imp_weight_cap)
-    try:
-        check_policy_loss_options(name, **options)
-    except ValueError as error:
-        raise ConfigError(
-            f"algo.policy_loss={name!r}: {error}; unset the algo.ppo option or choose another "
-            "algo.policy_loss"
-        ) from None
-
-
-def rl_step_counts(micro_batches: list[TrajectoryBatch], moe: MoETerms) -> dict[str, float]:
-    """The normalisers of one optimizer step over its micro-batches: trained ``tokens`` and
-    ``seqs`` (next-token aligned), ``rows``, the ``horizon`` (longest row), the sums of the
-    trajectories' rewards and squared rewards (for their mean and population std), and the
-    MoE routed tokens. Every entry but ``horizon`` (a maximum) adds up across ranks."""
-    masks = [b.action_mask for b in micro_batches]
-    rewards = torch.cat([b.rewards.detach().double() for b in micro_batches])
-    counts = {
-        "tokens": float(sum(m.sum() for m in masks)),
-        "seqs": float(sum(m.any(dim=-1).sum() for m in masks)),
-        "rows": float(rewards.numel()),
-        "horizon": float(max(m.shape[-1] for m in masks)),
-        "reward_sum": float(rewards.sum()),
-        "reward_sq_sum": float(rewards.square().sum()),
-    }
-    return counts | moe.step_counts(micro_batches)
-
-
-def agg_counts(step_counts: dict[str, float]) -> dict[str, Any]:
-    """The global counts :func:`ardea.algo.agg_loss` normalises by."""
-    return dict(
-        global_tokens=step_counts["tokens"],
-        global_seqs=step_counts["seqs"],
-        horizon=int(step_counts["horizon"]),
-    )
-
-
-def policy_objective(
-    ppo: PPOConfig,
-    name: str,
-    logprobs: Tensor,
-    batch: TrajectoryBatch,
-    counts: dict[str, Any],
-    *,
-    old: Tensor,
-) -> tuple[Tensor, dict[str, float]]:
-    """The policy loss ``name`` of the registry and its ``train/*`` metrics, all ``(N, S)``
-    next-token aligned. ``old`` is the ratio's reference: the behaviour policy, or for a
-    decoupled loss the proximal policy (the behaviour log-probs then give the weight)."""
-    mask, advantages = batch.action_mask, batch.advantages.to(logprobs.dtype)
-    options: dict[str, Any] = dict(
-        eps_clip=ppo.eps_clip,
-        eps_clip_higher=ppo.eps_clip_higher,
-        c_clip=ppo.c_clip,
-        loss_agg_mode=ppo.loss_agg_mode,
-        **counts,
-    )
-    if is_decoupled(name):
-        options["behav_logprobs"] = batch.behaviour_logprobs.to(logprobs.dtype)
-        options["behav_imp_weight_cap"] = ppo.behav_imp_weight_cap
-    loss, parts = get_policy_loss(name)(
-        logprobs, old.to(logprobs.dtype), advantages, mask, **options
-    )
-    tokens = counts["global_tokens"]
-    metrics = {
-        "train/policy_loss": float(loss.detach()),
-        "train/clip_fraction": float(parts["loss/clip_frac"]),
-        "train/approx_kl": float(parts["loss/approx_kl"]),
-        "train/advantage_mean": float(masked_mean(advantages, mask, global_tokens=tokens)),
-    }
-    if "loss/behav_imp_weight" in parts:
-        metrics["train/behav_imp_weight"] = float(parts["loss/behav_imp_weight"])
-        metrics["train/behav_drop_fraction"] = float(parts["loss/behav_drop_frac"])
-    return loss, metrics
-
-
-def policy_forward(strategy: Strategy, batch: TrajectoryBatch) -> LogprobOutput:
-    """The policy's next-token log-probs and entropies of ``batch`` at its temperature."""
-    return sequence_logprobs(
-        strategy.policy,
-        **batch.model_inputs(),
-        chunk_size=strategy.config.model.logprob_chunk_size,
-        with_entropy=True,
-        temperature=batch.temperature,
-    )
-
-
-def ratio_reference(batch: TrajectoryBatch) -> Tensor:
-    """The online ratio's reference: pinned proximal log-probs (decoupled), else behaviour."""
-    if batch.proximal_logprobs is not None:
-        return batch.proximal_logprobs
-    return batch.behaviour_logprobs
-
-
 @register_strategy("grpo")
 class GRPOStrategy(Strategy):
     """GRPO on offline groups with a synced old-policy copy (module docstring)."""
@@ -209,7 +97,7 @@ class GRPOStrategy(Strategy):
         self.adv_config = advantage_config(self.ppo)
         self.kl_ctl = float(self.ppo.kl_ctl)
         self.loss_name = policy_loss_name(config, online=self.sample_kind == "prompt")
-        check_policy_loss(self.loss_name, self.ppo)
+        self.policy_loss = resolve_policy_loss(self.loss_name, self.ppo)
         self.reference = self.frozen_reference() if self.kl_ctl else None
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
 
@@ -232,7 +120,7 @@ class GRPOStrategy(Strategy):
         detached when the batch has no behaviour log-probs or the loss is decoupled, else
         :func:`ratio_reference`."""
         offline = self.sample_kind == "group"
-        if offline and (batch.logprobs is None or is_decoupled(self.loss_name)):
+        if offline and (batch.logprobs is None or self.policy_loss.needs_proximal):
             return logprobs.detach()
         return ratio_reference(batch)
 
@@ -243,10 +131,10 @@ class GRPOStrategy(Strategy):
             batch = self.group_advantages(batch)
         mask = batch.action_mask  # (N, S) bool
         out = policy_forward(self, batch)
-        counts = agg_counts(step_counts)
+        counts = global_counts(step_counts)
         policy_loss, metrics = policy_objective(
             self.ppo,
-            self.loss_name,
+            self.policy_loss,
             out.logprobs,
             batch,
             counts,
@@ -285,14 +173,3 @@ class GRPOStrategy(Strategy):
         std = math.sqrt(max(step_counts["reward_sq_sum"] / rows - mean * mean, 0.0))
         share = batch.rows / rows
         return {"train/reward_mean": mean * share, "train/reward_std": std * share}
-
-
-@torch.no_grad()
-def reference_logprobs(strategy: Strategy, batch: TrajectoryBatch) -> Tensor:
-    """``(N, S)`` next-token log-probs of ``strategy.reference`` at the batch's temperature."""
-    return sequence_logprobs(
-        strategy.reference,
-        **batch.model_inputs(),
-        chunk_size=strategy.config.model.logprob_chunk_size,
-        temperature=batch.temperature,
-    ).logprobs

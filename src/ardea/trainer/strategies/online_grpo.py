@@ -22,7 +22,6 @@ overlong penalty are all options. Dr. GRPO is ``adv_estimator=dr_grpo`` with
 
 from __future__ import annotations
 
-from ardea.algo import is_decoupled
 from ardea.data import TrajectoryBatch
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 from ardea.trainer.strategies.grpo import GRPOStrategy
@@ -37,6 +36,6 @@ class OnlineGRPOStrategy(OnlineStrategy, GRPOStrategy):
         """Group advantages over the whole rollout, and the proximal log-probs of a
         decoupled loss."""
         batch = self.group_advantages(batch)
-        if is_decoupled(self.loss_name):
+        if self.policy_loss.needs_proximal:
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         return batch

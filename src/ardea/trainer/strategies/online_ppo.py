@@ -34,8 +34,8 @@ clipped surrogate with clip-higher and dual-clip; decoupled PPO against the prox
 log-probs pinned before the updates, the default for stale rollouts) and
 ``value_loss = 0.5 * max((V' - R)^2, (clip(V', V ± value_eps_clip) - R)^2)``.
 
-Metrics besides GRPO's ``train/*`` policy metrics: ``train/value_loss``,
-``train/value_clip_fraction``; per rollout ``critic/explained_variance``
+Metrics besides GRPO's policy metrics: the value loss's ``loss/value`` and
+``loss/value_clip_frac``; per rollout ``critic/explained_variance``
 (``1 - Var[R - V] / Var[R]`` over completion tokens, with the rollout-time values),
 ``critic/value_mean``, ``critic/return_mean``, ``critic/advantage_std``, ``rollout/kl`` (mean
 per-token KL estimate between behaviour and reference, with a reference); per step
@@ -62,7 +62,6 @@ from torch import Tensor, nn
 from ardea.algo import (
     compute_advantages,
     explained_variance,
-    is_decoupled,
     kl_penalty,
     masked_mean,
     value_loss,
@@ -78,17 +77,8 @@ from ardea.trainer.distributed import (
     unwrap,
 )
 from ardea.trainer.schedule import build_adamw, clip_gradients
+from ardea.trainer.strategies import policy_gradient
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
-from ardea.trainer.strategies.grpo import (
-    agg_counts,
-    check_policy_loss,
-    policy_forward,
-    policy_loss_name,
-    policy_objective,
-    ratio_reference,
-    reference_logprobs,
-    rl_step_counts,
-)
 from ardea.trainer.strategies.moe import MoETerms
 
 CRITIC_DIR = "critic"
@@ -107,8 +97,8 @@ class OnlinePPOStrategy(OnlineStrategy):
                 "a copy of the adapted policy; train all weights (model.lora_r=0)"
             )
         self.ppo = algo.ppo
-        self.loss_name = policy_loss_name(config, online=True)
-        check_policy_loss(self.loss_name, self.ppo)
+        self.loss_name = policy_gradient.policy_loss_name(config, online=True)
+        self.policy_loss = policy_gradient.resolve_policy_loss(self.loss_name, self.ppo)
         self.critic = self._build_critic(algo.critic_path)
         self.critic_parameters = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer, self.critic_scheduler = build_adamw(
@@ -144,10 +134,10 @@ class OnlinePPOStrategy(OnlineStrategy):
         values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S): V after 0..t
         self.critic.train()
         if self.reference is not None:
-            batch = batch.pin(ref_logprobs=reference_logprobs(self, batch))
+            batch = batch.pin(ref_logprobs=policy_gradient.reference_logprobs(self, batch))
         out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
         batch = batch.pin(advantages=out["advantages"], returns=out["returns"], old_values=values)
-        if is_decoupled(self.loss_name):
+        if self.policy_loss.needs_proximal:
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         metrics.update(self._rollout_metrics(batch))
         return batch
@@ -169,16 +159,21 @@ class OnlinePPOStrategy(OnlineStrategy):
 
     # ------------------------------------------------------------------ loss
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
-        return rl_step_counts(micro_batches, self.moe)
+        return policy_gradient.rl_step_counts(micro_batches, self.moe)
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, float]]:
         mask = batch.action_mask  # (N, S) bool
-        out = policy_forward(self, batch)
-        counts = agg_counts(step_counts)
-        policy_loss, metrics = policy_objective(
-            self.ppo, self.loss_name, out.logprobs, batch, counts, old=ratio_reference(batch)
+        out = policy_gradient.policy_forward(self, batch)
+        counts = policy_gradient.global_counts(step_counts)
+        policy_loss, metrics = policy_gradient.policy_objective(
+            self.ppo,
+            self.policy_loss,
+            out.logprobs,
+            batch,
+            counts,
+            old=policy_gradient.ratio_reference(batch),
         )
         values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S) with gradient
         critic_loss, parts = value_loss(
@@ -192,8 +187,7 @@ class OnlinePPOStrategy(OnlineStrategy):
         )
         tokens = step_counts["tokens"]
         metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
-        metrics["train/value_loss"] = float(critic_loss.detach())
-        metrics["train/value_clip_fraction"] = float(parts["loss/value_clip_frac"])
+        metrics |= {name: float(value) for name, value in parts.items()}  # loss/value, ...
         loss = policy_loss + self.config.algo.vf_coef * critic_loss
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}

@@ -1,0 +1,149 @@
+"""What the policy-gradient strategies share (``grpo``, ``online_grpo``, ``online_ppo``): the
+policy loss chosen by ``algo.policy_loss`` and checked against ``algo.ppo``, the step's
+normalising counts, the policy's forward pass, and the loss with its metrics.
+
+The loss itself lives in :mod:`ardea.algo.policy_loss` as a registry entry (a
+:class:`ardea.algo.PolicyLoss`) that reads one :class:`ardea.algo.PolicyLossInputs`; its
+metrics are logged under the names it gives them (``loss/policy``, ``loss/clip_frac``,
+``loss/dual_clip_frac``, ``loss/approx_kl``, and for decoupled PPO
+``loss/behav_imp_weight`` and ``loss/behav_drop_frac``), token means over the whole step so
+that the micro-batches' values add up to the step's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ardea.algo import (
+    POLICY_OPTIONS,
+    PolicyLoss,
+    PolicyLossInputs,
+    get_policy_loss,
+    masked_mean,
+)
+from ardea.config.ppo import PPOConfig
+from ardea.data import TrajectoryBatch
+from ardea.errors import ConfigError
+from ardea.model import LogprobOutput, sequence_logprobs
+from ardea.trainer.strategies.base import Strategy
+from ardea.trainer.strategies.moe import MoETerms
+
+PPO_DEFAULTS = PPOConfig()
+
+
+def policy_loss_name(config: Any, *, online: bool) -> str:
+    """``algo.policy_loss``, or its default: decoupled PPO when online rollouts may be stale
+    (``rollout.max_staleness > 0``), else PPO."""
+    if config.algo.policy_loss is not None:
+        return config.algo.policy_loss
+    return "decoupled_ppo" if online and config.rollout.max_staleness > 0 else "ppo"
+
+
+def resolve_policy_loss(name: str, ppo: PPOConfig) -> PolicyLoss:
+    """The policy loss ``name`` (a :class:`ConfigError` listing the known ones), after
+    checking that no ``algo.ppo`` option it does not take is set away from its default."""
+    try:
+        loss = get_policy_loss(name)
+    except ConfigError as error:
+        raise ConfigError(f"algo.policy_loss: {error}") from None
+    unused = [
+        option
+        for option in POLICY_OPTIONS
+        if option not in loss.options and getattr(ppo, option) != getattr(PPO_DEFAULTS, option)
+    ]
+    if unused:
+        set_ = ", ".join(f"algo.ppo.{o}={getattr(ppo, o)!r}" for o in unused)
+        raise ConfigError(
+            f"algo.policy_loss={name!r} does not take {set_}; unset it or choose another "
+            f"algo.policy_loss (it takes {', '.join(loss.options) or 'no options'})"
+        )
+    return loss
+
+
+def rl_step_counts(micro_batches: list[TrajectoryBatch], moe: MoETerms) -> dict[str, float]:
+    """The normalisers of one optimizer step over its micro-batches: trained ``tokens`` and
+    ``seqs`` (next-token aligned), ``rows``, the ``horizon`` (longest row), the sums of the
+    trajectories' rewards and squared rewards (for their mean and population std), and the
+    MoE routed tokens. Every entry but ``horizon`` (a maximum) adds up across ranks."""
+    masks = [b.action_mask for b in micro_batches]
+    rewards = torch.cat([b.rewards.detach().double() for b in micro_batches])
+    counts = {
+        "tokens": float(sum(m.sum() for m in masks)),
+        "seqs": float(sum(m.any(dim=-1).sum() for m in masks)),
+        "rows": float(rewards.numel()),
+        "horizon": float(max(m.shape[-1] for m in masks)),
+        "reward_sum": float(rewards.sum()),
+        "reward_sq_sum": float(rewards.square().sum()),
+    }
+    return counts | moe.step_counts(micro_batches)
+
+
+def global_counts(step_counts: dict[str, float]) -> dict[str, Any]:
+    """The step's counts as :func:`ardea.algo.agg_loss`'s keyword arguments
+    (``global_tokens``, ``global_seqs``, ``horizon``)."""
+    return dict(
+        global_tokens=step_counts["tokens"],
+        global_seqs=step_counts["seqs"],
+        horizon=int(step_counts["horizon"]),
+    )
+
+
+def policy_objective(
+    ppo: PPOConfig,
+    loss_fn: PolicyLoss,
+    logprobs: Tensor,
+    batch: TrajectoryBatch,
+    counts: dict[str, Any],
+    *,
+    old: Tensor,
+) -> tuple[Tensor, dict[str, float]]:
+    """The policy loss and its metrics (module docstring), all ``(N, S)`` next-token
+    aligned. ``old`` is the ratio's denominator: the behaviour policy, or for a loss that
+    ``needs_proximal`` the proximal policy (the behaviour log-probs then give the weight)."""
+    mask, advantages = batch.action_mask, batch.advantages.to(logprobs.dtype)
+    behaviour = batch.behaviour_logprobs if loss_fn.needs_proximal else None
+    inputs = PolicyLossInputs(
+        logprobs=logprobs,
+        old_logprobs=old.to(logprobs.dtype),
+        advantages=advantages,
+        loss_mask=mask,
+        behav_logprobs=None if behaviour is None else behaviour.to(logprobs.dtype),
+        **counts,
+    )
+    loss, parts = loss_fn(inputs, **{name: getattr(ppo, name) for name in loss_fn.options})
+    metrics = {name: float(value) for name, value in parts.items()}
+    tokens = counts["global_tokens"]
+    metrics["train/advantage_mean"] = float(masked_mean(advantages, mask, global_tokens=tokens))
+    return loss, metrics
+
+
+def policy_forward(strategy: Strategy, batch: TrajectoryBatch) -> LogprobOutput:
+    """The policy's next-token log-probs and entropies of ``batch`` at its temperature."""
+    return sequence_logprobs(
+        strategy.policy,
+        **batch.model_inputs(),
+        chunk_size=strategy.config.model.logprob_chunk_size,
+        with_entropy=True,
+        temperature=batch.temperature,
+    )
+
+
+def ratio_reference(batch: TrajectoryBatch) -> Tensor:
+    """The online ratio's reference: pinned proximal log-probs (decoupled), else behaviour."""
+    if batch.proximal_logprobs is not None:
+        return batch.proximal_logprobs
+    return batch.behaviour_logprobs
+
+
+@torch.no_grad()
+def reference_logprobs(strategy: Strategy, batch: TrajectoryBatch) -> Tensor:
+    """``(N, S)`` next-token log-probs of ``strategy.reference`` at the batch's temperature."""
+    return sequence_logprobs(
+        strategy.reference,
+        **batch.model_inputs(),
+        chunk_size=strategy.config.model.logprob_chunk_size,
+        temperature=batch.temperature,
+    ).logprobs
