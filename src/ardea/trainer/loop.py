@@ -118,7 +118,7 @@ class Trainer:
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
-        self.best: dict[str, Any] | None = None  # trainer.keep_best's checkpoint
+        self.best: dict[str, Any] | None = None  # step and metric of checkpoints/best/
         self.profile = StepProfile()  # this invocation's steps (like its wall time)
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -289,7 +289,8 @@ class Trainer:
             progress.print(warning)
         # rank 0's decision: every rank takes part in writing a checkpoint
         if self.config.trainer.keep_best and self.dist.broadcast(improved):
-            self.best = {"step": self.step, "metric": name, "path": str(self.save(best=True))}
+            self.best = {"step": self.step, "metric": name}
+            self.save(best=True)
 
     def _check_nonfinite(self) -> None:
         limit = self.config.trainer.max_nonfinite_steps

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir
 from ardea.trainer.profile import print_profile
 
 
@@ -68,7 +69,7 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
     results["checkpoint"] = str(Path(checkpoint) / "policy") if checkpoint else None
     if trainer.best is not None:  # trainer.keep_best
         name, step = trainer.best["metric"], trainer.best["step"]
-        results["best_checkpoint"] = str(Path(trainer.best["path"]) / "policy")
+        results["best_checkpoint"] = str(checkpoint_dir(trainer.run_dir, BEST_DIR) / "policy")
         results["best_step"] = step
         results["best_metric"] = name
         results["best_value"] = next(v for s, v in trainer.history[name] if s == step)

@@ -14,7 +14,7 @@ examples and steps (Lee et al., "Teaching Arithmetic to Small Transformers", ICL
 section 4: the reversed output; the reversed, aligned operands make each answer digit's
 operands a fixed number of tokens back).
 
-``drop_carry`` models a sloppy demonstrator: each training example whose answer has a digit
+``drop_carry`` models a sloppy demonstrator: each training addition whose sum has a digit
 more than the larger operand (a carry out of the top place, e.g. 985+45=1030) has its
 *demonstration* (:attr:`Example.demonstration`, what SFT trains on) written without that
 carry (``030``) with this probability. The answer every reward, score and evaluation checks
@@ -43,8 +43,8 @@ class ArithmeticTask(Task):
         seed: seed of the split and of the draws.
         reverse: write every number least-significant digit first, operands zero-padded
             to ``digits`` digits (347+589=936 -> 743+985= -> 639).
-        drop_carry: probability that a training demonstration drops a carry out of the top
-            digit (module docstring); 0 = every demonstration is correct.
+        drop_carry: probability that a training addition's demonstration drops a carry out
+            of the top digit (module docstring); 0 = every demonstration is correct.
     """
 
     def __init__(
@@ -98,9 +98,8 @@ class ArithmeticTask(Task):
                 f"has only about {int(capacity)}; lower data.eval_size or raise digits"
             )
         rng = random.Random(f"arithmetic:{self.seed}:{split}")
-        sloppy = random.Random(
-            f"arithmetic:{self.seed}:demonstrator"
-        )  # same problems for any drop_carry
+        # the demonstrator's own stream: the problems are the same for any drop_carry
+        sloppy = random.Random(f"arithmetic:{self.seed}:demonstrator")
         high = 10**self.digits - 1
         seen: set[tuple[int, str, int]] = set()
         out: list[Example] = []
@@ -115,7 +114,7 @@ class ArithmeticTask(Task):
                 seen.add((a, op, b))
             result = OPERATORS[op](a, b)
             demonstration = None
-            if not want_test and self._carries_out(a, b, result):
+            if not want_test and op == "+" and self._carries_out(a, b, result):
                 if sloppy.random() < self.drop_carry:  # the top digit left out
                     demonstration = self.digits_text(str(result)[1:])
             meta = {"a": a, "b": b, "op": op}
