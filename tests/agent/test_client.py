@@ -56,7 +56,7 @@ def test_turn_level_gae_steps_once_per_turn_on_a_served_conversation(engine, tok
     cfg = PPOConfig(gae_timestep_unit="turn", gae_lambda=0.5)
     out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
     turns = b.turn_ids[0, 1:]  # the turn of the token each next-token position emits
-    adv = out["advantages"][0, :-1]
+    adv = out.advantages[0, :-1]
     assert torch.all(adv[turns == 0] == 1.0) and torch.all(adv[turns == 1] == 2.0)
     assert torch.all(adv[turns < 0] == 0.0)
 
@@ -70,7 +70,7 @@ def test_lambda_adapts_to_the_turn_count(engine, tokenizer):
         gae_lambda_kwargs={"alpha": 1.0},
     )
     out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
-    turns, adv = b.turn_ids[0, 1:], out["advantages"][0, :-1]
+    turns, adv = b.turn_ids[0, 1:], out.advantages[0, :-1]
     assert torch.all(adv[turns == 0] == 1.0) and torch.all(adv[turns == 1] == 2.0)
 
 
@@ -82,9 +82,9 @@ def test_kl_stays_token_local_in_turn_mode(engine, tokenizer):
     cfg = PPOConfig(gae_timestep_unit="turn", kl_ctl=1.0)
     out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
     act = b.loss_mask[0, 1:]
-    torch.testing.assert_close(out["returns"][0, :-1][act], torch.full((int(act.sum()),), 2.0))
+    torch.testing.assert_close(out.returns[0, :-1][act], torch.full((int(act.sum()),), 2.0))
     expected = 2.0 - b.logprobs[0, 1:][act]
-    torch.testing.assert_close(out["advantages"][0, :-1][act], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.advantages[0, :-1][act], expected, atol=1e-6, rtol=0)
 
 
 # A template that drops <think> blocks of earlier assistant turns (as Qwen3's does).

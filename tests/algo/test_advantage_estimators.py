@@ -5,8 +5,8 @@ import torch
 
 from ardea.algo import (
     ADVANTAGE_ESTIMATORS,
-    AdvantageInputs,
     AdvantageOutputs,
+    EstimatorInputs,
     get_advantage_estimator,
     group_stats,
     masked_whiten,
@@ -35,7 +35,7 @@ def make_inputs(scores=SCORES, groups=GROUPS, mask=MASK, **overrides):
         bootstrap_values=torch.zeros(rows, dtype=torch.float64),
     )
     kwargs.update(overrides)
-    return AdvantageInputs(**kwargs)
+    return EstimatorInputs(**kwargs)
 
 
 def per_trajectory(advantages, mask):

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ardea.algo.pipeline as pipeline
-from ardea.algo import compute_advantages, compute_gae, compute_token_level_gae
+from ardea.algo import (
+    AdvantageInputs,
+    AdvantageOutputs,
+    compute_advantages,
+    compute_token_level_gae,
+    next_token_align,
+)
 from ardea.config import PPOConfig
 
 RELATIVE = "ardea.algo.lambda_fn.relative_position_gae_lambda"
@@ -20,17 +26,30 @@ def config(**overrides):
     return types.SimpleNamespace(**{**dataclasses.asdict(PPOConfig()), **overrides})
 
 
-def batch(loss_mask, rewards=(1.0,), **extra):
-    loss_mask = torch.tensor(loss_mask, dtype=torch.float32)
-    out = {
-        "input_ids": torch.zeros(loss_mask.shape, dtype=torch.long),
-        "loss_mask": loss_mask,
-        "logprobs": torch.zeros(loss_mask.shape),
-        "attention_mask": torch.ones(loss_mask.shape, dtype=torch.bool),
-        "rewards": torch.tensor(rewards),
-    }
-    out.update(extra)
-    return out
+def batch(loss_mask, rewards=(1.0,), *, logprobs=None, attention_mask=None, turn_ids=None,
+          ref_logp=None, values=None, group_ids=None, no_eos=None):  # fmt: skip
+    """Rows written the way a trajectory batch stores them, token-aligned (column ``t``
+    describes token ``t``; ``values`` already next-token aligned), converted to the
+    next-token alignment :class:`AdvantageInputs` documents: ``out[:, t] = x[:, t + 1]``."""
+    trained = torch.tensor(loss_mask, dtype=torch.bool)
+    rows, width = trained.shape
+
+    def shifted(x):
+        return None if x is None else next_token_align(torch.where(trained, x, 0.0))
+
+    if attention_mask is None:
+        attention_mask = torch.ones(rows, width, dtype=torch.long)
+    return AdvantageInputs(
+        mask=next_token_align(trained, False),
+        logprobs=shifted(torch.zeros(rows, width) if logprobs is None else logprobs),
+        rewards=torch.tensor(rewards),
+        lengths=attention_mask.long().sum(dim=-1),
+        ref_logprobs=shifted(ref_logp),
+        values=values,
+        turn_ids=None if turn_ids is None else next_token_align(turn_ids, -1),
+        group_ids=group_ids,
+        no_eos=no_eos,
+    )
 
 
 def test_static_lambda_skips_the_dynamic_context(monkeypatch):
@@ -39,7 +58,7 @@ def test_static_lambda_skips_the_dynamic_context(monkeypatch):
 
     monkeypatch.setattr(pipeline, "build_lambda_context", fail)
     result = compute_advantages(batch([[0, 1, 1, 1]]), PPOConfig(gae_lambda=0.25))
-    assert result["advantages"].shape == (1, 4)
+    assert result.advantages.shape == (1, 4)
 
 
 @pytest.mark.parametrize("gae_lambda", [float("nan"), float("inf")])
@@ -56,8 +75,8 @@ def test_relative_position_lambda_without_turn_ids():
     result = compute_advantages(batch([[0] + [1] * steps]), cfg)
     active = [q ** ((steps - s) / (steps - 1)) for s in range(1, steps + 1)]
     expected = torch.tensor([active + [0.0]])
-    torch.testing.assert_close(result["advantages"], expected, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(result["returns"], expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(result.advantages, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(result.returns, expected, rtol=1e-6, atol=1e-7)
 
 
 def test_turn_mode_keeps_kl_token_local_and_returns_task_only():
@@ -70,16 +89,10 @@ def test_turn_mode_keeps_kl_token_local_and_returns_task_only():
     )
     result = compute_advantages(data, PPOConfig(gae_timestep_unit="turn", kl_ctl=1.0))
     torch.testing.assert_close(
-        result["returns"], torch.tensor([[2.0, 2.0, 2.0, 2.0, 0.0]]), rtol=0, atol=1e-6
+        result.returns, torch.tensor([[2.0, 2.0, 2.0, 2.0, 0.0]]), rtol=0, atol=1e-6
     )
     torch.testing.assert_close(
-        result["advantages"], torch.tensor([[2.0, 1.8, 1.6, 2.0, 0.0]]), rtol=0, atol=1e-6
-    )
-    torch.testing.assert_close(
-        result["tot_rewards"], torch.tensor([[0.0, -0.2, -0.4, 2.0, 0.0]]), rtol=0, atol=1e-6
-    )
-    torch.testing.assert_close(
-        result["kl_rewards"], torch.tensor([[0.0, -0.2, -0.4, 0.0, 0.0]]), rtol=0, atol=1e-6
+        result.advantages, torch.tensor([[2.0, 1.8, 1.6, 2.0, 0.0]]), rtol=0, atol=1e-6
     )
 
 
@@ -125,33 +138,30 @@ def full_batch(prompt_len, values_resp, logprobs_resp, reward, ref_resp=None):
     )  # V before each response token
     logprobs = torch.zeros(1, total)
     logprobs[0, prompt_len:] = torch.tensor(logprobs_resp)
-    out = batch(
+    ref = None
+    if ref_resp is not None:
+        ref = torch.zeros(1, total)
+        ref[0, prompt_len:] = torch.tensor(ref_resp)
+    return batch(
         [[0] * prompt_len + [1] * resp],
         rewards=(reward,),
         values=values,
         logprobs=logprobs,
+        ref_logp=ref,
         no_eos=torch.tensor([False]),
     )
-    if ref_resp is not None:
-        out["ref_logp"] = torch.zeros(1, total)
-        out["ref_logp"][0, prompt_len:] = torch.tensor(ref_resp)
-    return out
 
 
 def test_matches_response_level_gae_with_terminal_reward():
     # seed 001: values (0.1, 0.2, 0.3), reward 2 at the last token, gamma 1, lambda 0.95
     cfg = PPOConfig(gae_lambda=0.95)
     result = compute_advantages(full_batch(4, [0.1, 0.2, 0.3], [0.0] * 3, 2.0), cfg)
-    exp_adv, exp_ret = compute_gae(
-        torch.tensor([[0.0, 0.0, 2.0]]),
-        torch.tensor([[0.1, 0.2, 0.3]]),
-        torch.ones(1, 3),
-        1.0,
-        0.95,
-    )
-    torch.testing.assert_close(result["advantages"][:, 3:6], exp_adv, rtol=0, atol=1e-6)
-    torch.testing.assert_close(result["returns"][:, 3:6], exp_ret, rtol=0, atol=1e-6)
-    assert torch.count_nonzero(result["advantages"][:, :3]) == 0
+    # by hand: deltas 0.2-0.1, 0.3-0.2, 2-0.3; A_t = delta_t + 0.95 A_(t+1); R = A + V
+    exp_adv = torch.tensor([[0.1 + 0.95 * (0.1 + 0.95 * 1.7), 0.1 + 0.95 * 1.7, 1.7]])
+    exp_ret = exp_adv + torch.tensor([[0.1, 0.2, 0.3]])
+    torch.testing.assert_close(result.advantages[:, 3:6], exp_adv, rtol=0, atol=1e-6)
+    torch.testing.assert_close(result.returns[:, 3:6], exp_ret, rtol=0, atol=1e-6)
+    assert torch.count_nonzero(result.advantages[:, :3]) == 0
 
 
 def test_kl_penalty_is_folded_into_token_rewards():
@@ -160,13 +170,9 @@ def test_kl_penalty_is_folded_into_token_rewards():
     result = compute_advantages(
         full_batch(4, [0.0, 0.0], [1.0, 1.0], 1.0, ref_resp=[0.0, 0.0]), cfg
     )
-    torch.testing.assert_close(
-        result["tot_rewards"][:, 3:5], torch.tensor([[-0.01, 0.99]]), rtol=0, atol=1e-6
-    )
-    exp_adv, _ = compute_gae(
-        torch.tensor([[-0.01, 0.99]]), torch.zeros(1, 2), torch.ones(1, 2), 1.0, 0.95
-    )
-    torch.testing.assert_close(result["advantages"][:, 3:5], exp_adv, rtol=0, atol=1e-6)
+    # token rewards -0.01 and 1 - 0.01 with V = 0: A = (-0.01 + 0.95 * 0.99, 0.99)
+    exp_adv = torch.tensor([[-0.01 + 0.95 * 0.99, 0.99]])
+    torch.testing.assert_close(result.advantages[:, 3:5], exp_adv, rtol=0, atol=1e-6)
 
 
 def test_padded_rows_get_zero_advantages_and_returns():
@@ -177,28 +183,30 @@ def test_padded_rows_get_zero_advantages_and_returns():
         values=torch.rand(2, 6, generator=torch.Generator().manual_seed(0)),
     )
     result = compute_advantages(data, PPOConfig(gae_lambda=0.9, discount=0.9))
-    trained = result["next_loss_mask"]
+    trained = data.mask
     torch.testing.assert_close(
         trained, torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
     )
-    assert torch.count_nonzero(result["advantages"][~trained]) == 0
-    assert torch.count_nonzero(result["returns"][~trained]) == 0
-    assert torch.count_nonzero(result["advantages"][trained]) == int(trained.sum())
+    assert torch.count_nonzero(result.advantages[~trained]) == 0
+    assert torch.count_nonzero(result.returns[~trained]) == 0
+    assert torch.count_nonzero(result.advantages[trained]) == int(trained.sum())
+    # the reward sits at each row's last trained position: with V = 0, lambda = 1 and
+    # gamma = 0.5 the returns halve going back from it
+    result = compute_advantages(data, PPOConfig(gae_lambda=1.0, discount=0.5))
     torch.testing.assert_close(
-        result["tot_rewards"][:, :4], torch.tensor([[0, 0, 0, 1.0], [0, -1.0, 0, 0]])
+        result.returns[:, :4], torch.tensor([[0.125, 0.25, 0.5, 1.0], [-0.5, -1.0, 0, 0]])
     )
 
 
-def test_outputs_are_next_token_aligned_and_input_is_untouched():
+def test_outputs_are_typed_and_the_inputs_untouched():
     logprobs = torch.tensor([[0.0, -0.1, -0.2, -0.3]])
     data = batch([[0, 1, 1, 1]], logprobs=logprobs, turn_ids=torch.tensor([[-1, 0, 0, 1]]))
-    before = {k: v.clone() for k, v in data.items()}
+    before = {k: v.clone() for k, v in vars(data).items() if isinstance(v, torch.Tensor)}
     result = compute_advantages(data, PPOConfig())
-    assert set(data) == set(before) and all(torch.equal(data[k], before[k]) for k in data)
-    torch.testing.assert_close(result["next_logprobs"], torch.tensor([[-0.1, -0.2, -0.3, 0.0]]))
-    assert set(pipeline.OUTPUT_KEYS) == set(result) - set(data)
-    for key in pipeline.OUTPUT_KEYS:
-        assert result[key].shape == (1, 4)
+    assert all(torch.equal(getattr(data, k), v) for k, v in before.items())
+    torch.testing.assert_close(data.logprobs, torch.tensor([[-0.1, -0.2, -0.3, 0.0]]))
+    assert isinstance(result, AdvantageOutputs)
+    assert result.advantages.shape == result.returns.shape == (1, 4)
 
 
 def test_bootstrap_reads_the_value_after_the_last_real_token():
@@ -211,7 +219,7 @@ def test_bootstrap_reads_the_value_after_the_last_real_token():
         attention_mask=torch.tensor([[1, 1, 1, 1, 0]], dtype=torch.bool),
     )
     result = compute_advantages(data, PPOConfig(gae_lambda=1.0, discount=1.0))
-    torch.testing.assert_close(result["advantages"], torch.tensor([[5.0, 5.0, 5.0, 0.0, 0.0]]))
+    torch.testing.assert_close(result.advantages, torch.tensor([[5.0, 5.0, 5.0, 0.0, 0.0]]))
 
 
 def test_reward_bias_scaling_clip_and_no_eos_masking():
@@ -223,20 +231,21 @@ def test_reward_bias_scaling_clip_and_no_eos_masking():
     result = compute_advantages(
         data, PPOConfig(reward_bias=1.0, reward_scaling=2.0, reward_clip=20.0)
     )
-    torch.testing.assert_close(result["tot_rewards"][:, 0], torch.tensor([4.0, 20.0, 0.0]))
+    # one trained position per row, V = 0: the return there is the shaped score itself
+    torch.testing.assert_close(result.returns[:, 0], torch.tensor([4.0, 20.0, 0.0]))
     result = compute_advantages(data, PPOConfig(mask_no_eos_with_zero=True))
-    torch.testing.assert_close(result["tot_rewards"][:, 0], torch.tensor([1.0, 20.0, 0.0]))
+    torch.testing.assert_close(result.returns[:, 0], torch.tensor([1.0, 20.0, 0.0]))
 
 
 def test_reward_and_advantage_normalization():
     rewards = (1.0, 3.0, 10.0, 20.0)
     data = batch([[0, 1]] * 4, rewards=rewards, group_ids=torch.tensor([0, 0, 1, 1]))
-    group = compute_advantages(data, PPOConfig(reward_norm="group"))["tot_rewards"][:, 0]
+    group = compute_advantages(data, PPOConfig(reward_norm="group")).returns[:, 0]
     torch.testing.assert_close(group, torch.tensor([-1.0, 1.0, -1.0, 1.0]), rtol=0, atol=1e-6)
-    whole = compute_advantages(data, PPOConfig(reward_norm="batch"))["tot_rewards"][:, 0]
+    whole = compute_advantages(data, PPOConfig(reward_norm="batch")).returns[:, 0]
     r = torch.tensor(rewards)
     torch.testing.assert_close(whole, (r - r.mean()) / (r.std(unbiased=False) + 1e-8))
-    adv = compute_advantages(data, PPOConfig(adv_norm="batch"))["advantages"][:, 0]
+    adv = compute_advantages(data, PPOConfig(adv_norm="batch")).advantages[:, 0]
     torch.testing.assert_close(adv, (r - r.mean()) / (r.std(unbiased=False) + 1e-8))
     with pytest.raises(ValueError, match="group_ids"):
         compute_advantages(batch([[0, 1]]), PPOConfig(adv_norm="group"))
@@ -252,50 +261,67 @@ def test_grpo_through_the_pipeline():
     expected = (
         torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]) / (0.5 + 1e-8) * 0.5
     )
-    torch.testing.assert_close(result["advantages"], expected)
+    torch.testing.assert_close(result.advantages, expected)
+
+
+def fields(**changes):
+    """A valid one-row AdvantageInputs's fields (3 columns, 2 trained), with ``changes``."""
+    base = dict(
+        mask=torch.tensor([[1, 1, 0]]),
+        logprobs=torch.zeros(1, 3),
+        rewards=torch.tensor([1.0]),
+        lengths=torch.tensor([3]),
+    )
+    return {**base, **changes}
 
 
 @pytest.mark.parametrize(
-    ("data", "cfg", "message"),
+    ("changes", "message"),
     [
-        ({"loss_mask": torch.ones(1, 3)}, PPOConfig(), "missing keys"),
-        (
-            batch([[0, 1, 1]], logprobs=torch.zeros(1, 4)),
-            PPOConfig(),
-            r"batch\['logprobs'\] must have shape",
-        ),
-        (
-            batch([[0, 1, 1]], rewards=(1.0, 2.0)),
-            PPOConfig(),
-            r"batch\['rewards'\] must have shape",
-        ),
-        (
-            batch([[0, 1, 1]], logprobs=torch.tensor([[0.0, float("nan"), 0.0]])),
-            PPOConfig(),
-            "finite",
-        ),
-        (batch([[0, 1, 1]], values=torch.full((1, 3), float("inf"))), PPOConfig(), "finite"),
-        (batch([[0, 2, 1]]), PPOConfig(), "only 0 and 1"),
-        (batch([[0, 1, 1]]), PPOConfig(kl_ctl=0.1), r"batch\['ref_logp'\]"),
-        (batch([[0, 1, 1]]), PPOConfig(adv_estimator="nope"), "unknown advantage estimator 'nope'"),
-        (
-            batch([[0, 1, 1]], ref_logp=torch.zeros(1, 3)),
-            config(kl_ctl=0.1, kl_estimator="k9"),
-            "known estimators",
-        ),
-        (batch([[0, 1, 1]], turn_ids=torch.zeros(1, 3)), PPOConfig(), "integer dtype"),
-        (batch([[0, 1, 1]], group_ids=torch.tensor([0, 1])), PPOConfig(), r"batch\['group_ids'\]"),
+        ({"mask": torch.ones(3)}, r"AdvantageInputs.mask must have shape \(N, S\)"),
+        ({"mask": torch.tensor([[1, 2, 0]])}, "only 0 and 1"),
+        ({"logprobs": torch.zeros(1, 4)}, r"AdvantageInputs.logprobs must have shape"),
+        ({"logprobs": torch.zeros(1, 3, dtype=torch.long)}, "floating-point"),
+        ({"rewards": torch.tensor([1.0, 2.0])}, r"AdvantageInputs.rewards must have shape"),
+        ({"logprobs": torch.tensor([[0.0, float("nan"), 0.0]])}, "finite"),
+        ({"values": torch.full((1, 3), float("inf"))}, "finite"),
+        ({"rewards": torch.tensor([float("nan")])}, "finite"),
+        ({"lengths": torch.tensor([3.0])}, "AdvantageInputs.lengths must have an integer"),
+        ({"turn_ids": torch.zeros(1, 3)}, "AdvantageInputs.turn_ids must have an integer"),
+        ({"group_ids": torch.tensor([0, 1])}, r"AdvantageInputs.group_ids must have shape"),
+        ({"no_eos": torch.tensor([True, False])}, r"AdvantageInputs.no_eos must have shape"),
     ],
 )
-def test_bad_input_is_named(data, cfg, message):
+def test_bad_inputs_are_named_when_built(changes, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        AdvantageInputs(**fields(**changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "cfg", "message"),
+    [
+        ({}, PPOConfig(kl_ctl=0.1), r"AdvantageInputs.ref_logprobs"),
+        ({}, PPOConfig(adv_estimator="nope"), "unknown advantage estimator 'nope'"),
+        (
+            {"ref_logprobs": torch.zeros(1, 3)},
+            config(kl_ctl=0.1, kl_estimator="k9"),
+            "known estimators",
+        ),  # fmt: skip
+        ({}, PPOConfig(gae_timestep_unit="turn"), "requires rollout data.*turn_ids"),
+        ({}, PPOConfig(adv_norm="group"), "group_ids"),
+    ],
+)
+def test_bad_settings_are_named(changes, cfg, message):
     with pytest.raises(ValueError, match=message):
-        compute_advantages(data, cfg)
+        compute_advantages(AdvantageInputs(**fields(**changes)), cfg)
 
 
 def test_nan_logprobs_outside_trained_tokens_are_ignored():
-    data = batch([[0, 1, 1]], logprobs=torch.tensor([[float("nan"), -0.5, -0.5]]))
-    result = compute_advantages(data, PPOConfig())
-    assert bool(torch.isfinite(result["advantages"]).all())
+    nan = float("nan")
+    logprobs, reference = torch.tensor([[-0.5, -0.5, nan]]), torch.tensor([[0.0, 0.0, nan]])
+    data = AdvantageInputs(**fields(logprobs=logprobs, ref_logprobs=reference))
+    result = compute_advantages(data, PPOConfig(kl_ctl=0.1, kl_estimator="k1"))
+    assert bool(torch.isfinite(result.advantages).all())
 
 
 def seed_pipeline(data, gamma, lam):
@@ -340,7 +366,11 @@ def test_agrees_with_the_seed_recipe_on_single_turn_rows(layout, gamma, lam, see
         "rewards": torch.randn(len(layout), generator=gen),
         "values": torch.where(attention, torch.randn(len(layout), width, generator=gen), 0.0),
     }
-    result = compute_advantages(data, PPOConfig(discount=gamma, gae_lambda=lam, reward_clip=1e6))
-    torch.testing.assert_close(
-        result["advantages"], seed_pipeline(data, gamma, lam), rtol=0, atol=0
+    inputs = batch(
+        loss_mask.tolist(),
+        data["rewards"].tolist(),
+        attention_mask=attention,
+        values=data["values"],
     )
+    result = compute_advantages(inputs, PPOConfig(discount=gamma, gae_lambda=lam, reward_clip=1e6))
+    torch.testing.assert_close(result.advantages, seed_pipeline(data, gamma, lam), rtol=0, atol=0)

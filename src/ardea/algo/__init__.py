@@ -15,8 +15,8 @@ rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
 from ardea.algo._ckernel import c_kernel_available
 from ardea.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
-    AdvantageInputs,
     AdvantageOutputs,
+    EstimatorInputs,
     dr_grpo_advantages,
     gae_advantages,
     get_advantage_estimator,
@@ -51,7 +51,12 @@ from ardea.algo.normalize import (
     masked_whiten,
     normalize_scores,
 )
-from ardea.algo.pipeline import compute_advantages, next_token_align, place_outcome
+from ardea.algo.pipeline import (
+    AdvantageInputs,
+    compute_advantages,
+    next_token_align,
+    place_outcome,
+)
 from ardea.algo.policy_loss import (
     clipped_surrogate,
     decoupled_ppo_policy_loss,
@@ -78,6 +83,7 @@ __all__ = [
     "PolicyLoss",
     "PolicyLossInputs",
     "AdvantageInputs",
+    "EstimatorInputs",
     "AdvantageOutputs",
     "agg_counts",
     "agg_loss",

@@ -1,6 +1,6 @@
 """Advantage estimators behind one registry with one signature.
 
-Every estimator is ``fn(inputs: AdvantageInputs) -> AdvantageOutputs``: it receives the
+Every estimator is ``fn(inputs: EstimatorInputs) -> AdvantageOutputs``: it receives the
 next-token-aligned ``(N, S)`` rewards, mask and values of a batch plus per-trajectory group
 labels, and returns ``(N, S)`` advantages and returns that are 0 outside ``loss_mask``. The
 caller (:func:`ardea.algo.pipeline.compute_advantages`) never special-cases an entry.
@@ -45,7 +45,7 @@ from ardea.registry import Registry, callable_check
 
 
 @dataclass(frozen=True)
-class AdvantageInputs:
+class EstimatorInputs:
     """What every advantage estimator receives; all ``(N, S)`` tensors are next-token aligned.
 
     Attributes:
@@ -95,14 +95,14 @@ class AdvantageOutputs(NamedTuple):
     returns: Tensor
 
 
-AdvantageEstimator = Callable[[AdvantageInputs], AdvantageOutputs]
+AdvantageEstimator = Callable[[EstimatorInputs], AdvantageOutputs]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
     "advantage estimator", "estimators", check=callable_check
 )
 
 
 def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator registering ``fn(inputs: AdvantageInputs) -> AdvantageOutputs`` as ``name``."""
+    """Decorator registering ``fn(inputs: EstimatorInputs) -> AdvantageOutputs`` as ``name``."""
     return ADVANTAGE_ESTIMATORS.register(name)
 
 
@@ -121,7 +121,7 @@ def _broadcast(per_traj: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, per_traj[:, None], 0.0)
 
 
-def _group_stats(inputs: AdvantageInputs, name: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _group_stats(inputs: EstimatorInputs, name: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(R, mean_g, std_g, size_g)``, each ``(N,)``; needs ``group_ids``."""
     if inputs.group_ids is None:
         raise ValueError(f"advantage estimator {name!r} needs batch['group_ids'] (N,)")
@@ -130,7 +130,7 @@ def _group_stats(inputs: AdvantageInputs, name: str) -> tuple[Tensor, Tensor, Te
 
 
 @register_advantage("gae")
-def gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+def gae_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """Critic-based GAE at the configured time-step unit.
 
     Token unit: token-level GAE on ``task_rewards + kl_rewards``. Turn unit: turn-level GAE
@@ -163,7 +163,7 @@ def gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 
 @register_advantage("grpo")
-def grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+def grpo_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """GRPO: ``A_i = (R_i - mean_g) / (std_g + 1e-8)`` on every trained token of ``i``."""
     returns, mean, std, _ = _group_stats(inputs, "grpo")
     adv = (returns - mean) / (std + NORM_EPS)
@@ -173,7 +173,7 @@ def grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 
 @register_advantage("dr_grpo")
-def dr_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+def dr_grpo_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """Dr. GRPO: ``A_i = R_i - mean_g`` (no division by the group std)."""
     returns, mean, _, _ = _group_stats(inputs, "dr_grpo")
     return AdvantageOutputs(
@@ -182,7 +182,7 @@ def dr_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 
 @register_advantage("rloo")
-def rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+def rloo_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """RLOO: ``A_i = R_i - (sum_{j in g, j != i} R_j) / (G - 1)``; 0 for a group of one."""
     returns, mean, _, size = _group_stats(inputs, "rloo")
     scale = torch.where(size > 1, size / (size - 1).clamp(min=1.0), 0.0)
@@ -193,7 +193,7 @@ def rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 
 @register_advantage("reinforce_pp")
-def reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+def reinforce_pp_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """REINFORCE++: ``G_t = r_t + gamma * G_next`` over trained tokens, batch-whitened.
 
     ``G_t`` is token-level GAE with ``V = 0`` and ``lambda = 1`` (same skipping of untrained
@@ -216,7 +216,7 @@ def reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 
 @register_advantage("reinforce_pp_baseline")
-def reinforce_pp_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+def reinforce_pp_baseline_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """REINFORCE++-baseline: ``R_i - mean_g`` on trained tokens, then batch-whitened."""
     mask = inputs.loss_mask
     returns, mean, _, _ = _group_stats(inputs, "reinforce_pp_baseline")

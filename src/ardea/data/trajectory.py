@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ardea.algo import next_token_align
+from ardea.algo import AdvantageInputs, next_token_align
 from ardea.data.trajectory_checks import PINNED_FIELDS, validate
 
 SegmentKind = Literal["prompt", "generated", "context"]
@@ -220,26 +220,26 @@ class TrajectoryBatch:
             raise ValueError("this batch carries no behaviour log-probs (TrajectoryBatch.logprobs)")
         return next_token_align(torch.where(self.loss_mask, self.logprobs, 0.0))
 
-    def advantage_inputs(self, *, values: Tensor | None = None) -> dict[str, Tensor]:
-        """The mapping :func:`ardea.algo.compute_advantages` reads, in its documented layout:
-        token-aligned per-token fields (behaviour log-probs 0 when the batch has none, the
-        pinned reference log-probs shifted back to token alignment), next-token aligned
-        critic ``values``."""
-        logprobs = self.logprobs if self.logprobs is not None else torch.zeros(self.loss_mask.shape)
-        inputs = {
-            "attention_mask": self.attention_mask,
-            "loss_mask": self.loss_mask,
-            "logprobs": logprobs.to(self.loss_mask.device),
-            "rewards": self.rewards,
-            "group_ids": self.group_ids,
-            "no_eos": self.no_eos,
-            "turn_ids": self.turn_ids,
-        }
-        if values is not None:
-            inputs["values"] = values
-        if self.ref_logprobs is not None:
-            inputs["ref_logp"] = _token_aligned(self.ref_logprobs)
-        return inputs
+    def advantage_inputs(self, *, values: Tensor | None = None) -> AdvantageInputs:
+        """What :func:`ardea.algo.compute_advantages` reads, next-token aligned: the action
+        mask, behaviour log-probs (0 when the batch has none), rewards, row lengths, the
+        pinned reference log-probs, the critic's ``values (N, S)`` if given, turn ids, groups."""
+        mask = self.action_mask
+        if self.logprobs is None:
+            logprobs = torch.zeros(mask.shape, device=mask.device)
+        else:
+            logprobs = self.behaviour_logprobs
+        return AdvantageInputs(
+            mask=mask,
+            logprobs=logprobs,
+            rewards=self.rewards,
+            lengths=self.attention_mask.sum(dim=-1),
+            ref_logprobs=self.ref_logprobs,
+            values=values,
+            turn_ids=next_token_align(self.turn_ids, -1),
+            group_ids=self.group_ids,
+            no_eos=self.no_eos,
+        )
 
     def model_inputs(self) -> dict[str, Tensor | None]:
         """Keyword arguments of the model's forward: packed rows attend by position ids."""
@@ -303,14 +303,6 @@ def action_positions(trained: Tensor) -> Tensor:
     """Token-aligned ``(N, S)`` bool of trained tokens → next-token aligned: position ``t``
     is True when it emits a trained token ``t + 1`` (the model's output alignment)."""
     return next_token_align(trained.bool(), False)
-
-
-def _token_aligned(next_aligned: Tensor) -> Tensor:
-    """The inverse of :func:`ardea.algo.next_token_align`: ``out[:, t + 1] = x[:, t]``,
-    column 0 is 0."""
-    out = torch.zeros_like(next_aligned)
-    out[:, 1:] = next_aligned[:, :-1]
-    return out
 
 
 def turn_ids_from_mask(loss_mask: Tensor) -> Tensor:

@@ -112,8 +112,8 @@ class GRPOStrategy(Strategy):
 
     def group_advantages(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """``batch`` with the estimator's advantages pinned (next-token aligned)."""
-        inputs = batch.advantage_inputs()
-        return batch.pin(advantages=compute_advantages(inputs, self.adv_config)["advantages"])
+        advantages = compute_advantages(batch.advantage_inputs(), self.adv_config).advantages
+        return batch.pin(advantages=advantages)
 
     def _old_logprobs(self, batch: TrajectoryBatch, logprobs: Tensor) -> Tensor:
         """The ratio's reference (module docstring): offline the policy's own ``logprobs``

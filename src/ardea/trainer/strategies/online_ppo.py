@@ -136,7 +136,7 @@ class OnlinePPOStrategy(OnlineStrategy):
         if self.reference is not None:
             batch = batch.pin(ref_logprobs=policy_gradient.reference_logprobs(self, batch))
         out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
-        batch = batch.pin(advantages=out["advantages"], returns=out["returns"], old_values=values)
+        batch = batch.pin(advantages=out.advantages, returns=out.returns, old_values=values)
         if self.policy_loss.needs_proximal:
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         metrics.update(self._rollout_metrics(batch))
