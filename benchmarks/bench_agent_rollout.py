@@ -16,6 +16,7 @@ played alone (one engine call per reply). Both sides build their trajectory batc
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
@@ -24,7 +25,7 @@ import torch
 from ardea.agent import env_class
 from ardea.agent.episodes import EpisodeRunner
 from ardea.model import build_char_tokenizer, build_tiny_model
-from ardea.rollout import SamplingParams, make_engine
+from ardea.rollout import EngineSpec, SamplingParams, make_engine
 
 
 def runner(smoke: bool, group: int) -> EpisodeRunner:
@@ -32,7 +33,7 @@ def runner(smoke: bool, group: int) -> EpisodeRunner:
     size = dict(hidden_size=32, num_layers=1) if smoke else dict(hidden_size=128, num_layers=4)
     model = build_tiny_model(tokenizer, max_position_embeddings=512, seed=0, **size).eval()
     return EpisodeRunner(
-        make_engine("in_process", model, tokenizer),
+        make_engine("in_process", EngineSpec.of(model, tokenizer), module=model),
         tokenizer,
         env="guess_number",
         env_args={"high": 16},
@@ -49,10 +50,12 @@ def batched(r: EpisodeRunner, rows) -> int:
 
 
 def one_at_a_time(r: EpisodeRunner, rows) -> int:
+    solo = copy.copy(r)
+    solo.group_size = 1  # one episode per call
     count = 0
     for i, row in enumerate(rows):
         for g in range(r.group_size):
-            r.score(r.generate([row], seed_index=(i, g), group_size=1))
+            solo.score(solo.generate([row], seed_index=(i, g)))
             count += 1
     return count
 

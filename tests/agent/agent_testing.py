@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
-from ardea.rollout import Completion, GenerationEngine, SamplingParams
+from ardea.agent.env import Environment, StepResult
+from ardea.rollout import Completion, EngineSpec, GenerationEngine, SamplingParams, load_weights
 
 
 class FixedWeightsEngine(GenerationEngine):
-    """An engine of the tests whose weights never change (version 0)."""
+    """An engine of the tests whose weights never change (version 0), without a context
+    limit, stopping at ``self.stops``."""
 
-    def update_weights(self, named_tensors, version):
+    stops: list[int] = []
+
+    def update_weights(self, weights, version):
         raise NotImplementedError
 
     @property
     def version(self) -> int:
         return 0
+
+    @property
+    def max_context(self) -> int | None:
+        return None
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.stops)
 
 
 class ScriptedEngine(FixedWeightsEngine):
@@ -30,8 +40,7 @@ class ScriptedEngine(FixedWeightsEngine):
         self.prompts: list[list[int]] = []
         self.calls = 0
         # stops like the tiny model: <eos> and <|im_end|> (what the client reads)
-        ends = tokenizer.convert_tokens_to_ids(["<eos>", "<|im_end|>"])
-        self.model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=ends))
+        self.stops = tokenizer.convert_tokens_to_ids(["<eos>", "<|im_end|>"])
 
     def generate(self, prompts, params: SamplingParams):
         self.calls += 1
@@ -63,10 +72,11 @@ class ForcedEngine(FixedWeightsEngine):
         self.tokenizer = tokenizer
         self.policy = policy
         self.calls = 0
+        self.stops = tokenizer.convert_tokens_to_ids(["<eos>", "<|im_end|>"])
 
     @property
-    def model(self):
-        return self._model
+    def max_context(self) -> int | None:
+        return self._model.config.max_position_embeddings
 
     def generate(self, prompts, params: SamplingParams):
         self.calls += 1
@@ -79,3 +89,77 @@ class ForcedEngine(FixedWeightsEngine):
             lp = recomputed_logprobs(self._model, full)[0, len(p) :].tolist()
             out.append(Completion(list(p), ids, lp, "stop", self.version))
         return out
+
+
+class TurnsEnv(Environment):
+    """An environment of the tests whose episode lasts ``row["turns"]`` replies, whatever
+    the model says (episodes of one call end at different turns)."""
+
+    @classmethod
+    def rows(cls, count, seed, *, split, **_):
+        return [{"turns": 1 + i % 3} for i in range(count)]
+
+    def reset(self, row):
+        self.left = int(row["turns"])
+        return [{"role": "user", "content": "say something"}]
+
+    def step(self, action):
+        self.left -= 1
+        return StepResult([{"role": "user", "content": "again"}], 0.0, self.left == 0, {})
+
+
+class InterfaceEngine(GenerationEngine):
+    """An engine written only against the documented interface, the way one driving a
+    remote server is: built from an :class:`EngineSpec` alone (no module, no ``.model``), it
+    answers ``"7"`` on rows with an even row id and ``"x"`` on odd ones, then a stop token,
+    with log-prob -0.5 per token. It records each ``update_weights`` (version, number of
+    tensors) and whether it was closed; ``INSTANCES`` holds every one built."""
+
+    INSTANCES: list[InterfaceEngine] = []
+
+    def __init__(self, spec: EngineSpec, version: int = 0) -> None:
+        self.spec = spec
+        self._version = version
+        self.updates: list[tuple[int, int]] = []
+        self.closed = False
+        self.rows_seen: list[int] = []
+        InterfaceEngine.INSTANCES.append(self)
+
+    def generate(self, prompts, params: SamplingParams):
+        rows = params.rows(len(prompts) * params.n)
+        self.rows_seen += rows
+        stop = self.spec.stop_token_ids[-1]
+        out = []
+        for i, row in enumerate(rows):
+            text = "7" if row % 2 == 0 else "x"
+            ids = self.spec.tokenizer(text, add_special_tokens=False)["input_ids"] + [stop]
+            prompt = list(prompts[i // params.n])
+            out.append(Completion(prompt, ids, [-0.5] * len(ids), "stop", self._version))
+        return out
+
+    def update_weights(self, weights, version):
+        if version <= self._version:
+            raise ValueError(f"version must increase: {version} after {self._version}")
+        self.updates.append((version, len(load_weights(weights))))
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int | None:
+        return self.spec.model_config.max_position_embeddings
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.spec.stop_token_ids)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def interface_engine(spec: EngineSpec, *, module=None, version: int = 0) -> InterfaceEngine:
+    """``rollout.engine=tests.agent.agent_testing.interface_engine``: ignores the live
+    module, as an engine on another machine must."""
+    return InterfaceEngine(spec, version)

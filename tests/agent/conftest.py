@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ardea.model import build_char_tokenizer, build_tiny_model
-from ardea.rollout import make_engine
+from ardea.rollout import EngineSpec, make_engine
 
 
 @pytest.fixture(scope="module")
@@ -31,4 +31,4 @@ def model(tokenizer):
 
 @pytest.fixture
 def engine(model, tokenizer):
-    return make_engine("in_process", model, tokenizer)
+    return make_engine("in_process", EngineSpec.of(model, tokenizer), module=model)

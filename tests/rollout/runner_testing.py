@@ -3,7 +3,7 @@
 from ardea.data import make_task
 from ardea.model import build_char_tokenizer, build_tiny_model
 from ardea.reward import RewardScorer
-from ardea.rollout import RolloutRunner, SamplingParams, make_engine
+from ardea.rollout import EngineSpec, RolloutRunner, SamplingParams, make_engine
 
 TOKENIZER = build_char_tokenizer()
 TASK = make_task("arithmetic", digits=2)
@@ -23,7 +23,7 @@ def make_runner(temperature=1.0, group_size=3, max_new_tokens=6, reward=length_r
         intermediate_size=64, seed=3,
     )  # fmt: skip
     runner = RolloutRunner(
-        make_engine("in_process", policy, TOKENIZER),
+        make_engine("in_process", EngineSpec.of(policy, TOKENIZER), module=policy),
         TOKENIZER,
         RewardScorer([(reward, 1.0)], timeout_s=10.0),
         group_size=group_size,

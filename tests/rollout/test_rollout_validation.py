@@ -67,6 +67,8 @@ def test_params_must_be_sampling_params(engine):
         ("seed", 2**64),
         ("stop_token_ids", 5),
         ("stop_token_ids", [3, -2]),
+        ("row_ids", 3),
+        ("row_ids", [0, -1]),
     ],
 )
 def test_sampling_params_validation_names_the_field(field, value):

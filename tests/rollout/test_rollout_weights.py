@@ -9,7 +9,7 @@ import pytest
 import torch
 from rollout_models import EOS, PAD, make_model
 
-from ardea.rollout import InProcessEngine, SamplingParams, make_engine
+from ardea.rollout import EngineSpec, InProcessEngine, SamplingParams, make_engine, own_copy
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
@@ -60,7 +60,7 @@ def test_shared_weights_fast_path_copies_nothing(monkeypatch):
 def test_an_engine_that_owns_its_weights_changes_only_through_update_weights():
     model = make_model("qwen2", seed=0)
     tokenizer = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS)
-    engine = make_engine("in_process", model, tokenizer, share_weights=False)
+    engine = make_engine("in_process", EngineSpec.of(model, tokenizer), module=own_copy(model))
     before = tokens(engine.generate(PROMPTS, GREEDY))
     other = make_model("qwen2", seed=1)
     model.load_state_dict(other.state_dict())  # the trainer's weights move ...

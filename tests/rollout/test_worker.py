@@ -1,16 +1,22 @@
 """The background rollout worker: its fixed version schedule, weight publication, the
 completions it hands a checkpoint, and failures reported instead of hangs."""
 
+import weakref
+
 import pytest
 import torch
 from runner_testing import EXAMPLES, make_runner
 
-from ardea.rollout import RolloutWorker, RolloutWorkerError, make_engine
+from ardea.rollout import EngineSpec, RolloutWorker, RolloutWorkerError, make_engine, own_copy
+
+MODULES = weakref.WeakKeyDictionary()  # engine -> the module copy it generates with
 
 
 def own_engine(runner, policy):
     """An engine with its own copy of ``policy``'s weights, at the runner engine's version."""
-    engine = make_engine("in_process", policy, runner.tokenizer, share_weights=False)
+    module = own_copy(policy)
+    engine = make_engine("in_process", EngineSpec.of(policy, runner.tokenizer), module=module)
+    MODULES[engine] = module
     if runner.engine.version:
         engine.update_weights(policy.state_dict(), runner.engine.version)
     return engine
@@ -72,13 +78,13 @@ def test_jobs_wait_for_their_version_and_use_exactly_it():
         worker.publish(states[2], 2)
         worker.submit(1, EXAMPLES)
         assert versions(worker.result(1)) == {0}
-        model = worker.engine.model.state_dict()
+        model = MODULES[worker.engine].state_dict()
         assert all(torch.equal(model[k], states[0][k]) for k in model)  # not version 2's
         worker.submit(2, EXAMPLES)
         worker.publish(states[1], 1)  # published out of order: 2 came before 1
         generation = worker.result(2)
         assert versions(generation) == {1}
-        model = worker.engine.model.state_dict()
+        model = MODULES[worker.engine].state_dict()
         assert all(torch.equal(model[k], states[1][k]) for k in model)
         # the same completions as the trainer's engine gives on version-1 weights
         policy.load_state_dict(states[1])

@@ -7,7 +7,7 @@ from online_testing import RUN, naive_token_logprobs
 
 from ardea.config import load_config
 from ardea.data import TrajectoryBatch
-from ardea.rollout import SamplingParams, make_engine
+from ardea.rollout import EngineSpec, SamplingParams, make_engine, own_copy
 from ardea.trainer import Trainer
 
 
@@ -15,7 +15,8 @@ def test_a_trained_step_pushed_to_a_separate_engine(tmp_path, reward_module):
     trainer = Trainer(
         load_config(None, [*RUN, "trainer.max_steps=1", f"trainer.output_dir={tmp_path}"])
     )
-    engine = make_engine("in_process", trainer.policy, trainer.tokenizer, share_weights=False)
+    spec = EngineSpec.of(trainer.policy, trainer.tokenizer)
+    engine = make_engine("in_process", spec, module=own_copy(trainer.policy))
     trainer.train_step()  # one step of online GRPO at lr 1e-2 moves the policy
     prompts = [trainer.tokenizer("12+34=")["input_ids"], trainer.tokenizer("5+6=")["input_ids"]]
     params = SamplingParams(temperature=1.0, max_new_tokens=6, n=4, seed=3)

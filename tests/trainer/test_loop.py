@@ -140,12 +140,13 @@ def test_time_budget_ends_the_run_like_max_steps(tmp_path):
 def test_evaluation_sees_the_trained_weights(tmp_path):
     """An offline run's evaluations generate with the weights trained so far (handed to the
     engine with update_weights), the same greedy answers as a fresh engine on the policy."""
-    from ardea.rollout import make_engine
+    from ardea.rollout import EngineSpec, make_engine, own_copy
     from ardea.trainer.evaluate import evaluate_task
 
     trainer = make(tmp_path, "trainer.max_steps=40", "trainer.eval_every=20", "trainer.lr=1e-2")
     results = trainer.train()
-    fresh = make_engine("in_process", trainer.policy, trainer.tokenizer, share_weights=False)
+    spec = EngineSpec.of(trainer.policy, trainer.tokenizer)
+    fresh = make_engine("in_process", spec, module=own_copy(trainer.policy))
     again = evaluate_task(
         fresh,
         trainer.tokenizer,

@@ -67,7 +67,7 @@ from ardea.agent.interaction import (
 )
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
 from ardea.agent.tools import TOOL_CALL, parse_tool_calls
-from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams, stop_token_ids
+from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 _OPTIONS = ("model", "tools", "temperature", "top_p", "max_tokens", "max_completion_tokens",
             "seed", "logprobs", "n", "stream", "stream_options", "tool_choice", "metadata",
@@ -94,6 +94,7 @@ class ChatRequest:
     input_ids: list[int] = dataclasses.field(default_factory=list)
     parent: Interaction | None = None
     result: ChatCompletion | BaseException | None = None
+    row_id: int | None = None  # its row of the engine call's random numbers (None: any)
 
 
 class RecordingClient:
@@ -125,9 +126,8 @@ class RecordingClient:
         self.defaults = SamplingParams(temperature=temperature, max_new_tokens=max_tokens)
         self.history = history
         self.batch_window = batch_window
-        config = getattr(getattr(engine, "model", None), "config", None)
-        self.max_positions = getattr(config, "max_position_embeddings", None)
-        self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), tokenizer))
+        self.max_positions = engine.max_context
+        self.stop_ids = set(engine.stop_token_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
         self.interactions: list[Interaction] = []
@@ -242,8 +242,11 @@ class RecordingClient:
         for r in ready:
             groups.setdefault(repr(dataclasses.astuple(r.params)), []).append(r)
         for group in groups.values():
+            params = group[0].params
+            if all(r.row_id is not None for r in group):
+                params = dataclasses.replace(params, row_ids=[r.row_id for r in group])
             try:
-                completions = self.engine.generate([r.input_ids for r in group], group[0].params)
+                completions = self.engine.generate([r.input_ids for r in group], params)
                 self.engine_calls += 1
             except Exception as exc:
                 for r in group:

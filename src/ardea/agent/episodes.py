@@ -8,7 +8,9 @@
   reply goes to its environment (``env.step``), whose observation is appended to the
   conversation, until every episode is done, hit ``max_turns`` or no longer fits the
   model's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
-  k)``, so a call's episodes are reproducible.
+  k)`` and each episode with its own row of that turn's random numbers (its row id
+  ``first_prompt * G + i``, whichever episodes are still playing), so an episode is the
+  same whether one process plays the whole rollout or it is split over several.
 - :meth:`EpisodeRunner.score`: the recorded calls become trajectories
   (:func:`~ardea.agent.export_trajectories`, ``export`` style and ``history`` policy), one
   group per row (``group_ids``: the row's index in the call), with the ``agent/*`` metrics
@@ -50,6 +52,7 @@ class Episode:
     done: bool = False
     truncated: bool = False
     last_call: str | None = None  # completion id of its latest reply
+    row_id: int = 0  # its row of each turn's random numbers (module docstring)
 
 
 @dataclasses.dataclass
@@ -114,23 +117,20 @@ class EpisodeRunner:
         *,
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,
-        group_size: int | None = None,
         first_prompt: int = 0,
     ) -> Episodes:
         """Play ``group_size`` episodes of every row (module docstring). ``first_prompt``:
-        the index of ``examples[0]`` in a rollout split over processes; it enters the turn
-        seeds, so each slice samples its own episodes (reproducibly, but not the episodes
-        one process playing every row would sample)."""
+        the index of ``examples[0]`` in a rollout split over processes (its episodes are
+        those one process playing the whole rollout would play)."""
         start = time.perf_counter()
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
-        if first_prompt:
-            indices = (*indices, first_prompt)
         client = RecordingClient(engine or self.engine, self.tokenizer, history=self.history)
         episodes = []
         for group, row in enumerate(examples):
-            for _ in range(group_size or self.group_size):
+            for _ in range(self.group_size):
                 env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
-                episodes.append(Episode(env, group, env.reset(row)))
+                row_id = first_prompt * self.group_size + len(episodes)
+                episodes.append(Episode(env, group, env.reset(row), row_id=row_id))
         for turn in range(self.max_turns):
             waiting = [e for e in episodes if not e.done]
             if not waiting:
@@ -139,6 +139,7 @@ class EpisodeRunner:
             requests = [client.request(messages=e.messages, tools=e.env.tools) for e in waiting]
             for episode, request in zip(waiting, requests):
                 request.params = params  # one engine call for the whole turn
+                request.row_id = episode.row_id
                 # episodes with equal histories stay apart: each continues its own last call
                 request.parent = client.get(episode.last_call) if episode.last_call else None
             for episode, result in zip(waiting, client.create_many(requests)):

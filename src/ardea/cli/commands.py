@@ -50,7 +50,7 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
 
 def _load_for_inference(path: str, overrides: list[str]):
     from ardea.model import Precision, load_model_and_tokenizer
-    from ardea.rollout import make_engine
+    from ardea.rollout import EngineSpec, make_engine
     from ardea.trainer.setup import resolve_device
 
     model_dir, run_config = resolve_model_dir(path)
@@ -63,7 +63,8 @@ def _load_for_inference(path: str, overrides: list[str]):
     precision = Precision.resolve(
         config.model.compute_dtype, device, params, config.model.attn_implementation
     )
-    engine = make_engine(config.rollout.engine, model, tokenizer, precision=precision)
+    spec = EngineSpec.of(model, tokenizer, model_dir=model_dir, precision=precision)
+    engine = make_engine(config.rollout.engine, spec, module=model)
     return config, model_dir, tokenizer, engine
 
 

@@ -2,19 +2,26 @@
 
 An engine turns token-id prompts into completions carrying the behaviour log-prob of every
 generated token and the policy version of the weights that produced them. Every engine (the
-in-process one, a future vLLM one) implements :class:`GenerationEngine`, validates its
-input with :func:`check_prompts`, and is registered by name (``rollout.engine``,
-:func:`register_engine`), so callers never special-case an engine.
+in-process one, one that drives a server) implements :class:`GenerationEngine` — generate,
+``version``, ``max_context``, ``stop_token_ids``, ``update_weights`` (named tensors or a
+directory of saved weights) and ``close`` — and nothing outside an engine reaches into it
+(there is no ``engine.model``). An engine is built from an :class:`EngineSpec`, what a
+remote engine also has (the model's config and directory, the tokenizer, the stop ids, the
+precision); the in-process engine additionally takes the live module. Engines are registered
+by name (``rollout.engine``, :func:`register_engine`), so callers never special-case one.
 """
 
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors.torch import load_file
 
 from ardea.config.fields import check_temperature
 from ardea.registry import Registry, callable_check
@@ -56,12 +63,13 @@ class SamplingParams:
         metadata={"help": "Seed for a reproducible call, independent of the global RNG state."},
     )
     n: int = field(default=1, metadata={"help": "Completions per prompt, grouped by prompt."})
-    first_row: int = field(
-        default=0,
+    row_ids: list[int] | None = field(
+        default=None,
         metadata={
-            "help": "Index of this call's first row (prompt × n) in a rollout split over "
-            "several calls or processes: row r samples with the random numbers of row "
-            "first_row + r of a seeded call, so the split samples what one call would."
+            "help": "One id per row of the call (prompt × n, prompt-major), or None for "
+            "0, 1, ...: row r samples with the random numbers of row row_ids[r] of a seeded "
+            "call, so a rollout split over calls or processes, or played turn by turn, "
+            "samples what one call would."
         },
     )
 
@@ -80,7 +88,12 @@ class SamplingParams:
         _check_int("max_new_tokens", self.max_new_tokens, 1)
         _check_int("min_new_tokens", self.min_new_tokens, 0, upper=self.max_new_tokens)
         _check_int("n", self.n, 1)
-        _check_int("first_row", self.first_row, 0)
+        if self.row_ids is not None:
+            if isinstance(self.row_ids, str | bytes) or not isinstance(self.row_ids, Sequence):
+                raise ValueError(f"row_ids must be a list of ints or None, got {self.row_ids!r}")
+            self.row_ids = list(self.row_ids)
+            for i, row in enumerate(self.row_ids):
+                _check_int(f"row_ids[{i}]", row, 0)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "or None", upper=2**63 - 1)
         if isinstance(self.stop_token_ids, str | bytes) or not isinstance(
@@ -90,6 +103,17 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         for i, tok in enumerate(self.stop_token_ids):
             _check_int(f"stop_token_ids[{i}]", tok, 0)
+
+    def rows(self, n_rows: int) -> list[int]:
+        """The row ids of a call with ``n_rows`` rows (prompts × n); ValueError when
+        ``row_ids`` has another length."""
+        if self.row_ids is None:
+            return list(range(n_rows))
+        if len(self.row_ids) != n_rows:
+            raise ValueError(
+                f"row_ids has {len(self.row_ids)} ids for a call of {n_rows} rows (prompts × n)"
+            )
+        return self.row_ids
 
 
 def _check_int(name: str, value: object, lower: int, note: str = "", upper: int | None = None):
@@ -118,6 +142,38 @@ class Completion:
     version: int
 
 
+Weights = Mapping[str, torch.Tensor] | str | os.PathLike
+"""New weights for :meth:`GenerationEngine.update_weights`: a model state dict, or a
+directory holding them as ``*.safetensors`` files (what ``save_pretrained`` writes)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What every engine is built from, in process or remote.
+
+    ``model_config``: the model's Hugging Face config (architecture, vocabulary, context);
+    ``tokenizer``; ``stop_token_ids``: the ids that end a completion (:func:`stop_token_ids`);
+    ``model_dir``: a directory with the weights (None: the model was built in code);
+    ``precision``: the :class:`ardea.model.Precision` forwards compute under (None: the
+    parameters' dtype).
+    """
+
+    model_config: Any
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    model_dir: str | None = None
+    precision: Any = None
+
+    @classmethod
+    def of(
+        cls, model: torch.nn.Module, tokenizer: Any, *, model_dir=None, precision=None
+    ) -> EngineSpec:
+        """The spec of a built ``model`` (its config and generation config's eos ids)."""
+        stops = tuple(stop_token_ids(model, tokenizer))
+        path = None if model_dir is None else str(model_dir)
+        return cls(model.config, tokenizer, stops, path, precision)
+
+
 class GenerationEngine(abc.ABC):
     """Token-id prompts + :class:`SamplingParams` → completions with behaviour log-probs.
 
@@ -132,13 +188,42 @@ class GenerationEngine(abc.ABC):
         """Return ``len(prompts) * params.n`` completions: prompt 0's n samples, then prompt 1's."""
 
     @abc.abstractmethod
-    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load ``named_tensors`` (a model state dict) as policy ``version`` (> the current)."""
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Load ``weights`` (a model state dict, or a directory of ``*.safetensors`` files
+        with one) as policy ``version`` (> the current)."""
 
     @property
     @abc.abstractmethod
     def version(self) -> int:
         """Policy version of the weights the next ``generate`` call will use."""
+
+    @property
+    @abc.abstractmethod
+    def max_context(self) -> int | None:
+        """Most positions a prompt plus its completion may take (None: no limit known)."""
+
+    @property
+    @abc.abstractmethod
+    def stop_token_ids(self) -> list[int]:
+        """The ids that always end a completion (the model's end-of-sequence ids)."""
+
+    def close(self) -> None:  # noqa: B027 - an engine without resources has nothing to do
+        """Release what the engine holds (a server, a process, memory); idempotent."""
+
+
+def load_weights(weights: Weights) -> Mapping[str, torch.Tensor]:
+    """``weights`` as named tensors: a mapping as it is, or every ``*.safetensors`` file of a
+    directory (never a pickle), merged; an error names a path without any."""
+    if isinstance(weights, Mapping):
+        return weights
+    path = Path(weights)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {str(path)!r}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(file))
+    return tensors
 
 
 def check_prompts(
@@ -202,11 +287,10 @@ ENGINES: Registry[EngineFactory] = Registry(
 
 
 def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Decorator registering ``factory(model, tokenizer, *, share_weights, precision) ->
-    engine`` as ``rollout.engine=<name>``. ``share_weights=False`` asks for an engine with
-    its own copy of the weights (e.g. for generating in a background thread while the model
-    trains); ``precision`` (:class:`ardea.model.Precision` or None) is the autocast its
-    forwards run under."""
+    """Decorator registering ``factory(spec: EngineSpec, *, module, version) -> engine`` as
+    ``rollout.engine=<name>``. ``module`` is the live ``nn.Module`` an in-process engine
+    generates with (None for engines that load ``spec.model_dir`` themselves); ``version``
+    the policy version of the initial weights."""
     return ENGINES.register(name)
 
 
@@ -217,17 +301,11 @@ def engine_factory(name: str) -> EngineFactory:
 
 
 def make_engine(
-    name: str,
-    model: torch.nn.Module,
-    tokenizer: Any,
-    *,
-    share_weights: bool = True,
-    precision: Any = None,
+    name: str, spec: EngineSpec, *, module: torch.nn.Module | None = None, version: int = 0
 ) -> GenerationEngine:
-    """The engine ``rollout.engine=<name>`` on ``model``, stopping at the model's
-    end-of-sequence ids (:func:`stop_token_ids`), computing under ``precision``."""
-    factory = engine_factory(name)
-    return factory(model, tokenizer, share_weights=share_weights, precision=precision)
+    """The engine ``rollout.engine=<name>`` built from ``spec`` (and ``module``, for an
+    engine that generates with a live module: it shares that module's weights)."""
+    return engine_factory(name)(spec, module=module, version=version)
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -31,11 +31,11 @@ weights and labels its completions with their version; an update waits for a run
 During a call the model is in eval mode (each submodule's own mode is restored after), so a
 model shared with the trainer must not be trained from another thread at the same time.
 
-Randomness: row r of a call (prompt r // n, sample r % n) draws its step-t uniform from a
-``(rows, T)`` table made once per call by a ``torch.Generator`` seeded with ``params.seed``
-(the global RNG when seed is None), offset by ``params.first_row`` when a rollout is split
-over processes. A row's tokens therefore depend only on its prompt, the seed and its index
-``first_row + r``, not on ``max_batch_size``, padding or the other prompts.
+Randomness: row r of a call (prompt r // n, sample r % n) draws its step-t uniform from
+row ``params.row_ids[r]`` (default ``r``) of a ``(rows, T)`` table made once per call by a
+``torch.Generator`` seeded with ``params.seed`` (the global RNG when seed is None). A row's
+tokens therefore depend only on its prompt, the seed and its row id, not on
+``max_batch_size``, padding, the other prompts or how a rollout is split over calls.
 """
 
 from __future__ import annotations
@@ -44,21 +44,23 @@ import contextlib
 import copy
 import inspect
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from ardea.model import Precision
 from ardea.rollout.engine import (
     Completion,
+    EngineSpec,
     GenerationEngine,
     SamplingParams,
+    Weights,
     check_prompts,
     check_state_dict,
+    load_weights,
     register_engine,
-    stop_token_ids,
 )
 from ardea.rollout.fast_decode import fast_decoder
 from ardea.rollout.kv_cache import new_cache
@@ -74,8 +76,8 @@ class InProcessEngine(GenerationEngine):
     Args:
         model: a Hugging Face causal LM (``AutoModelForCausalLM``); the engine generates with
             this module and loads new weights into it (:meth:`update_weights`). Build it on a
-            copy to own the weights; on the trainer's own module (same device) the engine
-            shares its storage, the documented fast path of :meth:`update_weights`.
+            copy (:func:`own_copy`) to own the weights; on the trainer's own module (same
+            device) the engine shares its storage, the fast path of :meth:`update_weights`.
         pad_token_id: id written after a row's stop token and used for left padding.
         eos_token_ids: the model's end-of-sequence id(s); always stop tokens (may be empty).
         max_batch_size: most rows (prompts × n) per forward; None = all rows at once. Rows are
@@ -128,22 +130,28 @@ class InProcessEngine(GenerationEngine):
         return self._version
 
     @property
-    def model(self) -> torch.nn.Module:
-        return self._model
+    def max_context(self) -> int | None:
+        """The model's ``max_position_embeddings`` (None when its config has none)."""
+        return self._max_positions
 
-    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load ``named_tensors`` and publish ``version`` atomically (waits for a running
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.eos_token_ids)
+
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Load ``weights`` and publish ``version`` atomically (waits for a running
         generate).
 
-        ``named_tensors`` must hold every tensor of the model (tied aliases may be omitted)
-        with matching shapes; it is checked before anything is copied, so a bad one leaves
-        weights and version untouched. ``version`` must be greater than the current one: a
-        version names one set of weights. Fast path: a tensor that already is the engine's
-        own (an engine built on the trainer's module, ``share_weights=True``) is not copied,
-        so publishing costs only the check.
+        ``weights`` (a state dict, or a directory of ``*.safetensors`` files) must hold
+        every tensor of the model (tied aliases may be omitted) with matching shapes; it is
+        checked before anything is copied, so a bad one leaves weights and version untouched.
+        ``version`` must be greater than the current one: a version names one set of
+        weights. Fast path: a tensor that already is the engine's own (an engine built on
+        the trainer's module) is not copied, so publishing costs only the check.
         """
         if not isinstance(version, int) or isinstance(version, bool):
             raise ValueError(f"version must be an int, got {version!r}")
+        named_tensors = load_weights(weights)
         with self._lock:
             if version <= self._version:
                 raise ValueError(
@@ -374,14 +382,19 @@ def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
 
 def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
     """(rows, T) float64 uniforms in [0, 1): row r's draw at step t is entry
-    (first_row + r, t) of the call's table."""
+    (row_ids[r], t) of the call's table."""
     if params.temperature == 0:
         return None
+    rows = params.rows(n_rows)
     generator = None
     if params.seed is not None:
         generator = torch.Generator().manual_seed(params.seed)
-    shape = (params.first_row + n_rows, params.max_new_tokens)
-    return torch.rand(shape, generator=generator, dtype=torch.float64)[params.first_row :]
+    first = min(rows, default=0)
+    shape = (max(rows, default=-1) + 1, params.max_new_tokens)
+    table = torch.rand(shape, generator=generator, dtype=torch.float64)
+    if rows == list(range(first, first + n_rows)):
+        return table[first:]  # a contiguous slice: no copy
+    return table[torch.tensor(rows, dtype=torch.long)]
 
 
 @contextmanager
@@ -396,16 +409,28 @@ def _eval_mode(model: torch.nn.Module):
             m.training = training
 
 
+def own_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``module`` in eval mode, for an engine that owns its weights (one
+    generating in a background thread while the original trains)."""
+    return copy.deepcopy(module).requires_grad_(False).eval()
+
+
 @register_engine("in_process")
 def in_process_engine(
-    model: torch.nn.Module, tokenizer, *, share_weights: bool, precision: Precision | None = None
+    spec: EngineSpec, *, module: torch.nn.Module | None = None, version: int = 0
 ) -> InProcessEngine:
-    """The in-process engine on ``model`` (``share_weights``) or on a frozen copy of it."""
-    if not share_weights:
-        model = copy.deepcopy(model).requires_grad_(False).eval()
+    """The in-process engine generating with ``module`` (shared, not copied), or with the
+    model loaded from ``spec.model_dir`` when no module is given."""
+    if module is None:
+        if spec.model_dir is None:
+            raise ValueError(
+                "the in_process engine needs a module or a spec.model_dir to load one from"
+            )
+        module = AutoModelForCausalLM.from_pretrained(spec.model_dir).requires_grad_(False)
     return InProcessEngine(
-        model,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=stop_token_ids(model, tokenizer),
-        precision=precision,
+        module,
+        pad_token_id=spec.tokenizer.pad_token_id,
+        eos_token_ids=list(spec.stop_token_ids),
+        version=version,
+        precision=spec.precision,
     )

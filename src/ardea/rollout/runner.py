@@ -165,7 +165,9 @@ class RolloutRunner:
             self.params,
             n=self.group_size,
             seed=sampling_seed(self.seed, *indices),
-            first_row=first_prompt * self.group_size,
+            row_ids=[
+                first_prompt * self.group_size + r for r in range(len(prompts) * self.group_size)
+            ],
         )
         completions = (engine or self.engine).generate(prompts, params)
         return Generation(list(examples), prompts, completions, time.perf_counter() - start)

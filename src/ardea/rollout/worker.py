@@ -140,11 +140,13 @@ class RolloutWorker:
         return outcomes  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Stop the worker (a running generation finishes first; pending jobs are dropped)."""
+        """Stop the worker (a running generation finishes first; pending jobs are dropped)
+        and close its engine."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout=60)
+        self.engine.close()
 
     def _wait(self, steps: list[int], timeout: float | None) -> dict[int, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout

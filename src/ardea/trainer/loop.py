@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from ardea.agent.episodes import EpisodeRunner
 from ardea.config import ArdeaConfig, config_to_yaml
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
@@ -28,7 +27,7 @@ from ardea.errors import ArdeaError
 from ardea.model import Precision
 from ardea.model.lora import load_policy_weights
 from ardea.reward import build_scorer
-from ardea.rollout import RolloutRunner, SamplingParams, make_engine
+from ardea.rollout import EngineSpec, RolloutRunner, Runner, SamplingParams, make_engine, own_copy
 from ardea.trainer.agent_runs import AgentEvaluation, agent_rows, episode_runner
 from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
@@ -88,13 +87,14 @@ class Trainer:
         self.precision = Precision.resolve(
             config.model.compute_dtype, self.device, params, config.model.attn_implementation
         )
-        # under torchrun the engine decodes on its own plain copy, fed whole weights
+        self.engine_spec = EngineSpec.of(
+            policy, self.tokenizer, model_dir=config.model.path, precision=self.precision
+        )
+        # under torchrun the engine decodes on its own plain copy, fed whole weights; the
+        # trainer keeps the module it gave the engine to copy for a background worker
+        self._engine_module = own_copy(policy) if self.dist.active else policy
         self.engine = make_engine(
-            config.rollout.engine,
-            policy,
-            self.tokenizer,
-            share_weights=not self.dist.active,
-            precision=self.precision,
+            config.rollout.engine, self.engine_spec, module=self._engine_module
         )
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = strategy_cls(
@@ -163,7 +163,7 @@ class Trainer:
         )
         return self._rl_step(runner)
 
-    def _rl_step(self, runner: RolloutRunner | EpisodeRunner) -> RLStep:
+    def _rl_step(self, runner: Runner) -> RLStep:
         rollout = self.config.rollout
         return RLStep(
             self.config,
@@ -174,11 +174,7 @@ class Trainer:
             samples=self.train_samples,
             sampler=self.sampler,
             make_worker_engine=lambda: make_engine(
-                rollout.engine,
-                self.engine.model,
-                self.tokenizer,
-                share_weights=False,
-                precision=self.precision,
+                rollout.engine, self.engine_spec, module=own_copy(self._engine_module)
             ),
             dist=self.dist,
             full_weights=self.full_weights,
@@ -357,6 +353,7 @@ class Trainer:
         finally:
             if self.rl is not None:
                 self.rl.close()
+            self.engine.close()
             self.strategy.close()
             self.dist.close()
             if logger is not None:

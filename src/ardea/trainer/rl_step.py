@@ -40,8 +40,8 @@ from ardea.errors import ConfigError
 from ardea.rollout import (
     Generation,
     GenerationEngine,
-    RolloutRunner,
     RolloutWorker,
+    Runner,
     check_staleness,
     sampling_seed,
 )
@@ -85,7 +85,7 @@ class RLStep:
         *,
         policy: torch.nn.Module,
         strategy: OnlineStrategy,
-        runner: RolloutRunner,
+        runner: Runner,
         updater: Updater,
         samples: Sequence[Example],
         sampler: EpochSampler,
