@@ -26,7 +26,10 @@ strategy pins on a batch (``advantages``, ``returns``, ``old_values``,
 they (through :func:`ardea.algo.next_token_align`) are the only conversion.
 
 Every batch is validated when it is built (shapes, dtypes, masks, turn ids, versions);
-an error names the field and, where it is one row's fault, the row.
+an error names the field and, where it is one row's fault, the row. Its copies (rows
+selected, moved to a device, trimmed, stacked) are not checked again, and pinned fields only
+for their shapes and dtypes, so a training step makes no device sync per micro-batch for
+validation.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import torch
 from torch import Tensor
 
 from ardea.algo import AdvantageInputs, next_token_align
-from ardea.data.trajectory_checks import PINNED_FIELDS, validate
+from ardea.data.trajectory_checks import PINNED_FIELDS, check_pinned, validate
 
 SegmentKind = Literal["prompt", "generated", "context"]
 _PAD = {"turn_ids": -1, "versions": -1}  # padding of token fields other than input_ids (0)
@@ -252,18 +255,29 @@ class TrajectoryBatch:
 
     # --------------------------------------------------------------- row ops
     def pin(self, **fields: Tensor) -> TrajectoryBatch:
-        """A copy with pinned fields set (validated like the rest)."""
+        """A copy with pinned fields set (their shapes and dtypes checked)."""
         unknown = sorted(set(fields) - set(PINNED_FIELDS))
         if unknown:
             raise ValueError(f"cannot pin {unknown}; pinned fields are {', '.join(PINNED_FIELDS)}")
-        return dataclasses.replace(self, **fields)
+        out = self._derive(**fields)
+        check_pinned(out, fields)
+        return out
 
     def select(self, index: Tensor) -> TrajectoryBatch:
         """Rows ``index`` (a 1-D long tensor), in that order."""
-        return dataclasses.replace(self, **_map_rows(self, lambda x: x[index.to(x.device)]))
+        return self._derive(**_map_rows(self, lambda x: x[index.to(x.device)]))
 
     def to(self, device: torch.device | str) -> TrajectoryBatch:
-        return dataclasses.replace(self, **_map_rows(self, lambda x: x.to(device)))
+        return self._derive(**_map_rows(self, lambda x: x.to(device)))
+
+    def _derive(self, **changes: Tensor | None) -> TrajectoryBatch:
+        """A copy with ``changes``, not validated again: rows selected, moved, trimmed or
+        stacked from valid batches are valid, and checking each copy would cost device
+        syncs on every micro-batch."""
+        out = object.__new__(type(self))
+        for f in dataclasses.fields(self):
+            object.__setattr__(out, f.name, changes.get(f.name, getattr(self, f.name)))
+        return out
 
     def trim(self) -> TrajectoryBatch:
         """Drop the columns right of every row's last real token."""
@@ -275,7 +289,7 @@ class TrajectoryBatch:
             for name, value in _tensor_fields(self)
             if value.dim() == 2 and value.shape[1] == self.input_ids.shape[1]
         }
-        return dataclasses.replace(self, **changes)
+        return self._derive(**changes)
 
     @staticmethod
     def concat(batches: Sequence[TrajectoryBatch], *, pad_token_id: int) -> TrajectoryBatch:
@@ -296,7 +310,7 @@ class TrajectoryBatch:
                 pad = pad_token_id if name == "input_ids" else _PAD.get(name, 0)
                 parts = [_pad_columns(p, width, pad) for p in parts]
             joined[name] = torch.cat(parts)
-        return dataclasses.replace(first, **joined)
+        return first._derive(**joined)
 
 
 def action_positions(trained: Tensor) -> Tensor:

@@ -75,9 +75,14 @@ def validate(batch: Any) -> None:
     _check_tensor(batch, "no_eos", rows, "bool")
     if not batch.temperature > 0:
         raise _fail("temperature", f"must be > 0, got {batch.temperature!r}")
-    for name in PINNED_FIELDS:
-        if getattr(batch, name) is not None:
-            _check_tensor(batch, name, grid, "float")
+    check_pinned(batch, [name for name in PINNED_FIELDS if getattr(batch, name) is not None])
+
+
+def check_pinned(batch: Any, names: Any) -> None:
+    """Shapes ``(N, S)`` and float dtypes of the pinned fields ``names`` (no device sync)."""
+    grid = tuple(batch.input_ids.shape)
+    for name in names:
+        _check_tensor(batch, name, grid, "float")
 
 
 def _check_turn_ids(turn_ids: Tensor, trained: Tensor) -> None:
