@@ -1,4 +1,4 @@
-"""Suite-wide set-up: one torch thread per test.
+"""Suite-wide set-up: the character tokenizer, one torch thread per test.
 
 Tiny tensors run fastest on one thread, results do not depend on the thread count, and
 two OpenMP threads on a busy 2-core machine can be ~100x slower (spin-waiting on a
@@ -7,6 +7,14 @@ descheduled thread).
 
 import pytest
 import torch
+
+from ardea.model import build_char_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The character tokenizer (tests must not mutate it)."""
+    return build_char_tokenizer()
 
 
 @pytest.fixture(autouse=True)

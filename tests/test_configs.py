@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import SMALLEST_OVERRIDES
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from ardea.cli.main import main
@@ -21,11 +22,7 @@ SMOKE = [
     "trainer.save_every=0",
     "data.eval_size=4",
     "data.train_size=40",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=32",
+    *SMALLEST_OVERRIDES,
     "logging.progress=false",
     "logging.tensorboard=false",
 ]

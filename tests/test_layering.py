@@ -52,3 +52,14 @@ def test_imports_point_down(path):
     own = RANK[top_level(path)]
     upward = {layer for layer in imported_layers(path) if RANK.get(layer, -1) > own}
     assert not upward, f"{path.relative_to(PACKAGE)} imports higher layers {sorted(upward)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_modules_and_functions_stay_small(path):
+    """One idea per module (under 400 lines) and per function (at most 60 lines)."""
+    source = path.read_text(encoding="utf-8")
+    assert len(source.splitlines()) < 400, f"{path.relative_to(PACKAGE)} has grown past 400 lines"
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= 60, f"{path.relative_to(PACKAGE)}: {node.name} has {length} lines"

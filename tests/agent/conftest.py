@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import small_model
 
-from ardea.model import build_char_tokenizer, build_tiny_model
+from ardea.model import build_char_tokenizer
 from ardea.rollout import EngineSpec, make_engine
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
+    """The character tokenizer reporting 512 positions, the agent model's context."""
     return build_char_tokenizer(model_max_length=512)
 
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    model = build_tiny_model(
-        tokenizer,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        seed=0,
-    )
+    model = small_model(tokenizer, max_position_embeddings=512)
     return model.to(torch.float32).eval()
 
 

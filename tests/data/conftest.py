@@ -2,19 +2,9 @@
 independent spellings of its token ids (id = 6 + byte, ``<|im_start|>`` = 4,
 ``<|im_end|>`` = 5, ``<eos>`` = 2, ``<pad>`` = 0)."""
 
-import pytest
-
-from ardea.model import build_char_tokenizer
-
 PAD, EOS, IM_START, IM_END = 0, 2, 4, 5
 
 
 def b(text: str) -> list[int]:
     """Character-tokenizer ids of ``text``, written independently of the tokenizer."""
     return [6 + byte for byte in text.encode("utf-8")]
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    """The character tokenizer (tests must not mutate it)."""
-    return build_char_tokenizer()

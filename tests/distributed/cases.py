@@ -123,8 +123,7 @@ def train(
         loaded = {
             "policy": full_state_dict(trainer.policy, cpu=True),
             "updater": trainer.updater.state_dict(),
-            "modules": trainer.strategy.module_states(),
-            "strategy": trainer.strategy.state_dict(),
+            "modules": trainer.updater.module_weights(),
         }
         if trainer.dist.is_main:
             torch.save(loaded, run_dir / "loaded.pt")
@@ -154,7 +153,7 @@ def record_optimizer_steps(trainer):
 
     names = {}
     modules = [("policy", trainer.policy)]
-    modules += [("critic", m) for m in trainer.strategy.trained_modules()]
+    modules += [(c.prefix, c.module) for c in trainer.updater.components[1:]]
     for label, module in modules:
         for name, param in unwrap(module).named_parameters():
             names[id(param)] = (label, name)

@@ -3,13 +3,7 @@
 import pytest
 import torch
 
-from ardea.model import build_char_tokenizer, build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    """The character tokenizer (tests must not mutate it)."""
-    return build_char_tokenizer()
+from ardea.model import build_tiny_model
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny_models import small_model
 
 import ardea.model.precision as precision
 from ardea.errors import ConfigError
@@ -55,13 +56,10 @@ def test_the_config_field_is_validated():
 
 
 def _tiny_sdpa_model():
-    from ardea.model import build_char_tokenizer, build_tiny_model
+    from ardea.model import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(model_max_length=64)
-    return build_tiny_model(
-        tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-        intermediate_size=64, max_position_embeddings=512, seed=0,
-    )  # fmt: skip
+    return small_model(tokenizer, num_layers=1, max_position_embeddings=512)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """A rollout runner on a tiny model, for the runner and worker tests."""
 
+from tiny_models import small_model
+
 from ardea.data import make_task
-from ardea.model import build_char_tokenizer, build_tiny_model
+from ardea.model import build_char_tokenizer
 from ardea.reward import RewardScorer
 from ardea.rollout import EngineSpec, RolloutRunner, SamplingParams, make_engine
 
@@ -18,10 +20,7 @@ def one(prompts, completions, rows):
 
 
 def make_runner(temperature=1.0, group_size=3, max_new_tokens=6, reward=length_reward, **kwargs):
-    policy = build_tiny_model(
-        TOKENIZER, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-        intermediate_size=64, seed=3,
-    )  # fmt: skip
+    policy = small_model(TOKENIZER, seed=3)
     runner = RolloutRunner(
         make_engine("in_process", EngineSpec.of(policy, TOKENIZER), module=policy),
         TOKENIZER,

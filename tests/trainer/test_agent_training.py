@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 from online_testing import metrics
+from tiny_models import SMALL_OVERRIDES
 
 from ardea.config import load_config
 from ardea.errors import ConfigError
@@ -23,11 +24,7 @@ AGENT = [
     "agent.env_args={high: 8}",
     "agent.max_turns=3",
     "model.compute_dtype=float32",
-    "model.hidden_size=32",
-    "model.num_layers=2",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
+    *SMALL_OVERRIDES,
     "rollout.group_size=4",
     "rollout.max_new_tokens=3",
     "trainer.batch_size=4",

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_models import SMALLEST_OVERRIDES
 from transformers import AutoModelForCausalLM
 
 from ardea.config import load_config
@@ -14,11 +15,7 @@ from ardea.errors import ArdeaError
 from ardea.trainer import Trainer
 
 SMALL = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=32",
+    *SMALLEST_OVERRIDES,
     "data.task_args.digits=2",
     "data.train_size=64",
     "data.eval_size=8",
@@ -57,7 +54,9 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
 
     def recording_step():
         metrics = original_step()
-        snapshots[trainer.step + 1] = [p.detach().clone() for p in trainer.updater.parameters]
+        snapshots[trainer.step + 1] = [
+            p.detach().clone() for p in trainer.updater.components[0].parameters
+        ]
         return metrics
 
     trainer.train_step = recording_step

@@ -214,8 +214,9 @@ def test_epochs_and_mini_batches_reuse_one_rollout(tmp_path, reward_module, monk
     ]
     trainer = Trainer(load_config(None, overrides))
     steps = []
-    after = trainer.strategy.after_optimizer_step
-    trainer.strategy.after_optimizer_step = lambda: steps.append(1) or after()
+    critic = trainer.strategy.critic_component
+    after = critic.step
+    critic.step = lambda: steps.append(1) or after()
     seen = record_losses(trainer)
     trainer.train()
     assert len(calls) == 3  # one advantage computation per rollout

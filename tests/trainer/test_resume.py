@@ -11,16 +11,13 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from tiny_models import SMALL_OVERRIDES
 
 pytestmark = pytest.mark.slow
 SFT_CONFIG = Path(__file__).parents[2] / "configs" / "sft_arithmetic.yaml"
 
 RUN = [
-    "model.hidden_size=32",
-    "model.num_layers=2",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
+    *SMALL_OVERRIDES,
     "data.task_args.digits=2",
     "data.train_size=300",
     "data.eval_size=20",

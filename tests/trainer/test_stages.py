@@ -4,17 +4,14 @@ previous one's final policy, combined results, resume of a staged run."""
 import json
 
 import pytest
+from tiny_models import SMALL_OVERRIDES
 
 from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
 from ardea.errors import ArdeaError
 from ardea.trainer import Trainer, run
 
 TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=2",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
+    *SMALL_OVERRIDES,
     "data.task_args.digits=2",
     "data.eval_size=16",
     "trainer.num_threads=1",

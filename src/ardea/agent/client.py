@@ -58,12 +58,12 @@ from ardea.agent.conversation import (
     message_key,
     normalize,
     render,
-    rewrite_error,
 )
 from ardea.agent.interaction import (
     HISTORY_POLICIES,
     Interaction,
     export_trajectories,
+    rewrite_error,
 )
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
 from ardea.agent.tools import TOOL_CALL, parse_tool_calls

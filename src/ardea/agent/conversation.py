@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ardea.agent.interaction import HistoryRewriteError, Interaction
+from ardea.agent.interaction import Interaction
 
 Message = dict[str, Any]
 
@@ -93,14 +93,3 @@ def _turn_end(tokenizer: Any, rendered: str, parent: Interaction, stop_texts) ->
     last = tokenizer.convert_ids_to_tokens(parent.output_ids[-1:]) if parent.output_ids else []
     generated_marker = parent.stop_reason == "stop" and last == [marker]
     return rendered[at + len(marker) :] if generated_marker else rendered[at:]
-
-
-def rewrite_error(parent: Interaction, reason: str) -> HistoryRewriteError:
-    """The error of a call whose history was rewritten, naming the call and the fix."""
-    return HistoryRewriteError(
-        f"the request continues call {parent.id} but {reason}, so its tokens would not "
-        "extend that call's tokens. Chat templates that drop <think> blocks of earlier turns "
-        "do this; use a template that keeps earlier turns unchanged, send the reply back as "
-        "returned, or set agent.history=new_trajectory (history='new_trajectory') to start a "
-        "new trajectory at such a call"
-    )

@@ -35,13 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ardea.config.agent import EXPORT_STYLES, HISTORY_POLICIES
 from ardea.data import Segment, Trajectory
 from ardea.errors import ArdeaError
 
 ExportStyle = Literal["conversation", "call"]
 HistoryPolicy = Literal["error", "new_trajectory"]
-EXPORT_STYLES = ("conversation", "call")
-HISTORY_POLICIES = ("error", "new_trajectory")
 _ids = itertools.count()
 
 
@@ -95,21 +94,27 @@ def extends(parent: Interaction, child_input: Sequence[int]) -> bool:
     return len(child_input) > len(prefix) and list(child_input[: len(prefix)]) == prefix
 
 
-def rewrite_message(parent: Interaction, child_input: Sequence[int], decode=None) -> str:
-    """Where ``child_input`` departs from the parent's tokens, for :class:`HistoryRewriteError`."""
+def rewrite_error(parent: Interaction, reason: str) -> HistoryRewriteError:
+    """The one error of a call whose history was rewritten: the call, why, and the fix."""
+    return HistoryRewriteError(
+        f"the request continues call {parent.id} but {reason}, so its tokens would not "
+        "extend that call's tokens: the chat template rewrote history (templates that drop "
+        "<think> blocks of earlier turns do). Use a template that keeps earlier turns "
+        "unchanged, send the reply back as returned, or set agent.history=new_trajectory "
+        "(history='new_trajectory') to start a new trajectory at such a call"
+    )
+
+
+def departure(parent: Interaction, child_input: Sequence[int]) -> str:
+    """Where ``child_input`` departs from the parent's tokens (for :func:`rewrite_error`)."""
     prefix = parent.tokens
     at = next(
         (i for i, (a, b) in enumerate(zip(prefix, child_input)) if a != b),
         min(len(prefix), len(child_input)),
     )
-    show = decode or (lambda ids: str(list(ids)))
     return (
-        f"call {parent.id} was continued by an input that does not extend its tokens: they "
-        f"differ from position {at} of {len(prefix)} (parent had {show(prefix[at : at + 24])!r}, "
-        f"the new input has {show(list(child_input[at : at + 24]))!r}). The chat template "
-        "rewrote history (templates that drop <think> blocks of earlier turns do); use one "
-        "that keeps earlier turns as they were, or set agent.history=new_trajectory to start "
-        "a new trajectory at such a call"
+        f"its input tokens differ from position {at} of {len(prefix)} (the call had "
+        f"{prefix[at : at + 24]}, the new input has {list(child_input[at : at + 24])})"
     )
 
 
@@ -120,7 +125,7 @@ def _check_chain(chain: list[Interaction], history: str) -> list[list[Interactio
         if extends(parent, child.input_ids):
             parts[-1].append(child)
         elif history == "error":
-            raise HistoryRewriteError(rewrite_message(parent, child.input_ids))
+            raise rewrite_error(parent, departure(parent, child.input_ids))
         else:
             parts.append([child])
     return parts

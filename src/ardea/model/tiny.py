@@ -35,7 +35,9 @@ from transformers import (
     Qwen2Config,
 )
 
-TINY_ARCHS = ("qwen2", "llama")
+from ardea.config.schema import ARCHS
+
+TINY_ARCHS = ARCHS  # the architectures model.arch chooses from
 
 
 def _stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ardea.config.fields import check_choice
+from ardea.config.reward import ON_ERROR
 from ardea.errors import ArdeaError, ConfigError
 from ardea.reward.registry import RewardFn
 
-ON_ERROR = ("fail", "zero")
 COUNT_KEYS = ("reward/errors", "reward/timeouts", "reward/nonfinite", "reward/skipped")
 
 

@@ -73,6 +73,20 @@ class SamplingParams:
         },
     )
 
+    @classmethod
+    def of(cls, rollout: Any, *, greedy: bool = False) -> SamplingParams:
+        """The sampling options of a run's ``rollout`` config section; ``greedy``: argmax
+        decoding (temperature 0, no truncation, no forced length)."""
+        if greedy:
+            return cls(temperature=0.0, max_new_tokens=rollout.max_new_tokens)
+        return cls(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+            min_new_tokens=rollout.min_new_tokens,
+        )
+
     @property
     def logprob_temperature(self) -> float:
         """The temperature of the distribution the behaviour log-probs describe: ``T``, or 1

@@ -51,6 +51,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from ardea.model import Precision
+from ardea.rollout.decode_batch import DecodeMasks, DecodeOutputs, Result
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -67,7 +68,6 @@ from ardea.rollout.kv_cache import new_cache
 from ardea.rollout.sampling import next_tokens, suppress_tokens
 
 _COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
-_Result = tuple[list[int], list[float], str]  # a row's token ids, log-probs, finish reason
 
 
 class InProcessEngine(GenerationEngine):
@@ -194,7 +194,7 @@ class InProcessEngine(GenerationEngine):
 
     def _generate_rows(
         self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
-    ) -> list[_Result]:
+    ) -> list[Result]:
         """Decode all rows in batches of ``max_batch_size``; results in the order of ``rows``."""
         size = self.max_batch_size or len(rows)
         order = list(range(len(rows)))
@@ -210,7 +210,7 @@ class InProcessEngine(GenerationEngine):
 
     def _generate_batch(
         self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
-    ) -> list[_Result]:
+    ) -> list[Result]:
         """Decode one batch; per row its tokens, log-probs and finish reason."""
         device = next(self._model.parameters()).device
         n, steps, pad = len(rows), params.max_new_tokens, self.pad_token_id
@@ -219,7 +219,7 @@ class InProcessEngine(GenerationEngine):
         if uniforms is not None:
             uniforms = uniforms.to(device)
         logits, cache, masks = self._prefill(rows, steps, device)  # (N, V)
-        out = _Outputs(n, steps, pad, device)
+        out = DecodeOutputs(n, steps, pad, device)
         done = torch.zeros(n, dtype=torch.bool, device=device)  # (N_cur,) finished rows
         n_done = 0
         for t in range(steps):
@@ -254,7 +254,7 @@ class InProcessEngine(GenerationEngine):
 
     def _prefill(
         self, rows: list[list[int]], steps: int, device: torch.device
-    ) -> tuple[torch.Tensor, DynamicCache, _Masks]:
+    ) -> tuple[torch.Tensor, DynamicCache, DecodeMasks]:
         """Run the left-padded prompts through the model once; identical prompts (the n
         samples of one prompt) are computed once and their cache rows copied.
 
@@ -267,7 +267,7 @@ class InProcessEngine(GenerationEngine):
         width = int(lens.max())
         pad = self.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in unique], device=device)
-        masks = _Masks(lens, width, steps, self._mask_dtype)
+        masks = DecodeMasks(lens, width, steps, self._mask_dtype)
         mask, positions = masks.prefill()
         dtype = self._fast.compute_dtype if self._fast is not None else None
         cache = new_cache(self._model, width + steps, dtype)
@@ -288,82 +288,6 @@ class InProcessEngine(GenerationEngine):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
         )
         return out.logits[:, -1, :]
-
-
-class _Outputs:
-    """Tokens and log-probs of one batch, written step by step while finished rows leave it."""
-
-    def __init__(self, n: int, steps: int, pad: int, device: torch.device) -> None:
-        self.tokens = torch.full((n, steps), pad, dtype=torch.long, device=device)  # (N, T)
-        self.logprobs = torch.zeros(n, steps, device=device)  # (N, T)
-        self.n_tokens = torch.zeros(n, dtype=torch.long, device=device)  # 0 = no stop yet
-        self.rows: torch.Tensor | None = None  # batch row of each current row; None = all
-
-    def index(self) -> torch.Tensor | slice:
-        return slice(None) if self.rows is None else self.rows
-
-    def write(self, t: int, tok: torch.Tensor, lp: torch.Tensor, stopped: torch.Tensor) -> None:
-        """Record step t for the current rows; ``stopped`` rows end with this token."""
-        rows = self.index()
-        self.tokens[rows, t] = tok
-        self.logprobs[rows, t] = lp
-        self.n_tokens[rows] = torch.where(stopped, t + 1, self.n_tokens[rows])
-
-    def select(self, keep: torch.Tensor) -> None:
-        self.rows = keep if self.rows is None else self.rows[keep]
-
-    def results(self) -> list[_Result]:
-        """Per batch row: tokens and log-probs up to its stop token (or all T), finish reason."""
-        rows = zip(self.tokens.tolist(), self.logprobs.tolist(), self.n_tokens.tolist())
-        return [(tok[:k], lp[:k], "stop") if k else (tok, lp, "length") for tok, lp, k in rows]
-
-
-class _Masks:
-    """Attention masks and position ids of one left-padded batch.
-
-    Prompt row i has ``lens[i]`` real tokens right-aligned in width ``P``; generated token t
-    sits at column ``P + t`` and position ``lens[i] + t``. With ``dtype`` set, masks are
-    prepared 4D additive float masks (0 = attend, dtype's min = masked) that the model uses
-    as-is, which saves building one per step; with None they are the 2D 0/1 masks.
-    """
-
-    def __init__(self, lens: torch.Tensor, width: int, steps: int, dtype: torch.dtype | None):
-        self.lens, self.width, self.dtype = lens, width, dtype
-        cols = torch.arange(width + steps, device=lens.device)
-        self.columns = cols  # (P + T,)
-        self.keys = cols >= (width - lens)[:, None]  # (N, P + T) bool, True = real token
-        if dtype is not None:
-            self.additive = torch.zeros(self.keys.shape, dtype=dtype, device=lens.device)
-            self.additive = self.additive.masked_fill(~self.keys, torch.finfo(dtype).min)
-            self.additive = self.additive[:, None, None, :]  # (N, 1, 1, P + T)
-
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mask ((N, 1, P, P) or (N, P)) and positions (N, P) = cumsum(mask) − 1, 0 on padding."""
-        keys = self.keys[:, : self.width]  # (N, P)
-        positions = (keys.long().cumsum(-1) - 1).clamp_min(0)
-        if self.dtype is None:
-            return keys.long(), positions
-        causal = torch.ones(self.width, self.width, dtype=torch.bool, device=keys.device).tril()
-        allowed = causal & keys[:, None, None, :]  # (N, 1, P, P)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=keys.device)
-        return mask.masked_fill(~allowed, torch.finfo(self.dtype).min), positions
-
-    def step_keys(self, t: int) -> torch.Tensor:
-        """(N, P + T) bool: the real keys when feeding generated token t (False from
-        column P + t + 1 on)."""
-        return self.keys & (self.columns <= self.width + t)
-
-    def step(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mask over the P + t + 1 keys seen when feeding generated token t; positions (N, 1)."""
-        end = self.width + t + 1
-        mask = self.keys[:, :end].long() if self.dtype is None else self.additive[..., :end]
-        return mask, (self.lens + t)[:, None]
-
-    def select(self, index: torch.Tensor) -> None:
-        """Keep (or repeat) the rows in ``index``."""
-        self.lens, self.keys = self.lens[index], self.keys[index]
-        if self.dtype is not None:
-            self.additive = self.additive[index]
 
 
 def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:

@@ -64,13 +64,7 @@ def episode_runner(
     rollout, agent = config.rollout, config.agent
     greedy = evaluation and agent.eval_episodes == 1
     group = agent.eval_episodes if evaluation else rollout.group_size
-    params = SamplingParams(
-        temperature=0.0 if greedy else rollout.temperature,
-        top_p=1.0 if greedy else rollout.top_p,
-        top_k=0 if greedy else rollout.top_k,
-        max_new_tokens=rollout.max_new_tokens,
-        min_new_tokens=0 if greedy else rollout.min_new_tokens,
-    )
+    params = SamplingParams.of(rollout, greedy=greedy)
     return EpisodeRunner(
         engine,
         tokenizer,

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ardea.errors import ArdeaError, ConfigError
@@ -223,10 +223,6 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 def unwrap(module: nn.Module) -> nn.Module:
     """The model inside a DDP wrapper (FSDP2 modules are their own model)."""
     return module.module if isinstance(module, DistributedDataParallel) else module
-
-
-def is_wrapped(module: nn.Module) -> bool:
-    return isinstance(module, (DistributedDataParallel, FSDPModule))
 
 
 def full_state_dict(module: nn.Module, *, cpu: bool = False) -> dict[str, torch.Tensor]:

@@ -26,8 +26,13 @@ from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model import Precision
 from ardea.model.lora import load_policy_weights
-from ardea.reward import build_scorer
-from ardea.rollout import EngineSpec, RolloutRunner, Runner, SamplingParams, make_engine, own_copy
+from ardea.rollout import (
+    EngineSpec,
+    GenerationEngine,
+    Runner,
+    make_engine,
+    own_copy,
+)
 from ardea.trainer.agent_runs import AgentEvaluation, agent_rows, episode_runner
 from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
@@ -39,6 +44,7 @@ from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
 from ardea.trainer.results import finish_run
 from ardea.trainer.rl_step import RLStep
+from ardea.trainer.runners import make_runner
 from ardea.trainer.setup import (
     build_trainable_policy,
     check_distributed,
@@ -87,15 +93,7 @@ class Trainer:
         self.precision = Precision.resolve(
             config.model.compute_dtype, self.device, params, config.model.attn_implementation
         )
-        self.engine_spec = EngineSpec.of(
-            policy, self.tokenizer, model_dir=config.model.path, precision=self.precision
-        )
-        # under torchrun the engine decodes on its own plain copy, fed whole weights; the
-        # trainer keeps the module it gave the engine to copy for a background worker
-        self._engine_module = own_copy(policy) if self.dist.active else policy
-        self.engine = make_engine(
-            config.rollout.engine, self.engine_spec, module=self._engine_module
-        )
+        self.engine = self._build_engine(policy)
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = strategy_cls(
             self.policy,
@@ -108,7 +106,9 @@ class Trainer:
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
         )
-        self.rl = self._build_rl_step() if kind == "prompt" else None
+        self.rl = None
+        if kind == "prompt":  # online RL: rollouts from the live policy
+            self.rl = self._rl_step(make_runner(config, self.engine, self.tokenizer, self.task))
         self.evaluator = Evaluator(
             config, self.task, self.engine, self.tokenizer, self.strategy, held_out, self.precision
         )
@@ -123,6 +123,17 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
+    def _build_engine(self, policy: torch.nn.Module) -> GenerationEngine:
+        """The live policy's engine (``rollout.engine``). Under torchrun it decodes on its
+        own plain copy, fed whole weights; the trainer keeps the module it gave the engine,
+        to copy for a background worker's engine."""
+        config = self.config
+        self.engine_spec = EngineSpec.of(
+            policy, self.tokenizer, model_dir=config.model.path, precision=self.precision
+        )
+        self._engine_module = own_copy(policy) if self.dist.active else policy
+        return make_engine(config.rollout.engine, self.engine_spec, module=self._engine_module)
+
     def _wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
         """``module`` wrapped for ``trainer.distributed`` (DDP / FSDP2; as it is for none)."""
         return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
@@ -134,34 +145,6 @@ class Trainer:
     @property
     def nonfinite(self) -> dict[str, int]:
         return self.updater.nonfinite
-
-    def _build_rl_step(self) -> RLStep:
-        config = self.config
-        rollout, reward = config.rollout, config.reward
-        if config.agent.env is not None:
-            return self._rl_step(episode_runner(config, self.engine, self.tokenizer))
-        params = SamplingParams(
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_new_tokens=rollout.max_new_tokens,
-            min_new_tokens=rollout.min_new_tokens,
-        )
-        # rollout/accuracy by the task's verifier only where the prompts are the task's own
-        accuracy_task = None if config.data.path else self.task
-        runner = RolloutRunner(
-            self.engine,
-            self.tokenizer,
-            build_scorer(reward, self.task),
-            group_size=rollout.group_size,
-            params=params,
-            chat_template=config.data.chat_template,
-            seed=config.trainer.seed,
-            task=accuracy_task,
-            overlong_buffer=reward.overlong_buffer,
-            overlong_penalty=reward.overlong_penalty,
-        )
-        return self._rl_step(runner)
 
     def _rl_step(self, runner: Runner) -> RLStep:
         rollout = self.config.rollout
@@ -199,12 +182,11 @@ class Trainer:
             "rng": rng_state(),
             "history": self.history,
             "best": self.best,
-            "strategy": self.strategy.state_dict(),
             "rollouts": self.rl.state_dict() if self.rl is not None else {},
             "config_yaml": config_to_yaml(self.config),
         }
         policy_state = full_state_dict(self.policy, cpu=True) if self.dist.active else None
-        modules = self.strategy.module_states()
+        modules = self.updater.module_weights()
         path = checkpoint_dir(self.run_dir, BEST_DIR if best else self.step)
         if self.dist.is_main:
             path = save_checkpoint(
@@ -215,7 +197,7 @@ class Trainer:
                 state=state,
                 keep_last=self.config.trainer.keep_last,
                 policy_state=policy_state,
-                save_extra=lambda directory: self.strategy.save_modules(directory, modules),
+                save_extra=lambda directory: self.updater.save_modules(directory, modules),
                 final=path,
             )
         self.dist.after_main()
@@ -226,14 +208,13 @@ class Trainer:
         world size) and keeps its shards; the RNG state is rank 0's."""
         state = load_trainer_state(checkpoint)
         load_policy_weights(unwrap(self.policy), checkpoint)
-        self.strategy.load_modules(checkpoint)
+        self.updater.load_modules(checkpoint)
         self.updater.load_state_dict(state["updater"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.history = state["history"]
         self.best = state.get("best")
-        self.strategy.load_state_dict(state["strategy"])
         if self.rl is not None:
             self.rl.load_state_dict(state["rollouts"])
         restore_rng_state(state["rng"])
@@ -354,7 +335,6 @@ class Trainer:
             if self.rl is not None:
                 self.rl.close()
             self.engine.close()
-            self.strategy.close()
             self.dist.close()
             if logger is not None:
                 logger.close()

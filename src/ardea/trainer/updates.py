@@ -2,11 +2,12 @@
 
 A training step hands :meth:`Updater.run` a list of updates, each a list of micro-batches
 (offline: one update; online: ``algo.ppo_epochs`` × ``algo.ppo_mini_batches``). Per update:
-``forward_backward`` (every micro-batch's loss, normalised by the update's counts and computed
-under the run's autocast (:class:`ardea.model.Precision`), is back-propagated, so the accumulated gradient is that of the whole update) and ``optimizer``
-(clip, step, the strategy's hook). An update whose loss or gradient is NaN/Inf is skipped
-and counted. After the updates the learning-rate schedule advances once (verl's
-convention) and the strategy's end-of-step hook runs. Each phase is timed under its name
+``forward_backward`` (every micro-batch's loss, normalised by the update's counts and
+computed under the run's autocast (:class:`ardea.model.Precision`), is back-propagated, so
+the accumulated gradient is that of the whole update) and ``optimizer`` (every trained
+component clipped and stepped, :mod:`ardea.trainer.components`). An update whose loss or
+policy gradient is NaN/Inf is skipped and counted. After the updates every learning-rate
+schedule advances once (verl's convention). Each phase is timed under its name
 (``perf/time_<phase>``) by the step's :class:`PhaseTimer`.
 """
 
@@ -16,18 +17,16 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ardea.data import TrajectoryBatch
+from ardea.errors import ArdeaError
 from ardea.model import Precision
-from ardea.trainer.distributed import (
-    Distributed,
-    load_optimizer_state,
-    optimizer_state,
-)
-from ardea.trainer.schedule import build_adamw, clip_gradients
+from ardea.trainer.components import TrainedComponent
+from ardea.trainer.distributed import Distributed
 from ardea.trainer.strategies import Strategy
 
 #: step counts reduced by their maximum over the ranks (the others are summed)
@@ -53,7 +52,9 @@ class PhaseTimer:
 
 
 class Updater:
-    """Owns the policy's optimizer, schedule and non-finite-step counts (module docstring)."""
+    """Owns the trained components (the policy first, then the strategy's: each with its
+    optimizer, schedule and clipping, :mod:`ardea.trainer.components`) and the non-finite
+    step counts (module docstring)."""
 
     def __init__(
         self,
@@ -68,12 +69,28 @@ class Updater:
         self.strategy = strategy
         self.precision = precision
         self.dist = dist
-        self.max_grad_norm = trainer.max_grad_norm or float("inf")
-        self.parameters = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler = build_adamw(
-            self.parameters, trainer, lr=trainer.lr, warmup_steps=trainer.warmup_steps
-        )
+        self.components = [
+            TrainedComponent.build(
+                "train",
+                policy,
+                trainer,
+                lr=trainer.lr,
+                warmup_steps=trainer.warmup_steps,
+                max_grad_norm=trainer.max_grad_norm,
+            ),  # fmt: skip
+            *strategy.trained_components(),
+        ]
         self.nonfinite = {"consecutive": 0, "total": 0}
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The policy's optimizer."""
+        return self.components[0].optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        """The policy's learning-rate schedule."""
+        return self.components[0].scheduler
 
     def run(self, updates: list[list[TrajectoryBatch]], timer: PhaseTimer) -> dict[str, float]:
         """Apply ``updates``; return each metric averaged over the updates that report it,
@@ -87,11 +104,10 @@ class Updater:
             per_update.append(metrics | step_metrics)
             applied |= ok
         if applied:
-            self.scheduler.step()
-        self.strategy.after_train_step()
+            for component in self.components:
+                component.scheduler.step()
         metrics = mean_metrics(per_update)
         metrics["train/nonfinite_steps"] = float(self.nonfinite["total"])
-        metrics.update(self.strategy.step_metrics())
         trained = timer.seconds.get("forward_backward", 0.0) + timer.seconds.get("optimizer", 0.0)
         metrics["perf/train_tokens_per_s"] = update_tokens(updates) / max(trained, 1e-9)
         return metrics
@@ -102,7 +118,7 @@ class Updater:
         (and the metrics, summed over micro-batches and ranks) are the whole update's."""
         counts = self.dist.sum(self.strategy.step_counts(micro_batches), maximum=MAX_COUNTS)
         totals: dict[str, float] = {}
-        trained = [self.policy, *self.strategy.trained_modules()]
+        trained = [component.module for component in self.components]
         for index, batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
             with self.dist.accumulating(trained, accumulate=not last):
@@ -115,36 +131,59 @@ class Updater:
         return self.dist.sum(totals)
 
     def _optimizer_step(self, loss: float) -> tuple[dict[str, float], bool]:
-        """Clip and step, or skip a non-finite step; returns its metrics and whether it
-        was applied."""
-        grad_norm = clip_gradients(self.parameters, self.max_grad_norm)
-        metrics = {"train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0]}
+        """Clip and step every component, or skip a step whose loss or policy gradient is
+        not finite; returns its metrics and whether it was applied."""
+        policy, *others = self.components
+        grad_norm = policy.clip()
+        metrics = {"train/grad_norm": grad_norm}
+        metrics |= {f"{c.prefix}/lr": c.lr for c in self.components}
         applied = math.isfinite(loss) and math.isfinite(grad_norm)
-        if not applied:
-            self.optimizer.zero_grad(set_to_none=True)  # skip: weights stay the last good ones
-            self.strategy.skip_optimizer_step()
-            self.nonfinite["consecutive"] += 1
-            self.nonfinite["total"] += 1
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.strategy.after_optimizer_step()
-            self.nonfinite["consecutive"] = 0
+        if applied:
+            policy.optimizer.step()
+        policy.optimizer.zero_grad(set_to_none=True)  # skipped: weights stay the last good
+        for component in others:
+            if applied:
+                metrics[f"{component.prefix}/grad_norm"] = component.step()
+            component.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite["consecutive"] = 0 if applied else self.nonfinite["consecutive"] + 1
+        self.nonfinite["total"] += 0 if applied else 1
         return metrics, applied
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state by parameter name (whole, loadable at any world size; collective),
-        schedule and non-finite counts."""
+        """Every component's optimizer (by parameter name, whole, loadable at any world size;
+        collective) and schedule, by metrics prefix; the non-finite counts."""
         return {
-            "optimizer": optimizer_state(self.policy, self.optimizer),
-            "scheduler": self.scheduler.state_dict(),
+            "components": {c.prefix: c.state_dict() for c in self.components},
             "nonfinite": dict(self.nonfinite),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        stored = state["components"]
+        missing = [c.prefix for c in self.components if c.prefix not in stored]
+        if missing:
+            raise ArdeaError(
+                f"the checkpoint's trainer state has no optimizer for {', '.join(missing)}: it "
+                "was written by a run of another strategy; resume from one of this run's"
+            )
+        for component in self.components:
+            component.load_state_dict(stored[component.prefix])
         self.nonfinite = dict(state["nonfinite"])
+
+    def module_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The whole weights of every component besides the policy, by checkpoint
+        sub-directory (collective: call on every rank; rank 0's hold the tensors)."""
+        return {c.checkpoint_dir: c.weights() for c in self.components[1:]}
+
+    def save_modules(self, directory: Path, weights: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Write :meth:`module_weights` into checkpoint ``directory`` (rank 0)."""
+        for component in self.components[1:]:
+            name = component.checkpoint_dir
+            component.save(Path(directory) / name, weights[name])
+
+    def load_modules(self, checkpoint: Path) -> None:
+        """Read every component's weights besides the policy's from ``checkpoint``."""
+        for component in self.components[1:]:
+            component.load_weights(checkpoint)
 
 
 def mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:

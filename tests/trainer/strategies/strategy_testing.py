@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from tiny_models import small_model
 
 from ardea.config import ArdeaConfig
 from ardea.data import TrajectoryBatch
-from ardea.model import build_char_tokenizer, build_tiny_model
+from ardea.model import build_char_tokenizer
 from ardea.trainer.strategies import make_strategy
 
 TOKENIZER = build_char_tokenizer()
@@ -19,15 +20,7 @@ PAD = TOKENIZER.pad_token_id
 
 
 def tiny_policy(seed: int = 0) -> torch.nn.Module:
-    return build_tiny_model(
-        TOKENIZER,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=64,
-        seed=seed,
-    )
+    return small_model(TOKENIZER, seed=seed)
 
 
 def make_config(name: str, **algo) -> ArdeaConfig:

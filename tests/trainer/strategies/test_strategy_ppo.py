@@ -199,14 +199,23 @@ def backward_on_a_rollout(strategy) -> list[torch.Tensor]:
     """Backpropagate the loss of one prepared rollout; the critic's weights before any step."""
     loss, _ = loss_of(strategy, prepared(strategy))
     loss.backward()
-    return [p.detach().clone() for p in strategy.critic_parameters]
+    return [p.detach().clone() for p in strategy.critic_component.parameters]
+
+
+def test_the_critic_is_a_trained_component_of_its_own():
+    strategy = ppo(critic_lr=3e-3, critic_max_grad_norm=0.5)
+    (critic,) = strategy.trained_components()
+    assert critic.module is strategy.critic and critic.prefix == "critic"
+    assert critic.lr == 3e-3 and critic.max_grad_norm == 0.5 and critic.checkpoint_dir == "critic"
+    assert {id(p) for p in critic.parameters} == {id(p) for p in strategy.critic.parameters()}
 
 
 def test_critic_step_updates_the_critic_and_clears_its_gradients():
     strategy = ppo()
     before = backward_on_a_rollout(strategy)
-    strategy.after_optimizer_step()
-    assert any(not torch.equal(p, b) for p, b in zip(strategy.critic_parameters, before))
+    strategy.critic_component.step()
+    critic = strategy.critic_component.parameters
+    assert any(not torch.equal(p, b) for p, b in zip(critic, before))
     assert all(p.grad is None for p in strategy.critic.parameters())
 
 
@@ -214,24 +223,38 @@ def test_critic_step_updates_the_critic_and_clears_its_gradients():
 def test_critic_gradient_is_clipped_to_its_own_norm(max_norm):
     """Under SGD with lr 1 the critic moves by exactly its (clipped) gradient."""
     strategy = ppo(critic_max_grad_norm=max_norm)
-    strategy.critic_optimizer = torch.optim.SGD(strategy.critic_parameters, lr=1.0)
+    component = strategy.critic_component
+    component.optimizer = torch.optim.SGD(component.parameters, lr=1.0)
     before = backward_on_a_rollout(strategy)
-    grads = [p.grad.detach().clone() for p in strategy.critic_parameters]
+    grads = [p.grad.detach().clone() for p in component.parameters]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     assert norm > 1e-2  # so that a 1e-3 cap really clips
-    strategy.after_optimizer_step()
-    moved = [b - p.detach() for p, b in zip(strategy.critic_parameters, before)]
+    assert component.step() == pytest.approx(float(norm), rel=1e-6)  # the norm before clipping
+    moved = [b - p.detach() for p, b in zip(component.parameters, before)]
     moved_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in moved]))
     expected = max_norm if max_norm else float(norm)  # 0 = no clipping
     assert float(moved_norm) == pytest.approx(expected, rel=1e-4)
 
 
-def test_skipped_step_drops_critic_gradients():
+def test_a_skipped_step_drops_the_critic_gradients_too():
+    """A non-finite loss skips the update of every component: the critic keeps its
+    weights and loses its gradients, like the policy."""
+    from ardea.model import Precision
+    from ardea.trainer.distributed import Distributed
+    from ardea.trainer.updates import Updater
+
     strategy = ppo()
+    cpu = torch.device("cpu")
+    updater = Updater(
+        strategy.policy, strategy, strategy.config,
+        Precision.resolve("float32", cpu, torch.float32), Distributed("none", cpu, 60.0),
+    )  # fmt: skip
     before = backward_on_a_rollout(strategy)
-    strategy.skip_optimizer_step()
+    metrics, applied = updater._optimizer_step(float("nan"))
+    assert not applied and "critic/grad_norm" not in metrics
     assert all(p.grad is None for p in strategy.critic.parameters())
-    assert all(torch.equal(p, b) for p, b in zip(strategy.critic_parameters, before))
+    assert all(torch.equal(p, b) for p, b in zip(strategy.critic_component.parameters, before))
+    assert updater.nonfinite == {"consecutive": 1, "total": 1}
 
 
 def test_micro_batches_sum_to_the_whole_step():

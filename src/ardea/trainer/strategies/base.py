@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -28,6 +27,7 @@ from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.registry import Registry, subclass_check
+from ardea.trainer.components import TrainedComponent
 
 SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
 
@@ -102,58 +102,10 @@ class Strategy(ABC):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss of ``batch`` and its metrics (values that add up across micro-batches)."""
 
-    def after_optimizer_step(self) -> None:
-        """Hook run after each optimizer step (e.g. syncing an old-policy copy)."""
-        return None
-
-    def skip_optimizer_step(self) -> None:
-        """Hook run instead of :meth:`after_optimizer_step` when the loop skips a step with a
-        non-finite loss or gradient (drop any gradients the strategy owns)."""
-        return None
-
-    def after_train_step(self) -> None:
-        """Hook run once per training step, after all its optimizer steps (e.g. advancing a
-        critic's learning-rate schedule)."""
-        return None
-
-    def close(self) -> None:
-        """Release what the strategy runs in the background (called when training ends)."""
-        return None
-
-    def module_states(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The whole weights of trained modules other than the policy, by checkpoint
-        sub-directory (gathered from every rank: call on all of them; only rank 0's hold
-        tensors)."""
-        return {}
-
-    def save_modules(self, directory: Path, states: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Write :meth:`module_states` into a checkpoint ``directory`` (rank 0 only)."""
-        return None
-
-    def load_modules(self, directory: Path) -> None:
-        """Read what :meth:`save_modules` wrote; a missing module is an error."""
-        return None
-
-    def trained_modules(self) -> list[torch.nn.Module]:
-        """Modules besides the policy that the update's loss trains (e.g. a critic)."""
+    def trained_components(self) -> list[TrainedComponent]:
+        """Modules besides the policy that the loss trains, each with its optimizer (e.g. a
+        critic); the updater steps, clips and checkpoints them like the policy."""
         return []
-
-    def frozen_modules(self) -> list[torch.nn.Module]:
-        """Frozen models the strategy holds (moved with the policy, never trained)."""
-        return []
-
-    def step_metrics(self) -> dict[str, float]:
-        """Metrics of the last step that are not sums over micro-batches (e.g. a critic's
-        gradient norm)."""
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must hold for this strategy beyond the policy and optimizer."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` when resuming."""
-        return None
 
 
 class OnlineStrategy(Strategy):

@@ -68,9 +68,6 @@ class DPOStrategy(Strategy):
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         return data.collate_preference(samples, self.tokenizer.pad_token_id)
 
-    def frozen_modules(self) -> list[nn.Module]:
-        return [self.reference]
-
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         pairs = float(sum(len(preference_pairs(b)[0]) for b in micro_batches))
         return {"pairs": pairs} | self.moe.step_counts(micro_batches)

@@ -104,9 +104,6 @@ class GRPOStrategy(Strategy):
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         return data.collate_groups(samples, self.tokenizer.pad_token_id)
 
-    def frozen_modules(self) -> list[nn.Module]:
-        return [self.reference] if self.reference is not None else []
-
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         return rl_step_counts(micro_batches, self.moe)
 

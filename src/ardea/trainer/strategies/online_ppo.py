@@ -11,10 +11,12 @@ Roles:
 - the behaviour policy: the engine's per-token log-probs recorded at rollout (required);
 - the critic: a :class:`~ardea.model.ValueModel`, the backbone of a fresh copy of the
   initial policy (``make_reference()``) plus a zero-initialised scalar head, or
-  ``algo.critic_path``, wrapped for data parallelism like the policy; it has its own AdamW
-  (``algo.critic_lr``), gradient clipping (``algo.critic_max_grad_norm``) and learning-rate
-  schedule (``trainer.lr_schedule`` with ``algo.critic_warmup_steps``), stepped right after
-  every policy optimizer step; it never generates, so it is not part of a policy version;
+  ``algo.critic_path``, wrapped for data parallelism like the policy; a trained component
+  (:mod:`ardea.trainer.components`) with its own AdamW (``algo.critic_lr``), gradient
+  clipping (``algo.critic_max_grad_norm``) and learning-rate schedule
+  (``trainer.lr_schedule`` with ``algo.critic_warmup_steps``), stepped by the updater right
+  after every policy optimizer step; it never generates, so it is not part of a policy
+  version;
 - the reference: a frozen copy of the initial policy, built only when
   ``algo.ppo.kl_ctl > 0``.
 
@@ -38,8 +40,8 @@ Metrics besides GRPO's policy metrics: the value loss's ``loss/value`` and
 ``loss/value_clip_frac``; per rollout ``critic/explained_variance``
 (``1 - Var[R - V] / Var[R]`` over completion tokens, with the rollout-time values),
 ``critic/value_mean``, ``critic/return_mean``, ``critic/advantage_std``, ``rollout/kl`` (mean
-per-token KL estimate between behaviour and reference, with a reference); per step
-``critic/grad_norm`` and ``critic/lr``.
+per-token KL estimate between behaviour and reference, with a reference); per update
+``critic/grad_norm`` and ``critic/lr`` (the component's metrics).
 
 Checkpoints hold the critic in ``critic/`` (Hugging Face token-classification format) and
 its optimizer and scheduler in ``trainer_state.pt``; a resume from a checkpoint without them
@@ -52,7 +54,6 @@ estimator (seed: the log-ratio, which is ``k1``).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +68,10 @@ from ardea.algo import (
     value_loss,
 )
 from ardea.data import TrajectoryBatch
-from ardea.errors import ArdeaError, ConfigError
+from ardea.errors import ConfigError
 from ardea.model import ValueModel
-from ardea.trainer.distributed import (
-    full_state_dict,
-    load_full_state_dict,
-    load_optimizer_state,
-    optimizer_state,
-    unwrap,
-)
-from ardea.trainer.schedule import build_adamw, clip_gradients
+from ardea.trainer.components import TrainedComponent
+from ardea.trainer.distributed import load_full_state_dict, unwrap
 from ardea.trainer.strategies import policy_gradient
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 from ardea.trainer.strategies.moe import MoETerms
@@ -100,17 +95,21 @@ class OnlinePPOStrategy(OnlineStrategy):
         self.loss_name = policy_gradient.policy_loss_name(config, online=True)
         self.policy_loss = policy_gradient.resolve_policy_loss(self.loss_name, self.ppo)
         self.critic = self._build_critic(algo.critic_path)
-        self.critic_parameters = [p for p in self.critic.parameters() if p.requires_grad]
-        self.critic_optimizer, self.critic_scheduler = build_adamw(
-            self.critic_parameters,
+        # the critic trains with its own AdamW, schedule and clipping; saved in critic/
+        self.critic_component = TrainedComponent.build(
+            "critic",
+            self.critic,
             config.trainer,
             lr=algo.critic_lr,
             warmup_steps=algo.critic_warmup_steps,
+            max_grad_norm=algo.critic_max_grad_norm,
+            checkpoint_dir=CRITIC_DIR,
+            save=lambda path, state: unwrap(self.critic).save_pretrained(path, state_dict=state),
+            load=self._load_critic,
         )
         kl = float(self.ppo.kl_ctl)
         self.reference = self.frozen_reference() if kl else None
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
-        self._critic_norms: list[float] = []
 
     def _build_critic(self, path: str | None) -> nn.Module:
         device = next(self.policy.parameters()).device
@@ -120,11 +119,13 @@ class OnlinePPOStrategy(OnlineStrategy):
             critic = ValueModel.from_pretrained(path, device=device)
         return self.wrap(critic.to(device).train().requires_grad_(True), trainable=True)
 
-    def trained_modules(self) -> list[nn.Module]:
-        return [self.critic]
+    def trained_components(self) -> list[TrainedComponent]:
+        return [self.critic_component]
 
-    def frozen_modules(self) -> list[nn.Module]:
-        return [self.reference] if self.reference is not None else []
+    def _load_critic(self, path: Path) -> None:
+        device = next(self.critic.parameters()).device
+        saved = ValueModel.from_pretrained(path, device=device)
+        load_full_state_dict(self.critic, saved.state_dict())
 
     # --------------------------------------------------------------- rollout
     @torch.no_grad()
@@ -191,63 +192,3 @@ class OnlinePPOStrategy(OnlineStrategy):
         loss = policy_loss + self.config.algo.vf_coef * critic_loss
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}
-
-    # ---------------------------------------------------------------- critic
-    def after_optimizer_step(self) -> None:
-        """The critic's own step right after the policy's: clip, step, clear."""
-        max_norm = self.config.algo.critic_max_grad_norm or float("inf")
-        norm = clip_gradients(self.critic_parameters, max_norm)
-        self._critic_norms.append(norm)
-        if math.isfinite(norm):
-            self.critic_optimizer.step()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-
-    def skip_optimizer_step(self) -> None:
-        self.critic_optimizer.zero_grad(set_to_none=True)
-
-    def after_train_step(self) -> None:
-        self.critic_scheduler.step()
-
-    def step_metrics(self) -> dict[str, float]:
-        metrics = {}
-        norms, self._critic_norms = self._critic_norms, []
-        if norms:
-            metrics["critic/grad_norm"] = sum(norms) / len(norms)
-        metrics["critic/lr"] = self.critic_scheduler.get_last_lr()[0]
-        return metrics
-
-    # ----------------------------------------------------------- checkpoints
-    def module_states(self) -> dict[str, dict[str, Tensor]]:
-        return {CRITIC_DIR: full_state_dict(self.critic, cpu=True)}
-
-    def save_modules(self, directory: Path, states: dict[str, dict[str, Tensor]]) -> None:
-        critic = unwrap(self.critic)
-        critic.save_pretrained(Path(directory) / CRITIC_DIR, state_dict=states[CRITIC_DIR])
-
-    def load_modules(self, directory: Path) -> None:
-        path = Path(directory) / CRITIC_DIR
-        if not (path / "config.json").is_file():
-            raise ArdeaError(
-                f"checkpoint {directory} has no {CRITIC_DIR}/ (the critic of online_ppo); "
-                "it cannot resume this run without its critic. Resume from a checkpoint of an "
-                "online_ppo run, or start a new run (trainer.resume=never)."
-            )
-        device = next(self.critic.parameters()).device
-        saved = ValueModel.from_pretrained(path, device=device)
-        load_full_state_dict(self.critic, saved.state_dict())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "critic_optimizer": optimizer_state(self.critic, self.critic_optimizer),
-            "critic_scheduler": self.critic_scheduler.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = [k for k in ("critic_optimizer", "critic_scheduler") if k not in state]
-        if missing:
-            raise ArdeaError(
-                f"the checkpoint's trainer state has no {', '.join(missing)} for the critic "
-                "of online_ppo; it was not written by an online_ppo run"
-            )
-        load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
-        self.critic_scheduler.load_state_dict(state["critic_scheduler"])

@@ -1,0 +1,102 @@
+"""The ``algo`` section: which strategy trains and its options (the RL numerics shared by
+grpo and ppo are the nested :class:`~ardea.config.PPOConfig`, ``algo.ppo``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ardea.config.fields import check_choice, check_range, option
+from ardea.config.ppo import PPOConfig
+from ardea.errors import ConfigError
+
+
+@dataclass
+class AlgoConfig:
+    name: str = option("sft", "Training strategy by registered name: seq, sft, dpo, grpo, ...")
+    label_smoothing: float = option(0.0, "seq/sft: label smoothing of the cross-entropy.")
+    beta: float = option(0.1, "dpo: inverse temperature of the implicit reward.")
+    dpo_loss: str = option("sigmoid", "dpo: sigmoid (DPO) or ipo.")
+    dpo_reduction: str = option(
+        "sum", "dpo: sequence log-prob as the sum or the mean of its token log-probs."
+    )
+    moe_aux_loss_coef: float = option(
+        0.01, "Weight of a mixture-of-experts model's load-balancing loss (0 = off)."
+    )
+    ppo_epochs: int = option(
+        1,
+        "Online RL: passes over each rollout batch; advantages are computed once per rollout "
+        "and reused by every pass.",
+    )
+    ppo_mini_batches: int = option(
+        1,
+        "Online RL: optimizer steps per pass; the rollout's trajectories are shuffled and split "
+        "into this many mini-batches.",
+    )
+    policy_loss: str | None = option(
+        None,
+        "Online RL and grpo: the policy loss by registered name: ppo (clipped surrogate, "
+        "clip-higher and dual-clip through algo.ppo), decoupled_ppo (ratio against the policy "
+        "before the step's updates, behaviour weight capped by algo.ppo.behav_imp_weight_cap) "
+        "or gspo (sequence-level ratio; set algo.ppo.eps_clip=3e-4 eps_clip_higher=4e-4), "
+        "or the dotted path of your own ardea.algo.PolicyLoss or fn(inputs, **options); "
+        "null = decoupled_ppo when rollout.max_staleness > 0, else ppo.",
+    )
+    dynamic_sampling: bool = option(
+        False,
+        "online_grpo (DAPO): drop groups whose rewards are all equal and refill the batch with "
+        "fresh prompts.",
+    )
+    dynamic_sampling_max_rounds: int = option(
+        3, "online_grpo: most extra generation rounds per step when refilling dropped groups."
+    )
+    dynamic_sampling_max_refill: int = option(
+        1,
+        "online_grpo: most prompts one refill round generates, in multiples of "
+        "trainer.batch_size; a round asks for the missing groups divided by the share of "
+        "groups kept so far in the step, up to this cap (1 = one batch of prompts per round).",
+    )
+    critic_path: str | None = option(
+        None,
+        "online_ppo: initial critic, a directory saved by ValueModel.save_pretrained (e.g. a "
+        "checkpoint's critic/); null warm-starts the critic from the policy with a zero head.",
+    )
+    critic_lr: float = option(1e-4, "online_ppo: peak learning rate of the critic (AdamW).")
+    critic_warmup_steps: int = option(
+        0, "online_ppo: linear warm-up steps of the critic's learning rate (same schedule kind)."
+    )
+    critic_max_grad_norm: float = option(
+        1.0, "online_ppo: clip the critic's gradient norm to this (0 = off)."
+    )
+    vf_coef: float = option(
+        0.5,
+        "online_ppo: weight of the value loss in the summed loss (the critic has its own "
+        "optimizer, so this scales its gradient).",
+    )
+    ppo: PPOConfig = option(
+        help="RL numerics shared by grpo/ppo: clipping, KL, advantages, loss aggregation.",
+        factory=PPOConfig,
+    )
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("algo.name must name a strategy, e.g. algo.name=sft")
+        if self.policy_loss is not None and (
+            not isinstance(self.policy_loss, str) or not self.policy_loss
+        ):
+            raise ConfigError(
+                f"algo.policy_loss={self.policy_loss!r} must name a policy loss "
+                "(ppo, decoupled_ppo, gspo) or be null"
+            )
+        check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
+        check_range("algo.beta", self.beta, low=0.0, low_open=True)
+        check_choice("algo.dpo_loss", self.dpo_loss, ("sigmoid", "ipo"))
+        check_choice("algo.dpo_reduction", self.dpo_reduction, ("sum", "mean"))
+        check_range("algo.moe_aux_loss_coef", self.moe_aux_loss_coef, low=0.0)
+        check_range("algo.ppo_epochs", self.ppo_epochs, low=1)
+        check_range("algo.ppo_mini_batches", self.ppo_mini_batches, low=1)
+        check_range("algo.dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, low=0)
+        check_range("algo.dynamic_sampling_max_refill", self.dynamic_sampling_max_refill, low=1)
+        check_range("algo.critic_lr", self.critic_lr, low=0.0, low_open=True)
+        check_range("algo.critic_warmup_steps", self.critic_warmup_steps, low=0)
+        check_range("algo.critic_max_grad_norm", self.critic_max_grad_norm, low=0.0)
+        check_range("algo.vf_coef", self.vf_coef, low=0.0)
