@@ -89,7 +89,7 @@ def test_episodes_in_process(model, tokenizer):
     m = rollout.metrics
     assert m["agent/turns_per_episode"] == 2 and m["agent/success_rate"] == 0.5
     assert m["agent/tool_calls"] == 1 and m["agent/tool_errors"] == 0.5
-    leaves = [c for c in played.client.interactions if c.parent is not None]
+    leaves = [c for c in played.calls if c.parent is not None]
     for row, leaf in enumerate(leaves):
         check_row(b, row, leaf.chain(), tokenizer, model)
     error_reply = leaves[2].input_ids  # the unknown tool's error is what the model saw

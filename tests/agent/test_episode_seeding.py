@@ -12,7 +12,7 @@ def played_tokens(runner, rows, first_prompt):
     """Each episode's generated token ids, turn by turn, in episode order."""
     played = runner.generate(rows, seed_index=7, first_prompt=first_prompt)
     return [
-        [tuple(call.output_ids) for call in played.client.get(episode.last_call).chain()]
+        [tuple(call.output_ids) for call in episode.conversation.calls]
         for episode in played.episodes
     ]
 

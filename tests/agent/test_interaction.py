@@ -15,7 +15,7 @@ def call(inputs, outputs, parent=None, reward=0.0, version=1):
         list(inputs),
         list(outputs),
         [-0.1] * len(outputs),
-        [version] * len(outputs),
+        version,
         parent=parent,
         reward=reward,
     )

@@ -53,6 +53,7 @@ from openai.types.chat.chat_completion_message_tool_call import (
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 from ardea.agent.conversation import (
+    assistant_reply,
     continuation_ids,
     encode,
     message_key,
@@ -66,7 +67,6 @@ from ardea.agent.interaction import (
     rewrite_error,
 )
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
-from ardea.agent.tools import TOOL_CALL, parse_tool_calls
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 _OPTIONS = ("model", "tools", "temperature", "top_p", "max_tokens", "max_completion_tokens",
@@ -304,11 +304,8 @@ class RecordingClient:
             return parent
 
     def _record(self, r: ChatRequest, c: Completion) -> ChatCompletion:
-        ended = c.finish_reason == "stop" and c.token_ids and c.token_ids[-1] in self.stop_ids
-        content_ids = c.token_ids[:-1] if ended else c.token_ids
-        text = self.tokenizer.decode(content_ids, skip_special_tokens=False)
-        calls = [call for call in parse_tool_calls(text) if call.error is None]
-        content = TOOL_CALL.sub("", text) if calls else text
+        reply = assistant_reply(self.tokenizer, c, self.stop_ids)
+        text, calls = reply.text, reply.tool_calls
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         tool_calls = [
             ChatCompletionMessageToolCall(
@@ -319,14 +316,14 @@ class RecordingClient:
             for call in calls
         ]
         message = ChatCompletionMessage(
-            role="assistant", content=content, tool_calls=tool_calls or None
+            role="assistant", content=reply.message["content"], tool_calls=tool_calls or None
         )
         reply = normalize(message)
         call = Interaction(
             list(r.input_ids),
             list(c.token_ids),
             list(c.logprobs),
-            [c.version] * len(c.token_ids),
+            c.version,
             stop_reason=c.finish_reason,
             parent=r.parent,
             id=completion_id,

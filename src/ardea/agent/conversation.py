@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ardea.agent.interaction import Interaction
+from ardea.agent.interaction import Interaction, rewrite_error
+from ardea.agent.tools import TOOL_CALL, ToolCall, parse_tool_calls
+from ardea.rollout.engine import Completion
 
 Message = dict[str, Any]
 
@@ -93,3 +96,95 @@ def _turn_end(tokenizer: Any, rendered: str, parent: Interaction, stop_texts) ->
     last = tokenizer.convert_ids_to_tokens(parent.output_ids[-1:]) if parent.output_ids else []
     generated_marker = parent.stop_reason == "stop" and last == [marker]
     return rendered[at + len(marker) :] if generated_marker else rendered[at:]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a completion says as an assistant message: the decoded ``text`` (up to the stop
+    token; tool-call blocks included), the normalized ``message`` (content without the
+    well-formed tool-call blocks, which become ``tool_calls``) and those ``tool_calls``."""
+
+    text: str
+    message: Message
+    tool_calls: list[ToolCall]
+
+
+def assistant_reply(tokenizer: Any, completion: Completion, stop_ids: set[int]) -> Reply:
+    """The reply of ``completion`` (a stop token it ended with is not part of the text)."""
+    ids = completion.token_ids
+    ended = completion.finish_reason == "stop" and ids and ids[-1] in stop_ids
+    text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+    calls = [call for call in parse_tool_calls(text) if call.error is None]
+    message: Message = {"role": "assistant", "content": TOOL_CALL.sub("", text) if calls else text}
+    if calls:
+        message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
+    return Reply(text, message, calls)
+
+
+class Conversation:
+    """One conversation played on an engine directly (the episode runner's core, without the
+    OpenAI façade): it owns its messages and its calls (each an :class:`Interaction`
+    continuing the one before) and gives the input ids of the next call, the last call's
+    tokens followed by the template's continuation (module docstring).
+
+    Args:
+        tokenizer: its chat template renders the messages.
+        messages: the first messages; ``tools``: the tools' schemas (or None).
+        history: ``error`` (a template that rewrote history raises
+            :class:`~ardea.agent.interaction.HistoryRewriteError`) or ``new_trajectory``
+            (that call is tokenized from scratch; the export starts a new row there).
+        stop_ids: the engine's stop token ids; ``group_id``: the row it answers.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        history: str,
+        stop_ids: Sequence[int],
+        group_id: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.messages = [normalize(m) for m in messages]
+        self.tools = tools
+        self.history = history
+        self.stop_ids = set(stop_ids)
+        self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
+        self.group_id = group_id
+        self.calls: list[Interaction] = []
+        self._parent: Interaction | None = None  # what the next call continues
+
+    def next_input(self) -> list[int]:
+        """The input ids of the next call."""
+        last = self._parent = self.calls[-1] if self.calls else None
+        if last is not None:
+            answered = len(last.info["messages"]) + 1  # its messages and its reply
+            new = self.messages[answered:]
+            ids = continuation_ids(self.tokenizer, last, new, self.tools, self.stop_texts)
+            if ids is not None:
+                return ids
+            if self.history == "error":
+                raise rewrite_error(last, "the chat template rewrote that call's turn")
+        # the first call, or a rewritten history: the export starts a new row at this call
+        text = render(self.tokenizer, self.messages, self.tools, generation=True)
+        return encode(self.tokenizer, text)
+
+    def record(self, input_ids: list[int], completion: Completion) -> tuple[Interaction, Reply]:
+        """Record the call that generated ``completion`` from ``input_ids``; its reply
+        joins the messages."""
+        reply = assistant_reply(self.tokenizer, completion, self.stop_ids)
+        call = Interaction(
+            list(input_ids),
+            list(completion.token_ids),
+            list(completion.logprobs),
+            completion.version,
+            stop_reason=completion.finish_reason,
+            parent=self._parent,
+            group_id=self.group_id,
+            info={"messages": list(self.messages), "reply": reply.message, "text": reply.text},
+        )
+        self.calls.append(call)
+        self.messages.append(reply.message)
+        return call, reply

@@ -1,13 +1,13 @@
-"""G episodes per environment row, played through the recording client and scored into one
+"""G episodes per environment row, played on the engine and scored into one
 :class:`~ardea.data.TrajectoryBatch`: the agent counterpart of
 :class:`~ardea.rollout.RolloutRunner`, with the same two calls.
 
-- :meth:`EpisodeRunner.generate`: every episode of the call starts (``env.reset(row)``);
-  then, turn after turn, **all episodes waiting for the model are generated together**
-  (one :meth:`~ardea.agent.client.RecordingClient.create_many`, one engine call), each
-  reply goes to its environment (``env.step``), whose observation is appended to the
-  conversation, until every episode is done, hit ``max_turns`` or no longer fits the
-  model's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
+- :meth:`EpisodeRunner.generate`: every episode of the call starts (``env.reset(row)``)
+  a :class:`~ardea.agent.conversation.Conversation`; then, turn after turn, **all episodes
+  waiting for the model are generated together** (one engine call on the conversations'
+  next input ids), each reply goes to its environment (``env.step``), whose observation
+  joins the conversation, until every episode is done, hit ``max_turns`` or no longer fits
+  the engine's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
   k)`` and each episode with its own row of that turn's random numbers (its row id
   ``first_prompt * G + i``, whichever episodes are still playing), so an episode is the
   same whether one process plays the whole rollout or it is split over several.
@@ -27,12 +27,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ardea.agent.client import ContextLengthError, RecordingClient
+from ardea.agent.conversation import Conversation, normalize
 from ardea.agent.env import Environment, make_env
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
-from ardea.rollout import GenerationEngine, Rollout, SamplingParams, sampling_seed
+from ardea.rollout import Completion, GenerationEngine, Rollout, SamplingParams, sampling_seed
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
 
@@ -43,7 +43,8 @@ class Episode:
 
     env: Environment | None  # None once restored from a checkpoint (the episode is over)
     group: int
-    messages: list[dict[str, Any]]
+    conversation: Conversation | None  # None once restored (only its calls are kept)
+    messages: list[dict[str, Any]]  # the conversation's messages (the same list)
     reward: float = 0.0
     turns: int = 0
     tool_calls: int = 0
@@ -51,7 +52,6 @@ class Episode:
     success: bool = False
     done: bool = False
     truncated: bool = False
-    last_call: str | None = None  # completion id of its latest reply
     row_id: int = 0  # its row of each turn's random numbers (module docstring)
 
 
@@ -61,7 +61,7 @@ class Episodes:
 
     examples: list[dict[str, Any]]
     episodes: list[Episode]
-    client: RecordingClient
+    calls: list[Interaction]  # every episode's calls, in the order they were made
     seconds: float
 
 
@@ -124,50 +124,61 @@ class EpisodeRunner:
         those one process playing the whole rollout would play)."""
         start = time.perf_counter()
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
-        client = RecordingClient(engine or self.engine, self.tokenizer, history=self.history)
-        episodes = []
+        engine = engine or self.engine
+        episodes, calls = [], []
         for group, row in enumerate(examples):
             for _ in range(self.group_size):
                 env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
+                conversation = Conversation(
+                    self.tokenizer, env.reset(row), env.tools, history=self.history,
+                    stop_ids=engine.stop_token_ids, group_id=group,
+                )  # fmt: skip
                 row_id = first_prompt * self.group_size + len(episodes)
-                episodes.append(Episode(env, group, env.reset(row), row_id=row_id))
+                messages = conversation.messages
+                episodes.append(Episode(env, group, conversation, messages, row_id=row_id))
         for turn in range(self.max_turns):
             waiting = [e for e in episodes if not e.done]
-            if not waiting:
+            inputs = [self._next_input(e, engine) for e in waiting]
+            ready = [(e, ids) for e, ids in zip(waiting, inputs) if ids is not None]
+            if not ready:
                 break
-            params = dataclasses.replace(self.params, seed=sampling_seed(self.seed, *indices, turn))
-            requests = [client.request(messages=e.messages, tools=e.env.tools) for e in waiting]
-            for episode, request in zip(waiting, requests):
-                request.params = params  # one engine call for the whole turn
-                request.row_id = episode.row_id
-                # episodes with equal histories stay apart: each continues its own last call
-                request.parent = client.get(episode.last_call) if episode.last_call else None
-            for episode, result in zip(waiting, client.create_many(requests)):
-                self._advance(client, episode, result)
+            params = dataclasses.replace(
+                self.params,
+                seed=sampling_seed(self.seed, *indices, turn),
+                row_ids=[e.row_id for e, _ in ready],
+            )
+            completions = engine.generate([ids for _, ids in ready], params)
+            for (episode, ids), completion in zip(ready, completions):
+                calls.append(self._advance(episode, ids, completion))
         for episode in episodes:
             episode.truncated |= not episode.done
-        return Episodes(list(examples), episodes, client, time.perf_counter() - start)
+        return Episodes(list(examples), episodes, calls, time.perf_counter() - start)
+
+    def _next_input(self, episode: Episode, engine: GenerationEngine) -> list[int] | None:
+        """The episode's next input ids, or None when they no longer fit the engine's
+        context with a whole reply (the episode ends, truncated)."""
+        ids = episode.conversation.next_input()
+        room = engine.max_context
+        if room is not None and len(ids) + self.params.max_new_tokens > room:
+            episode.done = episode.truncated = True
+            return None
+        return ids
 
     @staticmethod
-    def _advance(client: RecordingClient, episode: Episode, result: Any) -> None:
-        """Hand one reply to its environment; a prompt beyond the context ends the episode."""
-        if isinstance(result, ContextLengthError):
-            episode.done = episode.truncated = True
-            return
-        if isinstance(result, BaseException):
-            raise result
-        call = client.get(result.id)
-        call.group_id = episode.group
-        episode.last_call = result.id
-        observation, reward, done, info = episode.env.step(call.info["text"])
-        client.set_reward(result.id, reward)
-        episode.messages += [call.info["reply"], *observation]
+    def _advance(episode: Episode, input_ids: list[int], completion: Completion) -> Interaction:
+        """Record the reply and hand it to the environment, whose observation joins the
+        conversation."""
+        call, reply = episode.conversation.record(input_ids, completion)
+        observation, reward, done, info = episode.env.step(reply.text)
+        call.reward = float(reward)
+        episode.conversation.messages += [normalize(m) for m in observation]
         episode.reward += reward
         episode.turns += 1
         episode.tool_calls += int(info.get("tool_calls", 0))
         episode.tool_errors += int(info.get("tool_errors", 0))
         episode.success = bool(info.get("success", episode.success))
         episode.done = bool(done)
+        return call
 
     def generation_state(self, played: Episodes) -> dict[str, Any]:
         """For checkpoints of runs with background rollouts (:func:`episodes_state`)."""
@@ -180,19 +191,19 @@ class EpisodeRunner:
                 "the checkpoint's pending episodes were played on other environment rows than "
                 "this run's data gives those steps; resume with the run's own data and config"
             )
-        client = RecordingClient(self.engine, self.tokenizer, history=self.history)
+        calls: list[Interaction] = []
         for stored in state["calls"]:
             fields = {f: stored[f] for f in _CALL_FIELDS}
-            parent = client.interactions[stored["parent"]] if stored["parent"] >= 0 else None
+            parent = calls[stored["parent"]] if stored["parent"] >= 0 else None
             call = Interaction(**fields, parent=parent, group_id=stored["group_id"])
             call.info = dict(stored["info"])
-            client.interactions.append(call)
-        episodes = [Episode(env=None, **e) for e in state["episodes"]]
-        return Episodes(list(examples), episodes, client, float(state["seconds"]))
+            calls.append(call)
+        episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
+        return Episodes(list(examples), episodes, calls, float(state["seconds"]))
 
     def score(self, played: Episodes) -> Rollout:
         """The episodes' trajectories and metrics (module docstring)."""
-        calls = played.client.interactions
+        calls = played.calls
         if self.export == "call" and self.reward_discount < 1.0:
             discount_rewards(calls, self.reward_discount)
         rows = export_trajectories(calls, style=self.export, history=self.history)
@@ -245,15 +256,15 @@ def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict
     }
 
 
-_CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "versions", "stop_reason", "reward", "id")
+_CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
 _EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
-                   "success", "done", "truncated", "last_call")  # fmt: skip
+                   "success", "done", "truncated")  # fmt: skip
 
 
 def episodes_state(played: Episodes) -> dict[str, Any]:
     """Played episodes as plain lists and dicts (checkpoints load with ``weights_only``):
     the rows, every recorded call (its parent by index) and the episodes' counts."""
-    calls = played.client.interactions
+    calls = played.calls
     index = {id(c): i for i, c in enumerate(calls)}
     return {
         "rows": played.examples,
