@@ -43,6 +43,7 @@ from ardea.algo.lambda_fn import (
     resolve_gae_lambda_fn,
     vapo_length_adaptive_gae,
 )
+from ardea.algo.mismatch import mismatch_metrics
 from ardea.algo.normalize import (
     NORM_MODES,
     group_index,
@@ -113,6 +114,7 @@ __all__ = [
     "kl_penalty",
     "masked_cross_entropy",
     "masked_mean",
+    "mismatch_metrics",
     "masked_whiten",
     "next_token_align",
     "normalize_scores",

@@ -31,6 +31,11 @@ from ardea.trainer.strategies import Strategy
 
 #: step counts reduced by their maximum over the ranks (the others are summed)
 MAX_COUNTS = ("horizon",)
+#: metrics reduced by their maximum over micro-batches and ranks (the others are summed)
+MAX_SUFFIX = "_max"
+#: metrics of the state before the step's first optimizer update (e.g. the train-inference
+#: mismatch): the first update's values, not the mean over the updates
+FIRST_UPDATE = ("mismatch/",)
 
 
 @dataclass
@@ -107,6 +112,9 @@ class Updater:
             for component in self.components:
                 component.scheduler.step()
         metrics = mean_metrics(per_update)
+        # measured before any update of the step: the first update's values
+        first = per_update[0] if per_update else {}
+        metrics |= {k: v for k, v in first.items() if k.startswith(FIRST_UPDATE)}
         metrics["train/nonfinite_steps"] = float(self.nonfinite["total"])
         trained = timer.seconds.get("forward_backward", 0.0) + timer.seconds.get("optimizer", 0.0)
         metrics["perf/train_tokens_per_s"] = update_tokens(updates) / max(trained, 1e-9)
@@ -127,8 +135,9 @@ class Updater:
                     loss, metrics = self.strategy.loss(batch, counts)
                 (loss * self.dist.loss_scale).backward()  # DDP/FSDP2 average; we want sums
             for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value
-        return self.dist.sum(totals)
+                reduce = max if name.endswith(MAX_SUFFIX) else sum
+                totals[name] = reduce((totals.get(name, value if reduce is max else 0.0), value))
+        return self.dist.sum(totals, maximum=tuple(k for k in totals if k.endswith(MAX_SUFFIX)))
 
     def _optimizer_step(self, loss: float) -> tuple[dict[str, float], bool]:
         """Clip and step every component, or skip a step whose loss or policy gradient is

@@ -23,6 +23,7 @@ from ardea.algo import (
     PolicyLossInputs,
     get_policy_loss,
     masked_mean,
+    mismatch_metrics,
 )
 from ardea.config.ppo import PPOConfig
 from ardea.data import TrajectoryBatch
@@ -117,6 +118,12 @@ def policy_objective(
     metrics = {name: float(value) for name, value in parts.items()}
     tokens = counts["global_tokens"]
     metrics["train/advantage_mean"] = float(masked_mean(advantages, mask, global_tokens=tokens))
+    if batch.logprobs is not None:  # the engine's behaviour log-probs against the trainer's
+        gap = mismatch_metrics(
+            logprobs, batch.behaviour_logprobs, mask,
+            global_tokens=tokens, global_seqs=counts["global_seqs"],
+        )  # fmt: skip
+        metrics |= {name: float(value) for name, value in gap.items()}
     return loss, metrics
 
 

@@ -1,0 +1,23 @@
+"""Every online step logs the train-inference mismatch of its rollout, measured before the
+step's first update: with the in-process engine in float32 the behaviour log-probs are the
+trainer's to rounding (mean |d| <= 1e-5), while later updates of the same step (after the
+first optimizer step) see a moved policy."""
+
+from online_testing import RUN, metrics
+
+from ardea.config import load_config
+from ardea.trainer import Trainer
+
+
+def test_mismatch_is_measured_before_the_first_update(tmp_path, reward_module):
+    run = [*RUN, "trainer.max_steps=3", "algo.ppo_mini_batches=2", f"trainer.output_dir={tmp_path}"]
+    Trainer(load_config(None, run)).train()
+    steps = [m for m in metrics(tmp_path) if "train/loss" in m]
+    assert len(steps) == 3
+    for step in steps:
+        assert step["mismatch/abs_diff_mean"] <= 1e-5
+        assert step["mismatch/abs_diff_max"] <= 1e-4
+        assert abs(step["mismatch/kl_k3"]) <= 1e-8
+        assert step["mismatch/ratio_outside"] == 0.0 == step["mismatch/seq_ratio_outside"]
+        # the mean over both updates sees the second one's moved policy
+        assert step["loss/approx_kl"] > 1e-6
