@@ -36,6 +36,7 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
         "bench_train_pass.py",
+        "bench_vllm.py",
     ]
 
 
@@ -152,3 +153,11 @@ def test_logprob_memory_smoke(tmp_path):
         assert r["added_mib"] == pytest.approx(r["peak_rss_mib"] - r["baseline_rss_mib"])
     assert ardea["loss"] == pytest.approx(naive["loss"], abs=1e-5)
     assert summary["ratio"] == pytest.approx(ardea["added_mib"] / naive["added_mib"])
+
+
+def test_vllm_smoke(tmp_path):
+    """Starts a real vLLM server (.venv-vllm) for the smallest model and compares."""
+    out = smoke("bench_vllm.py", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["rows"] == 8 and row["vllm_tok_s"] > 0 and row["in_process_tok_s"] > 0
+    assert row["weight_sync_s"] > 0

@@ -122,6 +122,9 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
         return argv
     staged = not any(a.endswith(".yaml") for a in argv) and "none" not in argv
     extra = SHORT_TRAIN + (SHORT_STAGES if staged else [])
+    if "rollout.engine=vllm" in argv:  # the repository's vLLM, heads vLLM's CPU kernels take
+        extra = [*extra, f"rollout.vllm.python={REPO / '.venv-vllm' / 'bin' / 'python'}",
+                 "model={hidden_size: 64, num_layers: 1, num_heads: 2, num_kv_heads: 1}"]  # fmt: skip
     if not any(a.startswith("trainer.resume=") for a in argv):
         extra = [*extra, f"trainer.run_name=readme{index}"]  # beside runs/default
     return [*argv, *extra]

@@ -15,6 +15,7 @@ from ardea.config.agent import AgentConfig
 from ardea.config.algo import AlgoConfig
 from ardea.config.fields import check_choice, check_range, check_temperature, option
 from ardea.config.reward import RewardConfig
+from ardea.config.vllm import VLLMConfig
 from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -131,7 +132,8 @@ class RolloutConfig:
     engine: str = option(
         "in_process",
         "Generation engine by registered name (in_process: batched KV-cache decoding on the "
-        "policy in this process).",
+        "policy in this process; vllm: vLLM servers, rollout.vllm) or the dotted path of your "
+        "own engine factory.",
     )
     max_new_tokens: int = option(16, "Longest completion generated per prompt.")
     min_new_tokens: int = option(
@@ -152,10 +154,30 @@ class RolloutConfig:
     max_staleness: int = option(
         0, "Online RL: most policy versions a rollout may lag the live policy (0 = on-policy)."
     )
+    vllm: VLLMConfig = option(
+        help="rollout.engine=vllm: the vLLM servers and how ardea talks to them.",
+        factory=VLLMConfig,
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, str) or not self.engine:
             raise ConfigError(f"rollout.engine={self.engine!r} must name a generation engine")
+        if self.engine != "vllm" and self.vllm.changed():
+            raise ConfigError(
+                f"rollout.vllm.{self.vllm.changed()[0]} is set but rollout.engine="
+                f"{self.engine!r}: the vllm options are read only by rollout.engine=vllm"
+            )
+        if self.engine == "vllm" and bool(self.vllm.urls) == self.vllm.launch:
+            raise ConfigError(
+                "rollout.engine=vllm needs either rollout.vllm.urls (servers you started) or "
+                "rollout.vllm.launch=true (ardea starts one), not both"
+            )
+        if self.engine == "vllm" and self.vllm.urls and self.max_staleness:
+            raise ConfigError(
+                "rollout.max_staleness > 0 with rollout.vllm.urls: background rollouts need an "
+                "engine of their own, and servers you started are one; use "
+                "rollout.vllm.launch=true (ardea starts a server per engine) or max_staleness=0"
+            )
         check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
         check_range("rollout.min_new_tokens", self.min_new_tokens, low=0)
         if self.min_new_tokens > self.max_new_tokens:

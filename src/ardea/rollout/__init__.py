@@ -5,6 +5,7 @@ for G completions per prompt scored into one trajectory batch, ``runner_protocol
 interface every runner implements, ``worker`` for completions generated ahead in the
 background)."""
 
+from ardea.rollout import vllm_engine  # noqa: F401, E402 - registers rollout.engine=vllm
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,

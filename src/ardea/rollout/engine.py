@@ -169,7 +169,8 @@ class EngineSpec:
     ``tokenizer``; ``stop_token_ids``: the ids that end a completion (:func:`stop_token_ids`);
     ``model_dir``: a directory with the weights (None: the model was built in code);
     ``precision``: the :class:`ardea.model.Precision` forwards compute under (None: the
-    parameters' dtype).
+    parameters' dtype); ``options``: the engine's own settings (``rollout.<engine>``, e.g.
+    ``rollout.vllm``, as a dict); ``work_dir``: where it may write (weights, server logs).
     """
 
     model_config: Any
@@ -177,15 +178,25 @@ class EngineSpec:
     stop_token_ids: tuple[int, ...]
     model_dir: str | None = None
     precision: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    work_dir: str | None = None
 
     @classmethod
     def of(
-        cls, model: torch.nn.Module, tokenizer: Any, *, model_dir=None, precision=None
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        model_dir=None,
+        precision=None,
+        options: Mapping[str, Any] | None = None,
+        work_dir=None,
     ) -> EngineSpec:
         """The spec of a built ``model`` (its config and generation config's eos ids)."""
         stops = tuple(stop_token_ids(model, tokenizer))
         path = None if model_dir is None else str(model_dir)
-        return cls(model.config, tokenizer, stops, path, precision)
+        work = None if work_dir is None else str(work_dir)
+        return cls(model.config, tokenizer, stops, path, precision, dict(options or {}), work)
 
 
 class GenerationEngine(abc.ABC):
@@ -223,6 +234,20 @@ class GenerationEngine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - an engine without resources has nothing to do
         """Release what the engine holds (a server, a process, memory); idempotent."""
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's own metrics of its last weight update (e.g.
+        ``vllm/sync_logprob_error``), logged with the step's; none by default."""
+        return {}
+
+
+def check_next_version(version: object, current: int) -> None:
+    """Raise ValueError unless ``version`` is an int above ``current``: a version names one
+    set of weights, and an engine's versions only grow."""
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"version must be an int, got {version!r}")
+    if version <= current:
+        raise ValueError(f"version must increase: got {version}, current version is {current}")
 
 
 def load_weights(weights: Weights) -> Mapping[str, torch.Tensor]:

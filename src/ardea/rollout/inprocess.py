@@ -58,6 +58,7 @@ from ardea.rollout.engine import (
     GenerationEngine,
     SamplingParams,
     Weights,
+    check_next_version,
     check_prompts,
     check_state_dict,
     load_weights,
@@ -149,14 +150,9 @@ class InProcessEngine(GenerationEngine):
         weights. Fast path: a tensor that already is the engine's own (an engine built on
         the trainer's module) is not copied, so publishing costs only the check.
         """
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ValueError(f"version must be an int, got {version!r}")
         named_tensors = load_weights(weights)
         with self._lock:
-            if version <= self._version:
-                raise ValueError(
-                    f"version must increase: got {version}, current version is {self._version}"
-                )
+            check_next_version(version, self._version)
             own = self._model.state_dict()
             check_state_dict(own, named_tensors)
             with torch.no_grad():

@@ -14,6 +14,7 @@ the run with the last good state saved. A run ends at ``trainer.max_steps`` or w
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,14 @@ class Trainer:
         own plain copy, fed whole weights; the trainer keeps the module it gave the engine,
         to copy for a background worker's engine."""
         config = self.config
+        section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(
-            policy, self.tokenizer, model_dir=config.model.path, precision=self.precision
+            policy,
+            self.tokenizer,
+            model_dir=config.model.path,
+            precision=self.precision,
+            options=dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {},
+            work_dir=self.run_dir / "engine",
         )
         self._engine_module = own_copy(policy) if self.dist.active else policy
         return make_engine(config.rollout.engine, self.engine_spec, module=self._engine_module)
@@ -157,7 +164,9 @@ class Trainer:
             samples=self.train_samples,
             sampler=self.sampler,
             make_worker_engine=lambda: make_engine(
-                rollout.engine, self.engine_spec, module=own_copy(self._engine_module)
+                rollout.engine,
+                dataclasses.replace(self.engine_spec, work_dir=str(self.run_dir / "worker_engine")),
+                module=own_copy(self._engine_module),
             ),
             dist=self.dist,
             full_weights=self.full_weights,

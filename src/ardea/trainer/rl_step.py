@@ -146,6 +146,7 @@ class RLStep:
         metrics |= self.updater.run(updates, timer)
         with timer.phase("weight_sync"):
             self._publish()
+        metrics |= self.engine.metrics()
         return metrics | step_throughput(updates, timer)
 
     def _examples(self, indices: Sequence[int]) -> list[Example]:

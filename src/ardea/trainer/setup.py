@@ -97,6 +97,8 @@ def check_distributed(config: ArdeaConfig, dist: Any) -> None:
         (algo.dynamic_sampling, "algo.dynamic_sampling=true"),
         # its pairs are the groups with a reward spread: ranks would train on unequal counts
         (algo.name == "online_dpo", "algo.name=online_dpo"),
+        # every rank would start (or reload) its own servers: one rank must own them
+        (config.rollout.engine == "vllm", "rollout.engine=vllm"),
     ]
     for bad, what in unsupported:
         if bad:

@@ -1,0 +1,350 @@
+"""``rollout.engine=vllm``: generation on vLLM OpenAI-compatible servers.
+
+Token ids in, token ids and behaviour log-probs out, over HTTP (``POST /v1/completions``
+with ``prompt`` as token ids, ``logprobs: 0`` and ``return_token_ids``): one request per
+prompt (its ``n`` samples), sent concurrently and spread over the servers in turn; vLLM
+batches them. Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
+min new tokens, stop ids (the model's eos ids always stop), and the seed: a seeded call
+gives each prompt the seed ``hash(seed, row id of its first sample)``, so a rollout split
+over calls or processes samples what one call would (``SamplingParams.row_ids``).
+
+Behaviour log-probs must describe the distribution sampled from: a server is accepted only
+in ``--logprobs-mode processed_logprobs`` (after temperature and top-k/top-p, as ardea's
+in-process engine records them), checked at connect on ``/server_info``.
+
+Weights (:meth:`VLLMEngine.update_weights`): a state dict is written as one safetensors
+file into ``<run>/vllm/weights`` (``lm_head.weight`` written out for a tied head: vLLM
+keeps its old head when the file lacks it), then every server reloads it
+(``/collective_rpc reload_weights``) and drops its prefix cache; the new version is
+published only when every server has confirmed. With ``rollout.vllm.sync_tolerance`` > 0
+the servers' log-probs of a fixed greedy probe completion are then compared with the live
+policy's own (``vllm/sync_logprob_error``): above the tolerance the run fails.
+
+Every request has a timeout (``rollout.vllm.timeout_s``): a server that stalls or dies is
+a :class:`VLLMServerError` naming its URL and the call. A launched server that died is
+restarted on the current weights (``rollout.vllm.max_restarts``) and the call retried once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from ardea.rollout.engine import (
+    Completion,
+    EngineSpec,
+    GenerationEngine,
+    SamplingParams,
+    Weights,
+    check_next_version,
+    check_prompts,
+    load_weights,
+    register_engine,
+)
+from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError, log_tail
+
+PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
+
+
+def row_seed(seed: int, row: int) -> int:
+    """A 63-bit request seed from the call's seed and a row id (a stable hash)."""
+    digest = hashlib.sha256(f"{seed}:{row}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class VLLMEngine(GenerationEngine):
+    """Generates on vLLM servers (module docstring).
+
+    Args:
+        spec: the model's config, tokenizer and stop ids; ``spec.options`` is
+            ``rollout.vllm`` (:class:`ardea.config.vllm.VLLMConfig` as a dict) and
+            ``spec.work_dir`` where weights and server logs go.
+        module: the live policy: its weights start the servers and it answers the sync probe.
+        version: the policy version of ``module``'s weights.
+    """
+
+    def __init__(self, spec: EngineSpec, *, module: torch.nn.Module | None, version: int = 0):
+        if module is None:
+            raise ValueError("the vllm engine needs the live policy module (its first weights)")
+        if spec.work_dir is None:
+            raise ValueError("the vllm engine needs spec.work_dir for its weights and logs")
+        self.spec, self.options, self.module = spec, dict(spec.options), module
+        self.work_dir = Path(spec.work_dir)
+        self.weights_dir = self.work_dir / "weights"
+        self._version = version
+        self._lock = threading.Lock()
+        self._next = 0  # round-robin position over the servers
+        self._metrics: dict[str, float] = {}
+        self.http = httpx.Client(timeout=float(self.options.get("timeout_s", 120.0)))
+        self.servers: list[LaunchedServer] = []
+        self.restarts = 0
+        self._write_model_dir()
+        if self.options.get("launch"):
+            self.urls = [self._launch()]
+        else:
+            self.urls = [u.rstrip("/") for u in self.options.get("urls", [])]
+            self._reload_all()  # servers the user started get the policy's exact weights
+        self._max_context = self._check_servers()
+
+    # ------------------------------------------------------------ interface
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int | None:
+        return self._max_context
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.spec.stop_token_ids)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``len(prompts) * params.n`` completions, prompt-major (module docstring)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        vocab = int(self.spec.model_config.vocab_size)
+        check_prompts(prompts, vocab_size=vocab, max_new_tokens=params.max_new_tokens,
+                      max_positions=self._max_context)  # fmt: skip
+        if not prompts:
+            return []
+        rows = params.rows(len(prompts) * params.n)
+        with self._lock:
+            version = self._version
+            bodies = [self._body(p, params, rows[i * params.n]) for i, p in enumerate(prompts)]
+            try:
+                replies = self._complete_all(bodies)
+            except VLLMServerError:
+                if not self._restart_dead():
+                    raise
+                replies = self._complete_all(bodies)  # once more, on the restarted server
+        out = []
+        for prompt, reply in zip(prompts, replies):
+            choices = sorted(reply["choices"], key=lambda c: c["index"])
+            out += [self._completion(prompt, c, version) for c in choices]
+        return out
+
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Write ``weights`` (a state dict or a directory of safetensors) into the servers'
+        weights directory, have every server reload them, then publish ``version`` (module
+        docstring)."""
+        with self._lock:
+            check_next_version(version, self._version)
+            # a directory is rewritten too: save_pretrained leaves a tied head out
+            self._write_weights(load_weights(weights))
+            self._reload_all()
+            self._probe()
+            self._version = version
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+        self.servers = []
+        self.http.close()
+
+    # ------------------------------------------------------------ requests
+    def _body(self, prompt: list[int], params: SamplingParams, first_row: int) -> dict[str, Any]:
+        body = {
+            "model": "ardea",
+            "prompt": list(prompt),
+            "n": params.n,
+            "max_tokens": params.max_new_tokens,
+            "min_tokens": params.min_new_tokens,
+            "temperature": float(params.temperature),
+            "top_p": float(params.top_p),
+            "top_k": int(params.top_k) if params.top_k else -1,
+            "stop_token_ids": sorted(set(self.stop_token_ids) | set(params.stop_token_ids)),
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.seed is not None:
+            body["seed"] = row_seed(params.seed, first_row)
+        return body
+
+    def _complete_all(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every request at once, spread over the servers; vLLM batches them."""
+        urls = [self._url() for _ in bodies]
+        with ThreadPoolExecutor(max_workers=min(len(bodies), 64)) as pool:
+            return list(
+                pool.map(
+                    lambda u, b: self._request(u, "/v1/completions", b, "a generation"),
+                    urls,
+                    bodies,
+                )
+            )
+
+    def _completion(self, prompt: list[int], choice: dict[str, Any], version: int) -> Completion:
+        ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        if len(logprobs) != len(ids):
+            raise VLLMServerError(
+                f"a vLLM server returned {len(ids)} tokens but {len(logprobs)} log-probs"
+            )
+        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
+        return Completion(list(prompt), ids, logprobs, finish, version)
+
+    def _url(self) -> str:
+        url = self.urls[self._next % len(self.urls)]
+        self._next += 1
+        return url
+
+    def _request(self, url: str, path: str, body: dict[str, Any] | None, call: str) -> Any:
+        try:
+            if body is None:
+                response = self.http.get(url + path)
+            else:
+                response = self.http.post(url + path, json=body)
+        except httpx.TimeoutException:
+            raise VLLMServerError(
+                f"the vLLM server {url} did not answer {call} ({path}) within "
+                f"{self.http.timeout.read:.0f} s (rollout.vllm.timeout_s){self._log()}"
+            ) from None
+        except httpx.HTTPError as error:
+            raise VLLMServerError(
+                f"the vLLM server {url} failed {call} ({path}): {error}{self._log()}"
+            ) from None
+        if response.status_code != 200:
+            raise VLLMServerError(
+                f"the vLLM server {url} answered {call} ({path}) with HTTP "
+                f"{response.status_code}: {response.text[:500]}{self._log()}"
+            )
+        return response.json() if response.content else {}
+
+    def _log(self) -> str:
+        if not self.servers:
+            return ""
+        server = self.servers[0]
+        return f"; its log {server.log_path} ends:\n{log_tail(server.log_path)}"
+
+    # ------------------------------------------------------------- servers
+    def _launch(self) -> str:
+        options = self.options
+        dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
+        length = int(options.get("max_model_len") or 0) or int(
+            getattr(self.spec.model_config, "max_position_embeddings", 0) or 2048
+        )
+        server = LaunchedServer(
+            str(options.get("python", ".venv-vllm/bin/python")),
+            self.weights_dir,
+            self.work_dir / "server.log",
+            dtype=dtype,
+            max_model_len=length,
+            extra_args=list(options.get("server_args", [])),
+            startup_timeout_s=float(options.get("startup_timeout_s", 600.0)),
+        )
+        self.servers = [server]
+        return server.start()
+
+    def _restart_dead(self) -> bool:
+        """Restart a launched server that died (on the weights last written); False when
+        there is none or no restart is left."""
+        dead = [s for s in self.servers if not s.alive]
+        limit = int(self.options.get("max_restarts", 2))
+        if not dead or self.restarts >= limit:
+            return False
+        self.restarts += 1
+        self.urls = [dead[0].start()]
+        self._check_servers()
+        return True
+
+    def _check_servers(self) -> int | None:
+        """Every server serves ``ardea`` in processed-logprobs mode; the smallest context."""
+        lengths = []
+        for url in self.urls:
+            info = self._request(
+                url, "/server_info?config_format=json", None, "the logprobs-mode check"
+            )
+            mode = info.get("vllm_config", {}).get("model_config", {}).get("logprobs_mode")
+            if mode != "processed_logprobs":
+                raise VLLMServerError(
+                    f"the vLLM server {url} does not report --logprobs-mode processed_logprobs; "
+                    "its behaviour log-probs would not describe the distribution it samples "
+                    "from. Start it with --logprobs-mode processed_logprobs (and "
+                    "VLLM_SERVER_DEV_MODE=1 for weight reloads)"
+                )
+            models = self._request(url, "/v1/models", None, "the model check")
+            lengths += [int(m["max_model_len"]) for m in models["data"] if "max_model_len" in m]
+        return min(lengths) if lengths else None
+
+    def _reload_all(self) -> None:
+        body = {
+            "method": "reload_weights",
+            "kwargs": {"weights_path": str(self.weights_dir.resolve())},
+        }
+        for url in self.urls:
+            self._request(url, "/collective_rpc", body, "a weight reload")
+            self._request(url, "/reset_prefix_cache", {}, "a prefix-cache reset")
+
+    # ------------------------------------------------------------- weights
+    def _write_model_dir(self) -> None:
+        """The model directory servers start from: config, tokenizer, the live weights."""
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self.spec.model_config.save_pretrained(self.weights_dir)
+        self.spec.tokenizer.save_pretrained(self.weights_dir)
+        generation = getattr(self.module, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(self.weights_dir)
+        self._write_weights(self.module.state_dict())
+
+    def _write_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """One safetensors file, with ``lm_head.weight`` written out for a tied head."""
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
+        if "lm_head.weight" not in tensors:
+            embedding = next((k for k in tensors if k.endswith("embed_tokens.weight")), None)
+            if embedding is not None:
+                tensors["lm_head.weight"] = tensors[embedding].clone()
+        save_file(tensors, str(self.weights_dir / "model.safetensors"))
+
+    @torch.no_grad()
+    def _probe(self) -> None:
+        """The servers' greedy log-probs of a fixed prompt against the live policy's."""
+        tolerance = float(self.options.get("sync_tolerance", 0.0))
+        if tolerance <= 0:
+            return
+        prompt = list(self.spec.tokenizer("1+1=", add_special_tokens=False)["input_ids"])
+        body = self._body(prompt, SamplingParams(temperature=0.0, max_new_tokens=PROBE_TOKENS), 0)
+        worst = 0.0
+        for url in self.urls:
+            reply = self._request(url, "/v1/completions", body, "the sync probe")
+            served = self._completion(prompt, reply["choices"][0], self._version)
+            own = self._policy_logprobs(prompt, served.token_ids)
+            worst = max(worst, float((own - torch.tensor(served.logprobs)).abs().max()))
+        self._metrics["vllm/sync_logprob_error"] = worst
+        if worst > tolerance:
+            raise VLLMServerError(
+                f"after the weight reload the vLLM servers' log-probs of a probe completion "
+                f"differ from the policy's by {worst:.2e} > rollout.vllm.sync_tolerance="
+                f"{tolerance}: the servers did not load the trained weights"
+            )
+
+    def _policy_logprobs(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        """``(T,)`` log-probs of ``tokens`` after ``prompt`` under the live policy (eval
+        mode, float32 softmax at temperature 1: the probe is greedy)."""
+        device = next(self.module.parameters()).device
+        ids = torch.tensor([prompt + tokens], device=device)
+        training = self.module.training
+        self.module.eval()
+        try:
+            logits = self.module(input_ids=ids).logits.float()[0, len(prompt) - 1 : -1]
+        finally:
+            self.module.train(training)
+        own = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt) :, None])
+        return own[:, 0].cpu()
+
+
+@register_engine("vllm")
+def vllm_engine(spec: EngineSpec, *, module=None, version: int = 0) -> VLLMEngine:
+    """The engine on vLLM servers (module docstring)."""
+    return VLLMEngine(spec, module=module, version=version)

@@ -1,0 +1,140 @@
+"""A vLLM OpenAI-compatible server started and stopped by ardea (``rollout.vllm.launch``).
+
+The server runs in its own Python environment (``rollout.vllm.python``, built by
+``scripts/setup_vllm_venv.sh``: vLLM pins its own transformers), bound to 127.0.0.1 on a
+free port, with ``VLLM_SERVER_DEV_MODE=1`` (for ``/collective_rpc`` weight reloads and
+``/server_info``) and ``--logprobs-mode processed_logprobs`` (behaviour log-probs of the
+distribution sampled from, after temperature and top-k/top-p). Its output goes to a log file
+whose tail is quoted in every error. It is started in a process group of its own and
+stopped with the whole group (vLLM starts worker processes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from ardea.errors import ArdeaError
+
+#: flags every launched server gets (see the module docstring)
+SERVER_FLAGS = ("--enforce-eager", "--logprobs-mode", "processed_logprobs", "--seed", "0")
+
+
+class VLLMServerError(ArdeaError):
+    """A vLLM server could not be started, stopped answering, or died."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LaunchedServer:
+    """One server process on ``model_dir`` (see the module docstring).
+
+    Args:
+        python: the interpreter of vLLM's environment.
+        model_dir: a Hugging Face model directory (config, tokenizer, safetensors weights).
+        log_path: where the server's output goes.
+        dtype: ``--dtype`` (the trainer's parameter dtype).
+        max_model_len: ``--max-model-len``.
+        extra_args: more flags (``rollout.vllm.server_args``).
+        startup_timeout_s: how long :meth:`start` waits for ``/health``.
+    """
+
+    def __init__(
+        self,
+        python: str,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        dtype: str,
+        max_model_len: int,
+        extra_args: list[str],
+        startup_timeout_s: float,
+    ) -> None:
+        if not Path(python).is_file():
+            raise VLLMServerError(
+                f"rollout.vllm.python={python!r} does not exist; build vLLM's environment "
+                "with scripts/setup_vllm_venv.sh or point it at a Python that has vllm"
+            )
+        self.python, self.model_dir, self.log_path = python, Path(model_dir), Path(log_path)
+        self.dtype, self.max_model_len, self.extra_args = dtype, max_model_len, list(extra_args)
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+
+    def command(self, port: int) -> list[str]:
+        return [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", "ardea",
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len), *SERVER_FLAGS, *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> str:
+        """Start the server and wait until it answers ``/health``; its base URL."""
+        port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise VLLMServerError(
+                    f"the vLLM server on {self.model_dir} exited with code "
+                    f"{self.process.returncode} while starting; its log {self.log_path} ends:\n"
+                    f"{log_tail(self.log_path)}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise VLLMServerError(
+            f"the vLLM server at {self.url} did not answer /health within "
+            f"{self.startup_timeout_s:.0f} s (rollout.vllm.startup_timeout_s); its log "
+            f"{self.log_path} ends:\n{log_tail(self.log_path)}"
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """Stop the server's whole process group (SIGTERM, then SIGKILL after 20 s)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue

@@ -1,0 +1,77 @@
+"""`ardea train` with rollout.engine=vllm on the session's real vLLM server: online GRPO and
+an agent run end to end, the behaviour log-probs equal to the trainer's, every step's
+weights synced; a server that cannot be reached fails the run naming it and keeps its
+checkpoints, and the run resumes from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_testing import SIZE_OVERRIDES
+
+from ardea.config import load_config
+from ardea.rollout.vllm_server import VLLMServerError
+from ardea.trainer import Trainer
+
+RUN = [
+    *SIZE_OVERRIDES,
+    "model.compute_dtype=float32",
+    "algo.name=online_grpo",
+    'reward.functions=[{name: format_regex, kwargs: {pattern: "[0-4]"}}]',
+    "rollout.engine=vllm",
+    "rollout.vllm.timeout_s=60",
+    "rollout.max_new_tokens=6",
+    "rollout.group_size=4",
+    "trainer.batch_size=4",
+    "trainer.max_steps=2",
+    "trainer.eval_every=0",
+    "trainer.save_every=1",
+    "data.eval_size=4",
+    "logging.log_every=1",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+
+
+def records(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "train/loss" in r]
+
+
+def train(run_dir, url, *extra):
+    config = load_config(None, [*RUN, f"rollout.vllm.urls=[{url}]", f"trainer.output_dir={run_dir}", *extra])  # fmt: skip
+    return Trainer(config).train()
+
+
+def test_online_grpo_on_vllm(vllm_url, tmp_path):
+    results = train(tmp_path, vllm_url)
+    assert results["steps"] == 2
+    steps = records(tmp_path)
+    assert len(steps) == 2
+    for step in steps:
+        assert step["vllm/sync_logprob_error"] < 1e-4  # every step's weights reached the server
+        # the server's behaviour log-probs are the trainer's (fp32 on both sides)
+        assert step["mismatch/abs_diff_mean"] <= 1e-4 and step["mismatch/abs_diff_max"] <= 1e-3
+        assert step["train/grad_norm"] > 0
+
+
+def test_an_agent_run_on_vllm(vllm_url, tmp_path):
+    agent = [o for o in RUN if not o.startswith("reward.")]
+    config = load_config(None, [
+        *agent, f"rollout.vllm.urls=[{vllm_url}]", f"trainer.output_dir={tmp_path}",
+        "data.task=null", "agent.env=guess_number", "agent.max_turns=2", "agent.eval_episodes=1",
+    ])  # fmt: skip
+    Trainer(config).train()
+    steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "agent/turns_per_episode" in r]  # fmt: skip
+    assert len(steps) == 2 and all(s["agent/generated_tokens"] > 0 for s in steps)
+
+
+def test_an_unreachable_server_fails_the_run_and_keeps_its_checkpoints(vllm_url, tmp_path):
+    train(tmp_path, vllm_url)
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(VLLMServerError, match="http://127.0.0.1:9 failed"):
+        train(tmp_path, "http://127.0.0.1:9", "trainer.max_steps=3", "trainer.resume=auto")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == saved
+    results = train(tmp_path, vllm_url, "trainer.max_steps=3", "trainer.resume=auto")
+    assert results["steps"] == 3 and len(records(tmp_path)) == 3
