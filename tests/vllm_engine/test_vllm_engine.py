@@ -85,16 +85,16 @@ def test_a_weight_update_changes_greedy_output_as_transformers_predicts(vllm_url
         engine.close()
 
 
-def test_a_sync_that_did_not_take_is_an_error(vllm_url, tmp_path):
-    """The probe compares the servers with the live policy: weights that are not the
-    policy's (here: the policy moved but other weights were pushed) fail the update."""
-    model = tiny(seed=1)
-    engine = engine_on(vllm_url, model, tmp_path)
+def test_a_sync_that_did_not_take_is_an_error(vllm_url, tmp_path, monkeypatch):
+    """The probe compares the servers with the policy: a reload that silently did nothing
+    (patched to skip the servers, as a server keeping its old weights would) fails the
+    update, and the version is not published."""
+    engine = engine_on(vllm_url, tiny(seed=1), tmp_path)
     try:
-        model.load_state_dict(tiny(seed=4).state_dict())
+        monkeypatch.setattr(engine, "_reload_all", lambda: None)
         with pytest.raises(VLLMServerError, match="sync_tolerance"):
             engine.update_weights(tiny(seed=5).state_dict(), 1)
-        assert engine.version == 0  # never published
+        assert engine.version == 0
     finally:
         engine.close()
 

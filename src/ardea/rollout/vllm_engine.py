@@ -67,7 +67,9 @@ class VLLMEngine(GenerationEngine):
         spec: the model's config, tokenizer and stop ids; ``spec.options`` is
             ``rollout.vllm`` (:class:`ardea.config.vllm.VLLMConfig` as a dict) and
             ``spec.work_dir`` where weights and server logs go.
-        module: the live policy: its weights start the servers and it answers the sync probe.
+        module: the policy the engine generates for: its weights start the servers, it
+            answers the sync probe, and :meth:`update_weights` loads the new weights into it
+            (free when they are its own tensors, the trainer's live policy).
         version: the policy version of ``module``'s weights.
     """
 
@@ -141,8 +143,10 @@ class VLLMEngine(GenerationEngine):
         docstring)."""
         with self._lock:
             check_next_version(version, self._version)
+            tensors = load_weights(weights)
+            self._adopt(tensors)
             # a directory is rewritten too: save_pretrained leaves a tied head out
-            self._write_weights(load_weights(weights))
+            self._write_weights(tensors)
             self._reload_all()
             self._probe()
             self._version = version
@@ -328,6 +332,15 @@ class VLLMEngine(GenerationEngine):
                 f"differ from the policy's by {worst:.2e} > rollout.vllm.sync_tolerance="
                 f"{tolerance}: the servers did not load the trained weights"
             )
+
+    @torch.no_grad()
+    def _adopt(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Load ``tensors`` into the engine's module (which the probe reads), as the
+        in-process engine does; free when they are its own (the trainer's live policy)."""
+        own = self.module.state_dict()
+        for name, tensor in tensors.items():
+            if name in own and own[name].data_ptr() != tensor.data_ptr():
+                own[name].copy_(tensor)
 
     def _policy_logprobs(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
         """``(T,)`` log-probs of ``tokens`` after ``prompt`` under the live policy (eval
