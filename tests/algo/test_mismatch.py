@@ -19,6 +19,7 @@ def test_by_hand():
     assert m["mismatch/abs_diff_max"] == pytest.approx(ln3, rel=1e-6)
     k3 = (3 - 1 - ln3) + 0 + (math.exp(-0.1) - 1 + 0.1)
     assert m["mismatch/kl_k3"] == pytest.approx(k3 / 3, rel=1e-5)
+    assert m["mismatch/ratio_mean"] == pytest.approx((3 + 1 + math.exp(-0.1)) / 3, rel=1e-6)
     assert m["mismatch/ratio_outside"] == pytest.approx(1 / 3)  # r = 3 only
     assert m["mismatch/seq_abs_diff_mean"] == pytest.approx((ln3 + 0.1) / 2, rel=1e-6)
     assert m["mismatch/seq_ratio_outside"] == pytest.approx(1 / 2)
@@ -40,4 +41,5 @@ def test_global_counts_make_micro_batches_add_up():
 def test_equal_log_probs_measure_nothing():
     lp = torch.randn(3, 4)
     m = mismatch_metrics(lp, lp.clone(), torch.ones(3, 4, dtype=torch.bool))
+    assert float(m.pop("mismatch/ratio_mean")) == 1.0
     assert all(float(v) == 0.0 for v in m.values())

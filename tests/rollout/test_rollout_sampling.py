@@ -7,13 +7,12 @@ import math
 import pytest
 import torch
 
+from ardea.model.truncation import top_k_filter, top_p_filter
 from ardea.rollout.sampling import (
     next_tokens,
     sample_inverse_cdf,
     sampling_logits,
     suppress_tokens,
-    top_k_filter,
-    top_p_filter,
 )
 
 NEG = float("-inf")

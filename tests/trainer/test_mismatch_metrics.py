@@ -21,3 +21,14 @@ def test_mismatch_is_measured_before_the_first_update(tmp_path, reward_module):
         assert step["mismatch/ratio_outside"] == 0.0 == step["mismatch/seq_ratio_outside"]
         # the mean over both updates sees the second one's moved policy
         assert step["loss/approx_kl"] > 1e-6
+
+
+def test_truncated_sampling_keeps_the_first_ratio_at_one(tmp_path, reward_module):
+    """rollout.top_p=0.8 and top_k=5: the trainer's log-probs are those of the truncated
+    distribution the engine sampled from (the batch records it), so the ratio stays 1."""
+    run = [*RUN, "trainer.max_steps=2", "rollout.top_p=0.8", "rollout.top_k=5",
+           f"trainer.output_dir={tmp_path}"]  # fmt: skip
+    Trainer(load_config(None, run)).train()
+    for step in (m for m in metrics(tmp_path) if "train/loss" in m):
+        assert abs(step["mismatch/ratio_mean"] - 1.0) <= 0.01
+        assert step["mismatch/abs_diff_mean"] <= 1e-5

@@ -210,7 +210,7 @@ class EpisodeRunner:
         batch = TrajectoryBatch.from_trajectories(
             rows,
             pad_token_id=self.tokenizer.pad_token_id,
-            temperature=self.params.logprob_temperature,
+            **self.params.logprob_sampling,
         )
         metrics = episode_metrics(played.episodes, batch)
         generated = float(batch.loss_mask.sum())

@@ -13,6 +13,7 @@ or a sampling distribution the trainer does not apply.
 ``mismatch/kl_k3``              ``Σ (r − 1 − d) / tokens``: the k3 estimate of
                                 KL(behaviour ‖ trainer) from behaviour samples
                                 (Schulman 2020, "Approximating KL divergence")
+``mismatch/ratio_mean``         ``Σ r / tokens`` (1 when the two agree)
 ``mismatch/ratio_outside``      share of tokens with ``r ∉ [0.5, 2]``
 ``mismatch/seq_abs_diff_mean``  ``Σ_seq |D| / seqs``
 ``mismatch/seq_ratio_outside``  share of sequences with ``exp(D) ∉ [0.5, 2]``
@@ -59,6 +60,7 @@ def mismatch_metrics(
         "mismatch/abs_diff_mean": d.abs().sum() / per_token,
         "mismatch/abs_diff_max": d.abs().max() if d.numel() else d.new_zeros(()),
         "mismatch/kl_k3": torch.where(mask, r - 1.0 - d, 0.0).sum() / per_token,
+        "mismatch/ratio_mean": torch.where(mask, r, 0.0).sum() / per_token,
         "mismatch/ratio_outside": outside.sum().double() / per_token,
         "mismatch/seq_abs_diff_mean": torch.where(trained, total.abs(), 0.0).sum() / per_seq,
         "mismatch/seq_ratio_outside": seq_outside.sum().double() / per_seq,

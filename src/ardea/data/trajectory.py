@@ -116,8 +116,10 @@ class TrajectoryBatch:
     ``versions`` (long, policy version of generated tokens, -1 elsewhere), and
     ``position_ids`` (packed rows only: positions restarting at 0 per document; the model
     then gets no attention mask). Per row ``(N,)``: ``rewards`` (float32), ``group_ids``
-    (long), ``no_eos`` (bool). ``temperature``: the softmax temperature the behaviour
-    log-probs were computed at; the trainer's log-probs use the same.
+    (long), ``no_eos`` (bool). ``temperature``, ``top_k``, ``top_p``: the distribution the
+    behaviour log-probs describe (the softmax at that temperature, truncated to its top-k /
+    top-p set; 0 and 1 = no truncation); the trainer's log-probs use the same
+    (:meth:`sampling`).
 
     Pinned by strategies, next-token aligned ``(N, S)`` float: ``advantages``,
     ``returns``, ``old_values`` (critic at rollout time), ``proximal_logprobs`` (decoupled
@@ -136,6 +138,8 @@ class TrajectoryBatch:
     logprobs: Tensor | None = None
     position_ids: Tensor | None = None
     temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     advantages: Tensor | None = None
     returns: Tensor | None = None
     old_values: Tensor | None = None
@@ -171,7 +175,13 @@ class TrajectoryBatch:
 
     @classmethod
     def from_trajectories(
-        cls, trajectories: Sequence[Trajectory], *, pad_token_id: int, temperature: float = 1.0
+        cls,
+        trajectories: Sequence[Trajectory],
+        *,
+        pad_token_id: int,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ) -> TrajectoryBatch:
         """Collate trajectories into one right-padded batch (module docstring for what
         each segment kind contributes). Generated segments must all carry log-probs or
@@ -204,6 +214,8 @@ class TrajectoryBatch:
             group_ids=torch.tensor([int(t.group_id) for t in trajectories], dtype=torch.long),
             no_eos=torch.tensor([bool(t.no_eos) for t in trajectories], dtype=torch.bool),
             temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
         )
 
     # ------------------------------------------------------------------ views
@@ -243,6 +255,11 @@ class TrajectoryBatch:
             group_ids=self.group_ids,
             no_eos=self.no_eos,
         )
+
+    def sampling(self) -> dict[str, float | int]:
+        """The distribution the behaviour log-probs describe, as keyword arguments of
+        :func:`ardea.model.sequence_logprobs` (``temperature``, ``top_k``, ``top_p``)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     def model_inputs(self) -> dict[str, Tensor | None]:
         """Keyword arguments of the model's forward: packed rows attend by position ids."""
@@ -300,8 +317,11 @@ class TrajectoryBatch:
         for other in batches[1:]:
             if [n for n, _ in _tensor_fields(other)] != present:
                 raise ValueError("cannot concatenate batches with different fields")
-            if other.temperature != first.temperature:
-                raise ValueError("cannot concatenate batches sampled at different temperatures")
+            if other.sampling() != first.sampling():
+                raise ValueError(
+                    f"cannot concatenate batches sampled differently: {other.sampling()} "
+                    f"and {first.sampling()}"
+                )
         width = max(b.input_ids.shape[1] for b in batches)
         joined = {}
         for name in present:

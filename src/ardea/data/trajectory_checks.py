@@ -75,6 +75,10 @@ def validate(batch: Any) -> None:
     _check_tensor(batch, "no_eos", rows, "bool")
     if not batch.temperature > 0:
         raise _fail("temperature", f"must be > 0, got {batch.temperature!r}")
+    if not (isinstance(batch.top_k, int) and batch.top_k >= 0):
+        raise _fail("top_k", f"must be an int >= 0 (0 = off), got {batch.top_k!r}")
+    if not 0.0 < batch.top_p <= 1.0:
+        raise _fail("top_p", f"must be in (0, 1] (1 = off), got {batch.top_p!r}")
     check_pinned(batch, [name for name in PINNED_FIELDS if getattr(batch, name) is not None])
 
 

@@ -47,6 +47,7 @@ from ardea.model.backbone import (
     resolve_position_ids,
     split_causal_lm,
 )
+from ardea.model.truncation import truncate
 
 
 @dataclass(frozen=True)
@@ -122,18 +123,32 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 
 
 def _chunk_scores(
-    to_logits: Callable[[Tensor], Tensor], temperature: float, with_entropy: bool
+    to_logits: Callable[[Tensor], Tensor],
+    temperature: float,
+    with_entropy: bool,
+    truncation: tuple[int, float] = (0, 1.0),
 ) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """Per-chunk function ``(x (T, H or V), labels (T,)) -> (logprobs (T,), entropy (T,))``;
-    the entropy is an empty tensor when not requested (checkpoint needs tensor outputs)."""
+    the entropy (of the untruncated distribution) is an empty tensor when not requested
+    (checkpoint needs tensor outputs)."""
 
     def score(x: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         logits = scale_logits(to_logits(x), temperature)  # (T, V), one chunk only
-        logprobs = logprobs_from_logits(logits, labels).float()
+        logprobs = logprobs_from_logits(truncated(logits, labels, *truncation), labels).float()
         entropy = entropy_from_logits(logits).float() if with_entropy else x.new_empty(0)
         return logprobs, entropy
 
     return score
+
+
+def truncated(z: Tensor, labels: Tensor, top_k: int, top_p: float) -> Tensor:
+    """``z (T, V)`` restricted to its top-k / top-p set (:mod:`ardea.model.truncation`) as
+    the engine sampled from it, the label always kept: rounding may leave a sampled token
+    just outside the trainer's own set, and its log-prob must stay finite."""
+    if top_k == 0 and top_p >= 1.0:
+        return z
+    index = labels.long().unsqueeze(-1)
+    return truncate(z, top_k, top_p).scatter(-1, index, z.gather(-1, index))
 
 
 def _scored_positions(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -225,6 +240,8 @@ def sequence_logprobs(
     *,
     position_ids: Tensor | None = None,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
 ) -> LogprobOutput:
@@ -240,6 +257,8 @@ def sequence_logprobs(
             attends within each document (the entry scoring a document's first token from
             the previous document is meaningless; the caller's loss mask drops it).
         temperature: logits are divided by it before the softmax (sampling temperature).
+        top_k, top_p: the truncation the tokens were sampled under: log-probs are those of
+            the top-k / top-p set renormalised (:func:`truncated`); 0 and 1 = none.
         chunk_size: token positions per LM-head/log-softmax chunk.
         with_entropy: also return ``entropy``.
 
@@ -253,6 +272,8 @@ def sequence_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {top_k}, {top_p}")
     scored = _scored_positions(input_ids, attention_mask)  # (N, S-1)
     labels = input_ids[:, 1:][scored]  # (T,)
     parts = split_causal_lm(model)
@@ -268,7 +289,7 @@ def sequence_logprobs(
         full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
         aux_loss, router = full.aux_loss, full.router_logits
         inputs, to_logits = full.logits[:, :-1][scored], nn.Identity()  # (T, V)
-    score = _chunk_scores(to_logits, temperature, with_entropy)
+    score = _chunk_scores(to_logits, temperature, with_entropy, (top_k, top_p))
     logprobs, entropy = _run_chunks(score, inputs, labels, chunk_size)
     return LogprobOutput(
         logprobs=_scatter(logprobs, scored),

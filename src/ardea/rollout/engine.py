@@ -88,10 +88,12 @@ class SamplingParams:
         )
 
     @property
-    def logprob_temperature(self) -> float:
-        """The temperature of the distribution the behaviour log-probs describe: ``T``, or 1
-        for greedy decoding (whose log-probs are those of the untempered softmax)."""
-        return float(self.temperature) or 1.0
+    def logprob_sampling(self) -> dict[str, float | int]:
+        """The distribution the behaviour log-probs describe: ``temperature``, ``top_k``,
+        ``top_p`` (greedy decoding: the untempered, untruncated softmax)."""
+        if self.temperature == 0:
+            return {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        return {"temperature": float(self.temperature), "top_k": self.top_k, "top_p": self.top_p}
 
     def __post_init__(self) -> None:
         check_temperature("temperature", self.temperature)

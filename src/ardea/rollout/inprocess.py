@@ -20,8 +20,9 @@ How a batch is decoded:
 Log-probs (behaviour log-probs): for ``T > 0`` the log-prob of the sampled token under the
 distribution it was drawn from, ``log_softmax(logits / T)`` renormalised over the top-k /
 top-p kept set, and over the non-stop tokens while stop tokens are suppressed
-(``min_new_tokens``). With truncation off (top_k = 0, top_p = 1) they equal what the trainer
-recomputes with ``log_softmax(logits / T)`` on the same tokens and weights, except at the
+(``min_new_tokens``). They equal what the trainer recomputes on the same tokens and weights
+(``log_softmax(logits / T)`` over the same top-k / top-p set, the batch's
+``TrajectoryBatch.sampling()``), except at the
 first ``min_new_tokens`` tokens, where the engine's is higher by ``−log(1 − p_stop)`` (the
 stop tokens' mass; :mod:`ardea.rollout.sampling`); with greedy (``T = 0``) they are
 ``log_softmax(logits)`` (temperature 1).

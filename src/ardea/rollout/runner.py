@@ -252,5 +252,5 @@ class RolloutRunner:
         return TrajectoryBatch.from_trajectories(
             trajectories,
             pad_token_id=self.tokenizer.pad_token_id,
-            temperature=self.params.logprob_temperature,
+            **self.params.logprob_sampling,
         )

@@ -34,35 +34,7 @@ from __future__ import annotations
 import torch
 
 from ardea.model.logprobs import logprobs_from_logits, scale_logits
-
-
-def top_k_filter(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Set every entry below the k-th largest of its row to −inf (ties with it are kept).
-
-    z: (N, V) → (N, V). ``k == 0`` or ``k >= V`` leaves z unchanged.
-    """
-    if k <= 0 or k >= z.shape[-1]:
-        return z
-    kth = torch.topk(z, k, dim=-1).values[:, -1:]  # (N, 1)
-    return z.masked_fill(z < kth, float("-inf"))
-
-
-def top_p_filter(z: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep, per row, the smallest prefix of tokens sorted by probability whose mass reaches p.
-
-    A token at sorted position i is kept iff the mass strictly before it, Σ_{j<i} softmax(z)_j,
-    is < p, so the most likely token is always kept. z: (N, V) → (N, V), −inf where dropped.
-    ``p >= 1`` leaves z unchanged.
-    """
-    if p >= 1.0:
-        return z
-    sorted_z, order = torch.sort(z, dim=-1, descending=True)  # (N, V)
-    probs = torch.softmax(sorted_z, dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # (N, V)
-    drop_sorted = mass_before >= p
-    drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-    return z.masked_fill(drop, float("-inf"))
+from ardea.model.truncation import truncate
 
 
 def sampling_logits(
@@ -73,9 +45,7 @@ def sampling_logits(
     logits: (N, V) → (N, V) float32, equal to ``logits / T`` on the kept set and −inf
     elsewhere, so that ``log_softmax`` of the result is log π. Requires T > 0.
     """
-    z = scale_logits(logits, temperature)
-    z = top_k_filter(z, top_k)
-    return top_p_filter(z, top_p)
+    return truncate(scale_logits(logits, temperature), top_k, top_p)
 
 
 def suppress_tokens(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

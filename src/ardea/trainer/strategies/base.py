@@ -136,7 +136,7 @@ class OnlineStrategy(Strategy):
             self.policy,
             **batch.model_inputs(),
             chunk_size=self.config.model.logprob_chunk_size,
-            temperature=batch.temperature,
+            **batch.sampling(),
         ).logprobs
 
 

@@ -134,7 +134,7 @@ def policy_forward(strategy: Strategy, batch: TrajectoryBatch) -> LogprobOutput:
         **batch.model_inputs(),
         chunk_size=strategy.config.model.logprob_chunk_size,
         with_entropy=True,
-        temperature=batch.temperature,
+        **batch.sampling(),
     )
 
 
@@ -152,5 +152,5 @@ def reference_logprobs(strategy: Strategy, batch: TrajectoryBatch) -> Tensor:
         strategy.reference,
         **batch.model_inputs(),
         chunk_size=strategy.config.model.logprob_chunk_size,
-        temperature=batch.temperature,
+        **batch.sampling(),
     ).logprobs
