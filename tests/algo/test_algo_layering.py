@@ -56,3 +56,7 @@ def test_the_config_offers_exactly_the_algorithms_choices():
     assert ardea.config.ppo.KL_ESTIMATORS == KL_ESTIMATORS
     assert ardea.config.ppo.NORM_MODES == NORM_MODES
     assert ardea.config.ppo.TIMESTEP_UNITS == TIMESTEP_UNITS
+    from ardea.algo.mismatch import CORRECTION_MODES
+    from ardea.config.mismatch import MISMATCH_MODES
+
+    assert MISMATCH_MODES == ("none", *CORRECTION_MODES)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ardea.algo import mismatch_metrics
+from ardea.algo import correction_weights, mismatch_metrics
 
 
 def test_by_hand():
@@ -43,3 +43,36 @@ def test_equal_log_probs_measure_nothing():
     m = mismatch_metrics(lp, lp.clone(), torch.ones(3, 4, dtype=torch.bool))
     assert float(m.pop("mismatch/ratio_mean")) == 1.0
     assert all(float(v) == 0.0 for v in m.values())
+
+
+def correction_case():
+    """Two rows of trained tokens with per-token d = log pi_prox - log pi_behav of
+    (ln 3, ln 0.25) and (ln 1.5, 0); the last position of each row is untrained."""
+    d = torch.tensor([[math.log(3.0), math.log(0.25), 5.0], [math.log(1.5), 0.0, 5.0]])
+    behaviour = torch.full((2, 3), -1.0)
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    return behaviour + d, behaviour, mask
+
+
+@pytest.mark.parametrize(
+    ("mode", "options", "expected"),
+    [
+        # w per token, capped at 2
+        ("token_tis", {"cap": 2.0}, [[2.0, 0.25, 0.0], [1.5, 1.0, 0.0]]),
+        # W per sequence: 3 * 0.25 = 0.75 and 1.5 * 1 = 1.5, capped at 1.2
+        ("seq_tis", {"cap": 1.2}, [[0.75, 0.75, 0.0], [1.2, 1.2, 0.0]]),
+        # w kept inside [0.5, 2]
+        ("token_mis", {"low": 0.5, "high": 2.0}, [[0.0, 0.0, 0.0], [1.5, 1.0, 0.0]]),
+        # W inside [0.8, 2]: the first sequence (0.75) is masked whole
+        ("seq_mis", {"low": 0.8, "high": 2.0}, [[0.0, 0.0, 0.0], [1.5, 1.5, 0.0]]),
+    ],
+)
+def test_correction_weights_by_hand(mode, options, expected):
+    proximal, behaviour, mask = correction_case()
+    weights = correction_weights(proximal, behaviour, mask, mode=mode, **options)
+    torch.testing.assert_close(weights, torch.tensor(expected), rtol=1e-6, atol=1e-6)
+
+
+def test_an_unknown_mode_is_named():
+    with pytest.raises(ValueError, match="'tis'"):
+        correction_weights(*correction_case(), mode="tis")

@@ -3,6 +3,7 @@ step's first update: with the in-process engine in float32 the behaviour log-pro
 trainer's to rounding (mean |d| <= 1e-5), while later updates of the same step (after the
 first optimizer step) see a moved policy."""
 
+import pytest
 from online_testing import RUN, metrics
 
 from ardea.config import load_config
@@ -32,3 +33,15 @@ def test_truncated_sampling_keeps_the_first_ratio_at_one(tmp_path, reward_module
     for step in (m for m in metrics(tmp_path) if "train/loss" in m):
         assert abs(step["mismatch/ratio_mean"] - 1.0) <= 0.01
         assert step["mismatch/abs_diff_mean"] <= 1e-5
+
+
+@pytest.mark.parametrize("algo", ["online_grpo", "online_ppo"])
+def test_a_correction_mode_runs_end_to_end(tmp_path, reward_module, algo):
+    """With algo.mismatch set the rollout gets the policy's own log-probs pinned and the
+    weights are logged; the in-process engine in float32 needs no correction (w = 1)."""
+    run = [*RUN, f"algo.name={algo}", "trainer.max_steps=2", "algo.mismatch.mode=seq_tis",
+           "algo.mismatch.cap=1.5", f"trainer.output_dir={tmp_path}"]  # fmt: skip
+    Trainer(load_config(None, run)).train()
+    for step in (m for m in metrics(tmp_path) if "train/loss" in m):
+        assert abs(step["mismatch/correction_weight_mean"] - 1.0) <= 1e-4
+        assert step["mismatch/correction_masked_frac"] == 0.0

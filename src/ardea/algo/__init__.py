@@ -43,7 +43,7 @@ from ardea.algo.lambda_fn import (
     resolve_gae_lambda_fn,
     vapo_length_adaptive_gae,
 )
-from ardea.algo.mismatch import mismatch_metrics
+from ardea.algo.mismatch import correction_weights, mismatch_metrics
 from ardea.algo.normalize import (
     NORM_MODES,
     group_index,
@@ -93,6 +93,7 @@ __all__ = [
     "check_turn_ids",
     "clipped_surrogate",
     "compute_advantages",
+    "correction_weights",
     "compute_gae",
     "compute_gae_lambda",
     "compute_token_level_gae",

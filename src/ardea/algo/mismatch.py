@@ -31,6 +31,7 @@ from torch import Tensor
 from ardea.algo._checks import as_mask, check_float, check_ndim, check_shape
 
 RATIO_RANGE = (0.5, 2.0)
+CORRECTION_MODES = ("token_tis", "seq_tis", "token_mis", "seq_mis")
 
 
 @torch.no_grad()
@@ -65,3 +66,40 @@ def mismatch_metrics(
         "mismatch/seq_abs_diff_mean": torch.where(trained, total.abs(), 0.0).sum() / per_seq,
         "mismatch/seq_ratio_outside": seq_outside.sum().double() / per_seq,
     }
+
+
+@torch.no_grad()
+def correction_weights(
+    proximal: Tensor,
+    behaviour: Tensor,
+    mask: Tensor,
+    *,
+    mode: str,
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> Tensor:
+    """``(N, S)`` importance weights correcting the mismatch, 0 off ``mask``.
+
+    With ``w = exp(log π_proximal − log π_behaviour)`` per token (``π_proximal``: the
+    trainer's own log-probs before the step's updates) and ``W = exp(Σ_t d)`` per sequence:
+    ``token_tis``: ``min(w, cap)``; ``seq_tis``: ``min(W, cap)`` on every token of the
+    sequence; ``token_mis``: ``w`` where ``low <= w <= high``, else 0; ``seq_mis``: ``W``
+    where ``low <= W <= high``, else 0 (the whole sequence). References: Yao et al. 2025,
+    "Your efficient RL framework secretly brings you off-policy RL training" (TIS); the
+    masked and sequence-level variants as in verl's and slime's rollout correction.
+    """
+    if mode not in CORRECTION_MODES:
+        raise ValueError(
+            f"mismatch correction mode {mode!r}; choose one of {', '.join(CORRECTION_MODES)}"
+        )
+    mask = as_mask("mask", mask, proximal.shape, "(N, S)")
+    d = torch.where(mask, (proximal - behaviour).double(), 0.0).clamp(-20.0, 20.0)
+    if mode.startswith("seq"):
+        d = d.sum(dim=-1, keepdim=True).clamp(-20.0, 20.0).expand_as(d)
+    w = d.exp()
+    if mode.endswith("tis"):
+        w = w.clamp(max=cap)
+    else:
+        w = torch.where((w >= low) & (w <= high), w, 0.0)
+    return torch.where(mask, w, 0.0).to(proximal.dtype)

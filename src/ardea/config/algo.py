@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ardea.config.fields import check_choice, check_range, option
+from ardea.config.mismatch import MismatchConfig
 from ardea.config.ppo import PPOConfig
 from ardea.errors import ConfigError
 
@@ -71,6 +72,10 @@ class AlgoConfig:
         0.5,
         "online_ppo: weight of the value loss in the summed loss (the critic has its own "
         "optimizer, so this scales its gradient).",
+    )
+    mismatch: MismatchConfig = option(
+        help="Online RL: correction of the train-inference mismatch (TIS / MIS).",
+        factory=MismatchConfig,
     )
     ppo: PPOConfig = option(
         help="RL numerics shared by grpo/ppo: clipping, KL, advantages, loss aggregation.",

@@ -24,13 +24,14 @@ def tiny_policy(seed: int = 0) -> torch.nn.Module:
 
 
 def make_config(name: str, **algo) -> ArdeaConfig:
-    """``ArdeaConfig()`` with ``algo.name`` and the given ``algo`` fields (``ppo`` fields as
-    ``ppo_<field>``)."""
+    """``ArdeaConfig()`` with ``algo.name`` and the given ``algo`` fields (``ppo`` and
+    ``mismatch`` fields as ``ppo_<field>``, ``mismatch_<field>``)."""
     config = ArdeaConfig()
     config.algo.name = name
     for key, value in algo.items():
-        if key.startswith("ppo_"):
-            setattr(config.algo.ppo, key[4:], value)
+        section, _, field = key.partition("_")
+        if section in ("ppo", "mismatch"):
+            setattr(getattr(config.algo, section), field, value)
         else:
             setattr(config.algo, key, value)
     return config

@@ -60,6 +60,7 @@ from ardea.errors import ConfigError
 from ardea.trainer.strategies.base import Strategy, register_strategy
 from ardea.trainer.strategies.moe import MoETerms
 from ardea.trainer.strategies.policy_gradient import (
+    check_mismatch,
     global_counts,
     policy_forward,
     policy_loss_name,
@@ -98,6 +99,7 @@ class GRPOStrategy(Strategy):
         self.kl_ctl = float(self.ppo.kl_ctl)
         self.loss_name = policy_loss_name(config, online=self.sample_kind == "prompt")
         self.policy_loss = resolve_policy_loss(self.loss_name, self.ppo)
+        check_mismatch(config.algo.mismatch, self.policy_loss, online=self.sample_kind == "prompt")
         self.reference = self.frozen_reference() if self.kl_ctl else None
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
 
@@ -136,6 +138,7 @@ class GRPOStrategy(Strategy):
             batch,
             counts,
             old=self._old_logprobs(batch, out.logprobs),
+            mismatch=self.config.algo.mismatch,
         )
         tokens = step_counts["tokens"]
         metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))

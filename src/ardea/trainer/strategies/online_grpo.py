@@ -25,6 +25,7 @@ from __future__ import annotations
 from ardea.data import TrajectoryBatch
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 from ardea.trainer.strategies.grpo import GRPOStrategy
+from ardea.trainer.strategies.policy_gradient import needs_proximal
 
 
 @register_strategy("online_grpo")
@@ -36,6 +37,6 @@ class OnlineGRPOStrategy(OnlineStrategy, GRPOStrategy):
         """Group advantages over the whole rollout, and the proximal log-probs of a
         decoupled loss."""
         batch = self.group_advantages(batch)
-        if self.policy_loss.needs_proximal:
+        if needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         return batch

@@ -94,6 +94,7 @@ class OnlinePPOStrategy(OnlineStrategy):
         self.ppo = algo.ppo
         self.loss_name = policy_gradient.policy_loss_name(config, online=True)
         self.policy_loss = policy_gradient.resolve_policy_loss(self.loss_name, self.ppo)
+        policy_gradient.check_mismatch(algo.mismatch, self.policy_loss, online=True)
         self.critic = self._build_critic(algo.critic_path)
         # the critic trains with its own AdamW, schedule and clipping; saved in critic/
         self.critic_component = TrainedComponent.build(
@@ -138,7 +139,7 @@ class OnlinePPOStrategy(OnlineStrategy):
             batch = batch.pin(ref_logprobs=policy_gradient.reference_logprobs(self, batch))
         out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
         batch = batch.pin(advantages=out.advantages, returns=out.returns, old_values=values)
-        if self.policy_loss.needs_proximal:
+        if policy_gradient.needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         metrics.update(self._rollout_metrics(batch))
         return batch
@@ -175,6 +176,7 @@ class OnlinePPOStrategy(OnlineStrategy):
             batch,
             counts,
             old=policy_gradient.ratio_reference(batch),
+            mismatch=self.config.algo.mismatch,
         )
         values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S) with gradient
         critic_loss, parts = value_loss(

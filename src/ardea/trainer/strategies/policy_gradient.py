@@ -21,10 +21,12 @@ from ardea.algo import (
     POLICY_OPTIONS,
     PolicyLoss,
     PolicyLossInputs,
+    correction_weights,
     get_policy_loss,
     masked_mean,
     mismatch_metrics,
 )
+from ardea.config.mismatch import MismatchConfig
 from ardea.config.ppo import PPOConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
@@ -64,6 +66,30 @@ def resolve_policy_loss(name: str, ppo: PPOConfig) -> PolicyLoss:
     return loss
 
 
+def check_mismatch(mismatch: MismatchConfig, loss: PolicyLoss, *, online: bool) -> None:
+    """``algo.mismatch`` needs rollouts from an engine and a loss it can weight: the ratio
+    is taken against the proximal policy, which decoupled PPO already weights by its own
+    rule (it is ppo with token_mis, low 0 and high behav_imp_weight_cap), and GSPO's
+    sequence ratio takes only the per-sequence modes."""
+    if mismatch.mode == "none":
+        return
+    where = f"algo.mismatch.mode={mismatch.mode!r}"
+    if not online:
+        raise ConfigError(f"{where} corrects rollouts of an engine: it is for online strategies")
+    if loss.needs_proximal:
+        raise ConfigError(
+            f"{where} with algo.policy_loss={loss.name!r}: decoupled PPO weights the tokens "
+            "itself; use algo.policy_loss=ppo with the correction"
+        )
+    if loss.name == "gspo" and mismatch.mode.startswith("token"):
+        raise ConfigError(f"{where} with GSPO's sequence ratio: choose seq_tis or seq_mis")
+
+
+def needs_proximal(strategy: Strategy) -> bool:
+    """Whether the rollout needs the policy's log-probs before the updates pinned."""
+    return strategy.policy_loss.needs_proximal or strategy.config.algo.mismatch.mode != "none"
+
+
 def rl_step_counts(micro_batches: list[TrajectoryBatch], moe: MoETerms) -> dict[str, float]:
     """The normalisers of one optimizer step over its micro-batches: trained ``tokens`` and
     ``seqs`` (next-token aligned), ``rows``, the ``horizon`` (longest row), the sums of the
@@ -100,11 +126,29 @@ def policy_objective(
     counts: dict[str, Any],
     *,
     old: Tensor,
+    mismatch: MismatchConfig | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy loss and its metrics (module docstring), all ``(N, S)`` next-token
     aligned. ``old`` is the ratio's denominator: the behaviour policy, or for a loss that
-    ``needs_proximal`` the proximal policy (the behaviour log-probs then give the weight)."""
+    ``needs_proximal`` the proximal policy (the behaviour log-probs then give the weight).
+    With ``mismatch`` (``algo.mismatch``) set, ``old`` is the proximal policy and each token's
+    loss is weighted by :func:`ardea.algo.correction_weights` (the weight multiplies the
+    advantage, which for a weight >= 0 is the same as weighting the clipped loss)."""
     mask, advantages = batch.action_mask, batch.advantages.to(logprobs.dtype)
+    corrections = {}
+    if mismatch is not None and mismatch.mode != "none":
+        weights = correction_weights(
+            batch.proximal_logprobs, batch.behaviour_logprobs, mask, mode=mismatch.mode,
+            cap=mismatch.cap, low=mismatch.low, high=mismatch.high,
+        ).to(logprobs.dtype)  # fmt: skip
+        advantages = advantages * weights
+        tokens = counts["global_tokens"]
+        corrections = {
+            "mismatch/correction_weight_mean": masked_mean(weights, mask, global_tokens=tokens),
+            "mismatch/correction_masked_frac": masked_mean(
+                (weights == 0).to(weights.dtype), mask, global_tokens=tokens
+            ),
+        }
     behaviour = batch.behaviour_logprobs if loss_fn.needs_proximal else None
     inputs = PolicyLossInputs(
         logprobs=logprobs,
@@ -117,7 +161,9 @@ def policy_objective(
     loss, parts = loss_fn(inputs, **{name: getattr(ppo, name) for name in loss_fn.options})
     metrics = {name: float(value) for name, value in parts.items()}
     tokens = counts["global_tokens"]
-    metrics["train/advantage_mean"] = float(masked_mean(advantages, mask, global_tokens=tokens))
+    raw = batch.advantages.to(logprobs.dtype)
+    metrics["train/advantage_mean"] = float(masked_mean(raw, mask, global_tokens=tokens))
+    metrics |= {name: float(value) for name, value in corrections.items()}
     if batch.logprobs is not None:  # the engine's behaviour log-probs against the trainer's
         gap = mismatch_metrics(
             logprobs, batch.behaviour_logprobs, mask,
