@@ -33,6 +33,7 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
         "bench_logprob_memory.py",
+        "bench_mismatch.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
         "bench_train_pass.py",
@@ -161,3 +162,10 @@ def test_vllm_smoke(tmp_path):
     [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["rows"] == 8 and row["vllm_tok_s"] > 0 and row["in_process_tok_s"] > 0
     assert row["weight_sync_s"] > 0
+
+
+def test_mismatch_smoke(tmp_path):
+    out = smoke("bench_mismatch.py", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["noise"] == 1.0 and row["mismatch/abs_diff_mean"] > 0.01
+    assert all(-1.0 <= row[f"{m}_cos"] <= 1.0 for m in ("on-policy", "uncorrected", "token_tis"))
