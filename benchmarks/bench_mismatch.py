@@ -133,3 +133,34 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------- a learning run
+# `rollout.engine=bench_mismatch.noisy_engine` (with benchmarks/ on PYTHONPATH): the
+# in-process engine on its own copy of the policy whose LM head gets Gaussian noise of
+# ARDEA_BENCH_NOISE x the head's std after every weight update (a fixed noise pattern), so
+# its behaviour log-probs describe another distribution than the trainer's.
+def noisy_engine(spec, *, module=None, version=0):
+    import os
+
+    from ardea.rollout import InProcessEngine, own_copy
+
+    noise = float(os.environ.get("ARDEA_BENCH_NOISE", "0"))
+
+    class NoisyEngine(InProcessEngine):
+        def update_weights(self, weights, version):
+            super().update_weights(weights, version)
+            self._perturb()
+
+        def _perturb(self):
+            with torch.no_grad():
+                head = self._model.lm_head.weight
+                gen = torch.Generator().manual_seed(1)
+                head.add_(noise * head.std() * torch.randn(head.shape, generator=gen).to(head))
+
+    engine = NoisyEngine(
+        own_copy(module), pad_token_id=spec.tokenizer.pad_token_id,
+        eos_token_ids=list(spec.stop_token_ids), version=version, precision=spec.precision,
+    )  # fmt: skip
+    engine._perturb()
+    return engine

@@ -31,21 +31,35 @@ def test_masking_every_token_leaves_no_policy_loss():
     assert float(loss) != 0.0
 
 
-def test_truncated_weights_scale_the_clipped_loss():
-    """token_tis: the loss equals PPO against the proximal policy with each advantage
-    multiplied by min(pi_prox / pi_behav, cap), computed here from the pinned tensors."""
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [
+        ("token_tis", {"mismatch_cap": 1.5}),
+        ("seq_tis", {"mismatch_cap": 1.5}),
+        ("token_mis", {"mismatch_low": 0.0, "mismatch_high": 1.5}),
+        ("seq_mis", {"mismatch_low": 0.0, "mismatch_high": 1e9}),
+    ],
+)
+def test_the_loss_is_ppo_on_corrected_advantages(mode, options):
+    """Every mode: the loss equals PPO against the proximal policy with each advantage
+    multiplied by the mode's weights, computed here from the pinned tensors; the weights are
+    not all 1 (the behaviour log-probs, -0.5, are not the policy's), so a run that ignored
+    the mode would give another loss."""
     batch = rollout_batch(LENGTHS, PROMPT, REWARDS)
-    strategy = online_strategy("online_grpo", tiny_policy(), mismatch_mode="token_tis",
-                               mismatch_cap=1.5)  # fmt: skip
+    strategy = online_strategy("online_grpo", tiny_policy(), mismatch_mode=mode, **options)
     pinned, (loss, _) = loss_of(strategy, batch)
     mask = pinned.action_mask
+    settings = {k.removeprefix("mismatch_"): v for k, v in options.items()}
     weights = correction_weights(pinned.proximal_logprobs, pinned.behaviour_logprobs, mask,
-                                 mode="token_tis", cap=1.5)  # fmt: skip
-    assert 0.0 < float(weights[mask].min()) and float(weights[mask].max()) <= 1.5
+                                 mode=mode, **settings)  # fmt: skip
+    assert not torch.allclose(weights[mask], torch.ones(int(mask.sum()), dtype=weights.dtype))
     logprobs = strategy.policy_logprobs(pinned)  # the policy has not moved: = proximal
     expected, _ = ppo_policy_loss(logprobs, pinned.proximal_logprobs,
                                   pinned.advantages * weights, mask, eps_clip=0.2)  # fmt: skip
-    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-7)
+    ignored, _ = ppo_policy_loss(logprobs, pinned.behaviour_logprobs, pinned.advantages, mask,
+                                 eps_clip=0.2)  # fmt: skip
+    assert not torch.allclose(loss.detach(), ignored, rtol=1e-3, atol=1e-6)
 
 
 @pytest.mark.parametrize(
