@@ -78,8 +78,9 @@ def check_mismatch(mismatch: MismatchConfig, loss: PolicyLoss, *, online: bool) 
         raise ConfigError(f"{where} corrects rollouts of an engine: it is for online strategies")
     if loss.needs_proximal:
         raise ConfigError(
-            f"{where} with algo.policy_loss={loss.name!r}: decoupled PPO weights the tokens "
-            "itself; use algo.policy_loss=ppo with the correction"
+            f"{where} with algo.policy_loss={loss.name!r} (the default when "
+            "rollout.max_staleness > 0): decoupled PPO weights the tokens itself; set "
+            "algo.policy_loss=ppo to use the correction"
         )
     if loss.name == "gspo" and mismatch.mode.startswith("token"):
         raise ConfigError(f"{where} with GSPO's sequence ratio: choose seq_tis or seq_mis")
