@@ -442,8 +442,16 @@ def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
     ("overrides", "message"),
     [
         (
+            ["rollout.engine=sglang"],
+            r"unknown generation engine rollout.engine='sglang'; known engines: in_process, vllm",
+        ),
+        (
             ["rollout.engine=vllm"],
-            r"unknown generation engine rollout.engine='vllm'; known engines: in_process",
+            r"rollout.engine=vllm needs either rollout.vllm.urls .* or rollout.vllm.launch=true",
+        ),
+        (
+            ["rollout.vllm.launch=true"],
+            r"rollout.vllm.launch is set but rollout.engine='in_process'",
         ),
         (
             ["algo.policy_loss=ppo2"],
@@ -540,7 +548,7 @@ def test_length_buckets_leave_the_update_unchanged(tmp_path, reward_module, monk
         seen[name] = {
             "forwards": len(micro_batches),
             "loss": metrics["train/loss"],
-            "grads": [p.grad.clone() for p in self.parameters],
+            "grads": [p.grad.clone() for p in self.components[0].parameters],
         }
         return metrics
 

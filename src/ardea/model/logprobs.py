@@ -233,6 +233,15 @@ def sequence_logits(
     return LogitsOutput(logits=outputs.logits, aux_loss=aux_loss, router_logits=router)
 
 
+def _check_options(temperature: float, top_k: int, top_p: float, chunk_size: int) -> None:
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {top_k}, {top_p}")
+
+
 def sequence_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -268,12 +277,7 @@ def sequence_logprobs(
         models also give ``aux_loss`` and ``router_logits`` (``None`` otherwise).
     """
     check_input_ids(input_ids, "log-prob")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {top_k}, {top_p}")
+    _check_options(temperature, top_k, top_p, chunk_size)
     scored = _scored_positions(input_ids, attention_mask)  # (N, S-1)
     labels = input_ids[:, 1:][scored]  # (T,)
     parts = split_causal_lm(model)

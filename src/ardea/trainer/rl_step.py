@@ -20,11 +20,10 @@
    shuffled each epoch, each split into ``trainer.grad_accum_steps`` micro-batches
    (:class:`~ardea.trainer.updates.Updater`).
 7. **weight_sync** (``perf/time_weight_sync``): the updated weights become the next policy
-   version, loaded into the live engine with ``update_weights`` (and copied for the worker).
+   version in the live engine (``update_weights``; copied for the worker); its metrics.
 
-The policy version counts published weight updates, i.e. training steps: the optimizer
-steps inside one step's passes are not published (no generation sees them), as in verl and
-AReaL.
+The policy version counts published weight updates, i.e. training steps (the optimizer
+steps inside one step's passes are not published), as in verl and AReaL.
 """
 
 from __future__ import annotations
