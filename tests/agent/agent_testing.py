@@ -38,6 +38,7 @@ class ScriptedEngine(FixedWeightsEngine):
         self.tokenizer = tokenizer
         self.replies = list(replies)
         self.prompts: list[list[int]] = []
+        self.outputs: list[list[int]] = []  # the token ids of each reply, as generated
         self.calls = 0
         # stops like the tiny model: <eos> and <|im_end|> (what the client reads)
         self.stops = tokenizer.convert_tokens_to_ids(["<eos>", "<|im_end|>"])
@@ -49,6 +50,7 @@ class ScriptedEngine(FixedWeightsEngine):
             self.prompts.append(list(p))
             ids = self.tokenizer(self.replies.pop(0) + "<|im_end|>", add_special_tokens=False)
             ids = ids["input_ids"]
+            self.outputs.append(list(ids))
             out.append(Completion(list(p), ids, [-0.5] * len(ids), "stop", self.version))
         return out
 

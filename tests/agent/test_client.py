@@ -238,7 +238,19 @@ def test_metadata_names_the_call_continued(tokenizer):
     assert client.get(third.id).parent is client.get(second.id)
 
 
-def test_a_prompt_beyond_the_context_is_an_error_naming_it(engine, tokenizer):
-    client = RecordingClient(engine, tokenizer, max_tokens=500)  # the model holds 512
+def test_a_prompt_beyond_the_context_is_an_error_naming_it(tokenizer):
+    """An asked max_tokens that does not fit is an error; the client's default is cut to
+    what the context has left (the model holds 512; the prompt is 28 tokens)."""
+    from .test_bad_requests import Limited
+
+    engine = Limited(tokenizer, ["4"])
+    client = RecordingClient(engine, tokenizer, max_tokens=500)
+    messages = [{"role": "user", "content": "guess 1-8"}]
     with pytest.raises(ValueError, match=r"max_tokens=500 that exceeds the model's context of 512"):
-        client.chat.completions.create(messages=[{"role": "user", "content": "guess 1-8"}])
+        client.chat.completions.create(messages=messages, max_tokens=500)
+    seen = []
+    engine.generate = lambda prompts, params: (
+        seen.append(params) or Limited.generate(engine, prompts, params)
+    )
+    client.chat.completions.create(messages=messages)
+    assert len(engine.prompts[0]) == 28 and seen[0].max_new_tokens == 512 - 28

@@ -91,3 +91,30 @@ def test_streamed_http_calls_parse_with_the_openai_client(served, tokenizer):
     assert second.input_ids[: len(first.input_ids) + len(first.output_ids)] == (
         first.input_ids + first.output_ids
     )
+
+
+def test_responses_api_with_previous_response_id(tokenizer):
+    """POST /v1/responses through the openai client: the reply's text as the output message,
+    a second response continuing the first by previous_response_id (one row), a reward
+    attached by response id."""
+    import httpx
+
+    from .agent_testing import ScriptedEngine
+
+    engine = ScriptedEngine(tokenizer, ["4", "6"])
+    client = RecordingClient(engine, tokenizer)
+    with ChatServer(client) as server:
+        api = openai.OpenAI(base_url=server.url, api_key="-", max_retries=0)
+        first = api.responses.create(model="ardea", input="guess 1-8", instructions="play")
+        second = api.responses.create(
+            model="ardea", input=[{"role": "user", "content": "higher"}],
+            previous_response_id=first.id, instructions="play",
+        )  # fmt: skip
+        ok = httpx.post(f"{server.url}/rewards", json={"completion_id": second.id, "reward": 1})
+    assert (first.output_text, second.output_text, ok.status_code) == ("4", "6", 200)
+    assert first.status == "completed" and first.usage.output_tokens == 2
+    parent, child = client.interactions
+    assert child.parent is parent and child.reward == 1.0
+    assert tokenizer.decode(engine.prompts[0]).startswith("<|im_start|>system\nplay<|im_end|>")
+    (row,) = client.export()
+    assert row.reward == 1.0

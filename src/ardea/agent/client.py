@@ -7,11 +7,10 @@ has the ``openai`` package's signature (the options below) and returns its own
 over HTTP (:mod:`ardea.agent.server`). What it serves:
 
 - the prompt: a request that continues an earlier call is appended to that call's tokens
-  (:mod:`ardea.agent.conversation`); any other request is the chat template's rendering.
-  The call continued is the one whose messages and reply the request's messages start
-  with (among several such calls, e.g. conversations with the same history so far, the
-  oldest not yet continued), or the one named by ``metadata={"parent_id": <completion
-  id>}``, which keeps conversations with equal histories apart (their rewards too);
+  (:mod:`ardea.agent.lineage` says which call, :mod:`ardea.agent.conversation` how);
+  any other request is the chat template's rendering. ``metadata={"parent_id":
+  <completion id>}`` names the call continued, which keeps conversations with equal
+  histories apart (their rewards too);
 - the reply: the generated text with each well-formed ``<tool_call>`` block moved into
   ``message.tool_calls`` (finish reason ``tool_calls``), behaviour log-probs in
   ``choices[0].logprobs`` when ``logprobs=True``;
@@ -22,8 +21,23 @@ over HTTP (:mod:`ardea.agent.server`). What it serves:
   stop reason; :meth:`RecordingClient.set_reward` attaches a reward by completion id and
   :meth:`RecordingClient.export` returns the trajectories.
 
-Any other option (``stop``, penalties, ``logit_bias``, ``n`` > 1, ...) is an error naming
-it: the reply would not be what the request asked for.
+- ``stop`` (up to 16 strings): the reply's text *and* its recorded tokens end at the first
+  match (the tokens through the one completing it: what the model sampled is what is
+  trained), finish reason ``stop``; ``n`` > 1: several choices of one prompt in the same
+  engine call, each recorded as its own call (``<id>:<k>`` names choice ``k``);
+- ``tool_choice``: ``auto``; ``none`` (tool-call blocks stay text); ``required`` or a named
+  function: the sampled reply is never altered, so one without the required call is
+  returned as text and counted (``tool_choice_unmet``); ``parallel_tool_calls=False``: the
+  reply ends after its first tool call (tokens cut there, like a stop sequence).
+
+Every request is checked first (:mod:`ardea.agent.request_checks`: a bad one is a
+:class:`~ardea.agent.request_checks.RequestError` naming the field), then tokenised in the
+caller's thread, outside the engine's batch: one large request cannot stall the others, and
+a prompt whose characters alone cannot fit the model's context is refused before it is
+tokenised. Penalties and ``logit_bias`` other than neutral, ``top_logprobs`` > 0, content
+parts other than text and unknown options are errors naming them. A reply that was never
+delivered (the HTTP client went away or retried) is marked an orphan
+(:meth:`RecordingClient.mark_orphan`): not continued, not exported, counted.
 
 Batching. Calls made concurrently (threads, the HTTP server's worker threads) are generated
 together: a call waits ``batch_window`` seconds for others, then every waiting call with the
@@ -35,7 +49,6 @@ directly (the episode runner does).
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 import uuid
@@ -43,40 +56,24 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
-from openai.types.chat.chat_completion_message_tool_call import (
-    ChatCompletionMessageToolCall,
-    Function,
-)
-from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+from openai.types.chat import ChatCompletion
 
-from ardea.agent.conversation import (
-    assistant_reply,
-    continuation_ids,
-    encode,
-    message_key,
-    normalize,
-    render,
-)
-from ardea.agent.interaction import (
-    HISTORY_POLICIES,
-    Interaction,
-    export_trajectories,
-    rewrite_error,
-)
+from ardea.agent.chat_reply import chat_completion, recorded_reply
+from ardea.agent.conversation import normalize
+from ardea.agent.interaction import HISTORY_POLICIES, Interaction, export_trajectories
+from ardea.agent.lineage import Lineage
+from ardea.agent.request_checks import RequestError, check_chat_request, fail
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
-_OPTIONS = ("model", "tools", "temperature", "top_p", "max_tokens", "max_completion_tokens",
-            "seed", "logprobs", "n", "stream", "stream_options", "tool_choice", "metadata",
-            "user")  # fmt: skip
 PARENT_KEY = "parent_id"  # metadata={"parent_id": <completion id>}: the call this one continues
 
 
-class ContextLengthError(ValueError):
+class ContextLengthError(RequestError):
     """A request's prompt plus ``max_tokens`` does not fit the model's context."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="messages", code="context_length_exceeded")
 
 
 @dataclasses.dataclass
@@ -95,6 +92,12 @@ class ChatRequest:
     parent: Interaction | None = None
     result: ChatCompletion | BaseException | None = None
     row_id: int | None = None  # its row of the engine call's random numbers (None: any)
+    stop: list[str] = dataclasses.field(default_factory=list)
+    tool_choice: str = "auto"  # auto | none | required | a function's name
+    parallel_tool_calls: bool = True
+    n: int = 1
+    prepared: bool = False
+    max_tokens_given: bool = True  # False: the client's default, cut to the context left
 
 
 class RecordingClient:
@@ -105,7 +108,8 @@ class RecordingClient:
         tokenizer: its chat template renders requests.
         max_tokens: default ``max_tokens`` of a request.
         temperature: default temperature.
-        history: ``error`` or ``new_trajectory`` (what a rewritten history does).
+        history: ``error``, ``new_trajectory`` or ``keep_tokens`` (what a request whose
+            history was rewritten does: :mod:`ardea.agent.lineage`).
         batch_window: seconds a concurrent call waits for others to join its batch.
     """
 
@@ -129,22 +133,25 @@ class RecordingClient:
         self.max_positions = engine.max_context
         self.stop_ids = set(engine.stop_token_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
+        self.lineage = Lineage(tokenizer, history, self.stop_texts)
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
         self.interactions: list[Interaction] = []
         self._by_id: dict[str, Interaction] = {}
-        self._replies: dict[str, list[Interaction]] = {}  # key(messages + reply) → calls
-        self._prompts: dict[str, Interaction] = {}  # key(messages) → a call they were sent in
+        self._choices: dict[str, int] = {}  # completion id → its number of choices
         self._lock = threading.Lock()
         self._cond = threading.Condition()
         self._waiting: list[ChatRequest] = []
         self._busy = False
+        self._longest_token: int | None = None
         self.engine_calls = 0
+        self.tool_choice_unmet = 0  # replies without the call tool_choice required
 
     # ------------------------------------------------------------------ the API
     def create(self, **options: Any) -> ChatCompletion | ChunkStream:
         """``chat.completions.create``: serve one request (batched with concurrent ones);
         with ``stream=True`` the completion comes as chunks (:mod:`ardea.agent.streaming`)."""
         request = self.request(**options)
+        self.prepare(request)  # tokenised here, in the caller's thread: not in the batch
         with self._cond:
             self._waiting.append(request)
             while request.result is None:
@@ -172,208 +179,189 @@ class RecordingClient:
     def create_many(self, requests: Sequence[ChatRequest]) -> list[ChatCompletion | BaseException]:
         """Serve ``requests`` (from :meth:`request`) as one batch: each one's completion, or
         the exception that request failed with (e.g. :class:`ContextLengthError`)."""
-        self._serve(list(requests))
+        for r in requests:
+            try:
+                self.prepare(r)
+            except Exception as exc:  # a bad request fails alone, not its batch
+                r.result = exc
+        self._serve([r for r in requests if r.result is None])
         return [r.result for r in requests]
 
-    def request(self, *, messages: Sequence[Any], **options: Any) -> ChatRequest:
-        """Check a request's options (an unsupported one is a TypeError naming it)."""
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise TypeError(
-                f"chat.completions.create() got unsupported option(s) {unknown}; "
-                f"supported: messages, {', '.join(_OPTIONS)}"
+    def request(self, **options: Any) -> ChatRequest:
+        """Check a request (:mod:`ardea.agent.request_checks`): a RequestError naming the
+        field, a TypeError naming an unsupported option."""
+        o = check_chat_request(options)
+        stream = bool(o.get("stream"))
+        include_usage = check_stream_options(o.get("stream_options"))
+        if o.get("stream_options") is not None and not stream:
+            raise RequestError(
+                "stream_options is only allowed with stream=True", param="stream_options"
             )
-        stream = bool(options.get("stream"))
-        include_usage = check_stream_options(options.get("stream_options"))
-        if options.get("stream_options") is not None and not stream:
-            raise ValueError("stream_options is only allowed with stream=True")
-        if options.get("n", 1) != 1:
-            raise ValueError(f"n={options['n']!r}: one choice per call (make G calls instead)")
-        if not messages:
-            raise ValueError("messages is empty")
-        max_tokens = options.get("max_completion_tokens") or options.get("max_tokens")
+        max_tokens = o.get("max_completion_tokens") or o.get("max_tokens")
         params = dataclasses.replace(
             self.defaults,
-            temperature=_given(options.get("temperature"), self.defaults.temperature),
-            top_p=_given(options.get("top_p"), 1.0),
+            temperature=_given(o.get("temperature"), self.defaults.temperature),
+            top_p=_given(o.get("top_p"), 1.0),
             max_new_tokens=max_tokens or self.defaults.max_new_tokens,
-            seed=options.get("seed"),
+            seed=o.get("seed"),
         )
-        parent_id = (options.get("metadata") or {}).get(PARENT_KEY)
+        parent_id = (o.get("metadata") or {}).get(PARENT_KEY)
         return ChatRequest(
-            [normalize(m) for m in messages],
-            options.get("tools") or None,
+            [normalize(m) for m in o["messages"]],
+            o["tools"],
             params,
-            logprobs=bool(options.get("logprobs")),
-            model=str(options.get("model") or "ardea"),
+            logprobs=bool(o.get("logprobs")),
+            model=str(o.get("model") or "ardea"),
             stream=stream,
             include_usage=include_usage,
-            user=options.get("user"),
-            parent=self.get(parent_id) if parent_id is not None else None,
+            user=o.get("user"),
+            parent=self._named(parent_id) if parent_id is not None else None,
+            stop=o["stop"],
+            tool_choice=o["tool_choice"],
+            parallel_tool_calls=o.get("parallel_tool_calls") is not False,
+            n=o.get("n") or 1,
+            max_tokens_given=max_tokens is not None,
         )
 
-    def set_reward(self, completion_id: str, reward: float) -> None:
-        """Attach ``reward`` to the call that returned ``completion_id``."""
-        self.get(completion_id).reward = float(reward)
+    def set_reward(self, completion_id: str, reward: float, choice: int | None = None) -> None:
+        """Attach ``reward`` to the call that returned ``completion_id`` (its choice
+        ``choice`` when it had several)."""
+        key = completion_id if choice is None else f"{completion_id}:{choice}"
+        self.get(key).reward = float(reward)
 
     def get(self, completion_id: str) -> Interaction:
+        """The recorded call of a completion id (``<id>:<k>``: its choice ``k``)."""
+        n = self._choices.get(completion_id)
+        if n is not None and n > 1:
+            raise fail("completion_id", f"{completion_id!r} has {n} choices; name one as "
+                       f"'{completion_id}:<k>' (k = 0 .. {n - 1}) or with choice")  # fmt: skip
         if completion_id not in self._by_id:
-            raise KeyError(f"no recorded completion {completion_id!r}")
+            raise RequestError(
+                f"no recorded completion {completion_id!r}", param="completion_id",
+                status=404, kind="not_found_error",
+            )  # fmt: skip
         return self._by_id[completion_id]
 
-    def export(self, *, style: str = "conversation"):
-        """The recorded calls as trajectories (:func:`~ardea.agent.export_trajectories`)."""
+    def alias(self, other_id: str, completion_id: str) -> None:
+        """Let ``other_id`` (a response id) name the call of ``completion_id``."""
         with self._lock:
-            calls = list(self.interactions)
+            self._by_id[other_id] = self._by_id[completion_id]
+
+    def mark_orphan(self, completion_id: str) -> None:
+        """The reply of ``completion_id`` never reached its client: its calls are not
+        continued, not exported, and counted (:attr:`orphans`)."""
+        with self._lock:
+            for call in self.interactions:
+                if call.id == completion_id or call.id.startswith(f"{completion_id}:"):
+                    call.info["orphan"] = True
+
+    @property
+    def orphans(self) -> int:
+        """Calls whose reply was never delivered (left out of :meth:`export`)."""
+        return sum(bool(c.info.get("orphan")) for c in self.interactions)
+
+    def export(self, *, style: str = "conversation"):
+        """The recorded calls as trajectories (:func:`~ardea.agent.export_trajectories`),
+        orphans left out."""
+        with self._lock:
+            calls = [c for c in self.interactions if not c.info.get("orphan")]
         return export_trajectories(calls, style=style, history=self.history)
 
     # ------------------------------------------------------------------ serving
-    def _serve(self, batch: list[ChatRequest]) -> None:
-        """Prepare each request's tokens, then one engine call per distinct sampling options."""
-        ready = []
-        for r in batch:
-            try:
-                self._prepare(r)
-                self._check_length(r)
-                ready.append(r)
-            except Exception as exc:  # a bad request fails alone, not its batch
-                r.result = exc
-        groups: dict[str, list[ChatRequest]] = {}
-        for r in ready:
-            groups.setdefault(repr(dataclasses.astuple(r.params)), []).append(r)
-        for group in groups.values():
-            params = group[0].params
-            if all(r.row_id is not None for r in group):
-                params = dataclasses.replace(params, row_ids=[r.row_id for r in group])
-            try:
-                completions = self.engine.generate([r.input_ids for r in group], params)
-                self.engine_calls += 1
-            except Exception as exc:
-                for r in group:
-                    r.result = exc
-                continue
-            for r, c in zip(group, completions):
-                r.result = self._record(r, c)
-
-    def _prepare(self, r: ChatRequest) -> None:
-        """Find the parent call and the input ids (:mod:`ardea.agent.conversation`)."""
-        messages = r.messages
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-        if r.parent is not None:  # named by the caller: it must be what the messages continue
-            last = len(r.parent.info["messages"])
-            if messages[: last + 1] != [*r.parent.info["messages"], r.parent.info["reply"]]:
-                reason = "its messages do not start with that call's messages and reply"
-                raise rewrite_error(r.parent, reason)
-            parent = r.parent
-        else:
-            parent = self._parent(messages[: last + 1]) if last >= 0 else None
-        asked = self._prompts.get(message_key(messages[:last])) if last >= 0 else None
-        if parent is None and asked is not None:
-            self._rewritten(asked, f"its assistant message {last} differs from that call's reply")
-        elif parent is not None:
-            r.parent = parent  # with new_trajectory, export splits the conversation here
-            new = messages[last + 1 :]
-            ids = continuation_ids(self.tokenizer, parent, new, r.tools, self.stop_texts)
-            if ids is None:
-                self._rewritten(parent, "the chat template rewrote that call's turn")
-            r.input_ids = ids or []
-        if not r.input_ids:
-            text = render(self.tokenizer, messages, r.tools, generation=True)
-            r.input_ids = encode(self.tokenizer, text)
-
-    def _check_length(self, r: ChatRequest) -> None:
+    def prepare(self, r: ChatRequest) -> None:
+        """The request's parent and input ids (:mod:`ardea.agent.lineage`), checked against
+        the context: by characters before tokenising, then by tokens."""
+        if r.prepared:
+            return
+        self._check_characters(r)
+        r.input_ids, r.parent = self.lineage.input_ids(r.messages, r.tools, r.parent)
         room = self.max_positions
+        if room is not None and not r.max_tokens_given and len(r.input_ids) < room:
+            # no max_tokens asked: the default, or what the context has left (as vLLM does)
+            left = min(r.params.max_new_tokens, room - len(r.input_ids))
+            r.params = dataclasses.replace(r.params, max_new_tokens=left)
         if room is not None and len(r.input_ids) + r.params.max_new_tokens > room:
             raise ContextLengthError(
                 f"the prompt has {len(r.input_ids)} tokens; with max_tokens="
                 f"{r.params.max_new_tokens} that exceeds the model's context of {room}"
             )
+        r.prepared = True
 
-    def _rewritten(self, parent: Interaction, reason: str) -> None:
-        if self.history == "error":
-            raise rewrite_error(parent, reason)
-
-    def _parent(self, messages: list[dict[str, Any]]) -> Interaction | None:
-        """The call whose messages + reply are ``messages`` (one not yet continued first)."""
-        with self._lock:
-            calls = self._replies.get(message_key(messages), [])
-            fresh = [c for c in calls if not c.info["continued"]]
-            parent = (fresh or calls[-1:] or [None])[0]
-            if parent is not None:
-                parent.info["continued"] = True
-            return parent
-
-    def _record(self, r: ChatRequest, c: Completion) -> ChatCompletion:
-        reply = assistant_reply(self.tokenizer, c, self.stop_ids)
-        text, calls = reply.text, reply.tool_calls
-        completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        tool_calls = [
-            ChatCompletionMessageToolCall(
-                id=f"call_{uuid.uuid4().hex[:12]}",
-                type="function",
-                function=Function(name=call.name, arguments=_json(call.arguments)),
+    def _check_characters(self, r: ChatRequest) -> None:
+        """Refuse a prompt whose characters alone need more tokens than the context holds
+        (a token covers at most as many characters as the vocabulary's longest entry)."""
+        if self.max_positions is None:
+            return
+        if self._longest_token is None:
+            self._longest_token = max(len(t) for t in self.tokenizer.get_vocab())
+        chars = sum(len(m["content"]) + len(str(m.get("tool_calls", ""))) for m in r.messages)
+        chars += len(str(r.tools or ""))  # the template renders the tools' schemas too
+        if chars > self.max_positions * self._longest_token:
+            raise ContextLengthError(
+                f"the messages hold {chars} characters, more than the model's context of "
+                f"{self.max_positions} tokens can hold (at most {self._longest_token} "
+                "characters a token)"
             )
-            for call in calls
-        ]
-        message = ChatCompletionMessage(
-            role="assistant", content=reply.message["content"], tool_calls=tool_calls or None
-        )
-        reply = normalize(message)
-        call = Interaction(
-            list(r.input_ids),
-            list(c.token_ids),
-            list(c.logprobs),
-            c.version,
-            stop_reason=c.finish_reason,
-            parent=r.parent,
-            id=completion_id,
-            info={
-                "messages": r.messages,
-                "reply": reply,
-                "text": text,
-                "continued": False,
-                "user": r.user,
-            },
-        )
-        with self._lock:
-            self.interactions.append(call)
-            self._by_id[completion_id] = call
-            self._replies.setdefault(message_key([*r.messages, reply]), []).append(call)
-            self._prompts.setdefault(message_key(r.messages), call)
-        finish = "tool_calls" if calls else c.finish_reason
-        return ChatCompletion(
-            id=completion_id,
-            object="chat.completion",
-            created=int(time.time()),
-            model=r.model,
-            choices=[
-                Choice(
-                    index=0,
-                    finish_reason=finish,
-                    message=message,
-                    logprobs=self._logprobs(c) if r.logprobs else None,
-                )
-            ],
-            usage=CompletionUsage(
-                prompt_tokens=len(r.input_ids),
-                completion_tokens=len(c.token_ids),
-                total_tokens=len(r.input_ids) + len(c.token_ids),
-            ),
-        )
 
-    def _logprobs(self, c: Completion) -> ChoiceLogprobs:
-        tokens = self.tokenizer.convert_ids_to_tokens(c.token_ids)
-        return ChoiceLogprobs(
-            content=[
-                ChatCompletionTokenLogprob(token=t, logprob=lp, bytes=None, top_logprobs=[])
-                for t, lp in zip(tokens, c.logprobs)
-            ]
-        )
+    def _serve(self, batch: list[ChatRequest]) -> None:
+        """One engine call per distinct sampling options (``n`` rows per request)."""
+        groups: dict[str, list[ChatRequest]] = {}
+        for r in batch:
+            groups.setdefault(repr(dataclasses.astuple(r.params)), []).append(r)
+        for group in groups.values():
+            params = group[0].params
+            if all(r.row_id is not None and r.n == 1 for r in group):
+                params = dataclasses.replace(params, row_ids=[r.row_id for r in group])
+            prompts = [r.input_ids for r in group for _ in range(r.n)]
+            try:
+                completions = iter(self.engine.generate(prompts, params))
+                self.engine_calls += 1
+            except Exception as exc:
+                for r in group:
+                    r.result = exc
+                continue
+            for r in group:
+                r.result = self._record(r, [next(completions) for _ in range(r.n)])
+
+    def _record(self, r: ChatRequest, completions: list[Completion]) -> ChatCompletion:
+        """Record each choice as a call; the completion returned to the client."""
+        completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        choices = []
+        for k, c in enumerate(completions):
+            reply = recorded_reply(self.tokenizer, c, self.stop_ids, r)
+            call = Interaction(
+                list(r.input_ids),
+                list(reply.completion.token_ids),
+                list(reply.completion.logprobs),
+                c.version,
+                stop_reason=reply.completion.finish_reason,
+                parent=r.parent,
+                id=completion_id if r.n == 1 else f"{completion_id}:{k}",
+                info={
+                    "messages": r.messages,
+                    "reply": reply.message,
+                    "text": reply.text,
+                    "continued": False,
+                    "user": r.user,
+                    "call_ids": reply.call_ids,
+                    "tool_choice_unmet": reply.unmet,
+                },  # fmt: skip
+            )
+            with self._lock:
+                self.interactions.append(call)
+                self._by_id[call.id] = call
+                self.tool_choice_unmet += reply.unmet
+            self.lineage.add(call)
+            choices.append(reply)
+        self._choices[completion_id] = r.n
+        return chat_completion(completion_id, r, choices, self.tokenizer)
+
+    def _named(self, completion_id: str) -> Interaction:
+        try:
+            return self.get(completion_id)
+        except RequestError as exc:
+            raise fail(f"metadata.{PARENT_KEY}", str(exc), status=exc.status) from None
 
 
 def _given(value, default):
     return default if value is None else value
-
-
-def _json(arguments: dict[str, Any]) -> str:
-    return json.dumps(arguments, ensure_ascii=False)

@@ -14,16 +14,27 @@ dropped a ``<think>`` block of the earlier reply) or an agent that changed the r
 before sending it back is a :class:`~ardea.agent.interaction.HistoryRewriteError` under
 ``history="error"``; under ``new_trajectory`` the call is tokenized from scratch and the
 export starts a new trajectory there.
+
+``history="keep_tokens"`` keeps the tokens the engine saw and produced whatever the template
+does with earlier turns: the child's input is the parent's input + output tokens followed by
+only the text the template adds *after an assistant turn* for the new messages
+(:func:`appended_ids`: rendered after a placeholder assistant turn, the placeholder's own
+rendering dropped). The engine then sees exactly what is trained and the conversation stays
+one row; the trade-off is that at rollout the model sees its earlier turns as it generated
+them, not as the template would re-render them (AReaL's and verl's token-in-token-out agent
+loops do the same).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ardea.agent.interaction import Interaction, rewrite_error
+from ardea.agent.stop_strings import cut_at
 from ardea.agent.tools import TOOL_CALL, ToolCall, parse_tool_calls
 from ardea.rollout.engine import Completion
 
@@ -87,6 +98,35 @@ def continuation_ids(
     return parent.tokens + encode(tokenizer, glue + rendered_child[len(rendered_parent) :])
 
 
+PLACEHOLDER = "ARDEA-KEPT-TURN-7f3a"  # stands for the parent's reply, whose tokens are kept
+
+
+def appended_ids(
+    tokenizer: Any,
+    parent: Interaction,
+    new_messages: Sequence[Message],
+    tools,
+    stop_texts: Sequence[str],
+) -> list[int]:
+    """``keep_tokens``: the parent's input + output tokens followed by the text the template
+    adds after an assistant turn for ``new_messages`` (module docstring). The template
+    renders a placeholder reply; what follows the placeholder is the end of the assistant
+    turn (minus the stop token when the model generated it), the new messages and the
+    generation prompt."""
+    placeholder = {"role": "assistant", "content": PLACEHOLDER}
+    context = [*parent.info["messages"], placeholder, *new_messages]
+    rendered = render(tokenizer, context, tools, generation=True)
+    after = rendered[rendered.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
+    found = [(after.find(t), t) for t in stop_texts if after.find(t) >= 0]
+    if not found:
+        return parent.tokens + encode(tokenizer, after)
+    at, marker = min(found)
+    last = tokenizer.convert_ids_to_tokens(parent.output_ids[-1:]) if parent.output_ids else []
+    generated_marker = parent.stop_reason == "stop" and last == [marker]
+    glue = after[at + len(marker) :] if generated_marker else after[at:]
+    return parent.tokens + encode(tokenizer, glue)
+
+
 def _turn_end(tokenizer: Any, rendered: str, parent: Interaction, stop_texts) -> str:
     """The text after the reply's last generated token up to the end of ``rendered``: the
     template's turn end, minus the stop token when the model generated that one."""
@@ -111,14 +151,43 @@ class Reply:
 
 def assistant_reply(tokenizer: Any, completion: Completion, stop_ids: set[int]) -> Reply:
     """The reply of ``completion`` (a stop token it ended with is not part of the text)."""
+    return reply_of(generated_text(tokenizer, completion, stop_ids))
+
+
+def generated_text(tokenizer: Any, completion: Completion, stop_ids: set[int]) -> str:
+    """The decoded text of ``completion`` without a stop token it ended with."""
     ids = completion.token_ids
     ended = completion.finish_reason == "stop" and ids and ids[-1] in stop_ids
-    text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-    calls = [call for call in parse_tool_calls(text) if call.error is None]
+    return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+
+
+def reply_of(text: str, *, parse_calls: bool = True) -> Reply:
+    """The reply whose text is ``text``: well-formed tool-call blocks become ``tool_calls``
+    (none when ``parse_calls`` is false, e.g. ``tool_choice="none"``)."""
+    calls = [c for c in parse_tool_calls(text) if c.error is None] if parse_calls else []
     message: Message = {"role": "assistant", "content": TOOL_CALL.sub("", text) if calls else text}
     if calls:
         message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
     return Reply(text, message, calls)
+
+
+def stop_at(
+    tokenizer: Any, completion: Completion, stop_ids: set[int], markers: Sequence[str], *,
+    keep: bool,
+) -> tuple[Completion, str] | None:  # fmt: skip
+    """``completion`` cut after the token that completes the first of ``markers`` in its
+    text, with that text (up to the marker, or through it when ``keep``); None when no
+    marker occurs. The cut completion's finish reason is ``stop``."""
+    ids = completion.token_ids
+    ended = completion.finish_reason == "stop" and ids and ids[-1] in stop_ids
+    cut = cut_at(tokenizer, ids[:-1] if ended else ids, markers, keep=keep)
+    if cut is None:
+        return None
+    n, text = cut
+    kept = dataclasses.replace(
+        completion, token_ids=ids[:n], logprobs=completion.logprobs[:n], finish_reason="stop"
+    )
+    return kept, text
 
 
 class Conversation:
@@ -131,8 +200,9 @@ class Conversation:
         tokenizer: its chat template renders the messages.
         messages: the first messages; ``tools``: the tools' schemas (or None).
         history: ``error`` (a template that rewrote history raises
-            :class:`~ardea.agent.interaction.HistoryRewriteError`) or ``new_trajectory``
-            (that call is tokenized from scratch; the export starts a new row there).
+            :class:`~ardea.agent.interaction.HistoryRewriteError`), ``new_trajectory``
+            (that call is tokenized from scratch; the export starts a new row there) or
+            ``keep_tokens`` (the earlier tokens are kept: :func:`appended_ids`).
         stop_ids: the engine's stop token ids; ``group_id``: the row it answers.
     """
 
@@ -165,6 +235,8 @@ class Conversation:
             ids = continuation_ids(self.tokenizer, last, new, self.tools, self.stop_texts)
             if ids is not None:
                 return ids
+            if self.history == "keep_tokens":
+                return appended_ids(self.tokenizer, last, new, self.tools, self.stop_texts)
             if self.history == "error":
                 raise rewrite_error(last, "the chat template rewrote that call's turn")
         # the first call, or a rewritten history: the export starts a new row at this call

@@ -26,7 +26,8 @@ History rewrites. When a child's input does not start with its parent's input + 
 turns), the tokens cannot be concatenated. ``history="error"`` raises
 :class:`HistoryRewriteError` naming the first differing position and text;
 ``history="new_trajectory"`` starts a new row at the child (the chain is split there, the
-earlier part is exported as its own row). Nothing is ever silently misaligned.
+earlier part is exported as its own row); under ``keep_tokens`` the client never makes such
+a child (:mod:`ardea.agent.conversation`). Nothing is ever silently misaligned.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ardea.data import Segment, Trajectory
 from ardea.errors import ArdeaError
 
 ExportStyle = Literal["conversation", "call"]
-HistoryPolicy = Literal["error", "new_trajectory"]
+HistoryPolicy = Literal["error", "new_trajectory", "keep_tokens"]
 _ids = itertools.count()
 
 
@@ -100,8 +101,9 @@ def rewrite_error(parent: Interaction, reason: str) -> HistoryRewriteError:
         f"the request continues call {parent.id} but {reason}, so its tokens would not "
         "extend that call's tokens: the chat template rewrote history (templates that drop "
         "<think> blocks of earlier turns do). Use a template that keeps earlier turns "
-        "unchanged, send the reply back as returned, or set agent.history=new_trajectory "
-        "(history='new_trajectory') to start a new trajectory at such a call"
+        "unchanged, send the reply back as returned, set agent.history=keep_tokens to keep "
+        "the tokens the model generated (history='keep_tokens'), or agent.history="
+        "new_trajectory to start a new trajectory at such a call"
     )
 
 
@@ -124,7 +126,7 @@ def _check_chain(chain: list[Interaction], history: str) -> list[list[Interactio
     for parent, child in itertools.pairwise(chain):
         if extends(parent, child.input_ids):
             parts[-1].append(child)
-        elif history == "error":
+        elif history != "new_trajectory":  # keep_tokens always extends: a split is a bug
             raise rewrite_error(parent, departure(parent, child.input_ids))
         else:
             parts.append([child])

@@ -1,49 +1,96 @@
-"""The recording client over HTTP: an OpenAI-compatible ``/v1/chat/completions`` endpoint
-(FastAPI, served by uvicorn on loopback by default).
+"""The recording client over HTTP: OpenAI-compatible endpoints (FastAPI, served by uvicorn
+on loopback by default).
 
 Agent code pointed at ``base_url = server.url`` (e.g. ``openai.OpenAI(base_url=server.url,
 api_key="-")``) runs unchanged; every call is served and recorded by the wrapped
 :class:`~ardea.agent.client.RecordingClient`, so concurrent HTTP calls are batched like
-in-process ones (FastAPI runs each request in a worker thread). Routes:
+in-process ones. Routes:
 
 - ``POST /v1/chat/completions``: the chat completion, or with ``stream=True`` its chunks as
-  server-sent events (a bad request, e.g. an unsupported option or a rewritten history, is
-  a 400 with the OpenAI error body naming the problem);
+  server-sent events;
+- ``POST /v1/responses``: the Responses API subset of :mod:`ardea.agent.responses_api`
+  (``previous_response_id`` refers to responses of this server);
 - ``GET /v1/models``: the one model served (any ``model`` name is accepted);
-- ``POST /v1/rewards`` with ``{"completion_id": ..., "reward": ...}``: attach a reward.
+- ``POST /v1/rewards`` with ``{"completion_id": ..., "reward": ..., "choice"?: k}``: attach
+  a finite reward to a completion (or a response id).
+
+Robustness. Every refusal is a 4xx with OpenAI's error body ``{"error": {"message", "type",
+"param", "code"}}`` naming the field (:mod:`ardea.agent.request_checks`), including
+malformed JSON, unknown routes and bodies over ``max_request_bytes`` (413, refused from the
+``Content-Length`` before the body is read). Bodies are parsed and prompts tokenised in the
+request's own worker thread, outside the engine's batch, so one large request cannot stall
+the others. A reply whose client went away before it was delivered (a timeout, a retry) is
+marked an orphan: never continued, never exported, counted.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from ardea.agent.client import RecordingClient
+from ardea.agent.interaction import HistoryRewriteError
+from ardea.agent.request_checks import RequestError, check_reward, fail
+from ardea.agent.responses_api import chat_request, output_messages, response_events, response_of
 from ardea.agent.streaming import ChunkStream, server_sent_events
 from ardea.errors import ArdeaError
 
 START_TIMEOUT = 30.0
+MAX_REQUEST_BYTES = 8 * 2**20
 
 
-def build_app(client: RecordingClient) -> FastAPI:
+def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI app serving ``client`` (module docstring)."""
     app = FastAPI(title="ardea recording client")
+    _install_error_handlers(app)
+    stored: dict[str, list[dict[str, Any]]] = {}  # response id → its conversation's messages
+
+    async def read_json(request: Request) -> Any:
+        return await _read_json(request, max_request_bytes)
+
+    async def serve(request: Request, options: Any):
+        if not isinstance(options, dict):
+            raise fail(None, f"the request body must be a JSON object, got {options!r:.80}")
+        return await run_in_threadpool(lambda: client.create(**options))
 
     @app.post("/v1/chat/completions")
-    def chat_completions(body: dict[str, Any]):
+    async def chat_completions(request: Request):
         try:
-            result = client.create(**body)
-        except (ArdeaError, TypeError, ValueError, KeyError) as exc:
-            return _error(str(exc), 400)
-        if isinstance(result, ChunkStream):  # generated already: errors came before this
-            return StreamingResponse(server_sent_events(result), media_type="text/event-stream")
-        return result.model_dump(exclude_none=True)
+            result = await serve(request, await read_json(request))
+        except Exception as exc:
+            return _refusal(exc)
+        if isinstance(result, ChunkStream):
+            chunks = list(result)
+            events = server_sent_events(chunks)
+            return await _deliver(request, client, chunks[0].id, events)
+        return await _deliver(request, client, result.id, result.model_dump(exclude_none=True))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        try:
+            body = await read_json(request)
+            options = chat_request(body, lambda rid: _earlier(stored, rid))
+            stream = bool(options.pop("stream", False))
+            completion = await serve(request, options)
+        except Exception as exc:
+            return _refusal(exc)
+        rid = f"resp_{uuid.uuid4().hex[:24]}"
+        response = response_of(completion, rid, body)
+        client.alias(rid, completion.id)
+        stored[rid] = [*options["messages"], *output_messages(response)]
+        payload = response_events(response) if stream else response.model_dump(mode="json")
+        return await _deliver(request, client, completion.id, payload)
 
     @app.get("/v1/models")
     def models():
@@ -51,36 +98,128 @@ def build_app(client: RecordingClient) -> FastAPI:
 
     @app.post("/v1/rewards")
     async def rewards(request: Request):
-        body = await request.json()
         try:
-            client.set_reward(str(body["completion_id"]), float(body["reward"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            return _error(f"cannot attach the reward: {exc}", 400)
+            completion_id, reward, choice = check_reward(await read_json(request))
+            client.set_reward(completion_id, reward, choice)
+        except Exception as exc:
+            return _refusal(exc)
         return {"ok": True}
 
     return app
 
 
-def _error(message: str, status: int) -> JSONResponse:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
-    return JSONResponse(body, status_code=status)
+def _install_error_handlers(app: FastAPI) -> None:
+    """Unknown routes, invalid bodies and server failures answered with OpenAI's error body."""
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error(RequestError(message, status=exc.status_code, kind=kind))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        return _refusal(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return _error(fail(None, f"invalid request: {exc.errors()}"))
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    """The body as JSON: over ``limit`` bytes a 413 (from Content-Length before reading),
+    parsed in a worker thread, malformed a 400."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(int(length), limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(len(body), limit)
+    try:
+        return await run_in_threadpool(json.loads, bytes(body))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise fail(None, f"the request body is not valid JSON: {exc}") from None
+
+
+async def _deliver(request: Request, client: RecordingClient, completion_id: str, payload):
+    """Send ``payload`` (a JSON body, or server-sent events); a client gone before it is
+    delivered makes the call an orphan."""
+    if await request.is_disconnected():
+        client.mark_orphan(completion_id)
+    if isinstance(payload, dict):
+        return JSONResponse(payload)
+
+    def events():
+        delivered = False
+        try:
+            yield from payload
+            delivered = True
+        finally:
+            if not delivered:
+                client.mark_orphan(completion_id)
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _earlier(stored: dict[str, list[dict[str, Any]]], response_id: str) -> list[dict[str, Any]]:
+    if response_id not in stored:
+        raise RequestError(
+            f"previous_response_id: no response {response_id!r} on this server",
+            param="previous_response_id", status=404, kind="not_found_error",
+        )  # fmt: skip
+    return stored[response_id]
+
+
+def _too_large(size: int, limit: int) -> RequestError:
+    return RequestError(
+        f"the request body has {size} bytes, more than the server's limit of {limit} "
+        "(ChatServer(max_request_bytes=...), ardea serve --max-request-mb)",
+        status=413, code="request_too_large",
+    )  # fmt: skip
+
+
+def _refusal(exc: Exception) -> JSONResponse:
+    """The response of a request that failed: a 4xx for anything the request did, a 500
+    (still OpenAI-shaped) for a failure of the server itself."""
+    if isinstance(exc, RequestError):
+        return _error(exc)
+    if isinstance(exc, HistoryRewriteError):
+        return _error(RequestError(str(exc), param="messages", code="history_rewritten"))
+    if isinstance(exc, ArdeaError | TypeError | ValueError):
+        return _error(RequestError(str(exc)))
+    message = f"the server failed: {type(exc).__name__}: {exc}"
+    return _error(RequestError(message, status=500, kind="server_error"))
+
+
+def _error(exc: RequestError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
 
 
 class ChatServer:
     """Serve ``client`` on ``host:port`` in a background thread (``port=0``: a free port).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`; :attr:`url` is the
-    ``base_url`` for an OpenAI client.
+    ``base_url`` for an OpenAI client. ``max_request_bytes``: the largest body accepted.
     """
 
-    def __init__(self, client: RecordingClient, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        client: RecordingClient,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+    ):
         self.client = client
         self.host = host
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(build_app(client), log_level="warning", access_log=False)
+        app = build_app(client, max_request_bytes=max_request_bytes)
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

@@ -24,6 +24,8 @@ from openai.types.chat.chat_completion_chunk import (
     ChoiceLogprobs,
 )
 
+from ardea.agent.request_checks import RequestError
+
 STREAM_OPTIONS = ("include_usage",)
 
 
@@ -32,11 +34,14 @@ def check_stream_options(stream_options: Any) -> bool:
     if stream_options is None:
         return False
     if not isinstance(stream_options, dict):
-        raise ValueError(f"stream_options must be an object, got {stream_options!r}")
+        raise RequestError(
+            f"stream_options must be an object, got {stream_options!r}", param="stream_options"
+        )
     unknown = sorted(set(stream_options) - set(STREAM_OPTIONS))
     if unknown:
-        raise ValueError(
-            f"stream_options has unsupported key(s) {unknown}; supported: include_usage"
+        raise RequestError(
+            f"stream_options has unsupported key(s) {unknown}; supported: include_usage",
+            param="stream_options",
         )
     return bool(stream_options.get("include_usage"))
 

@@ -9,7 +9,7 @@ from ardea.config.fields import check_choice, check_range, option
 from ardea.errors import ConfigError
 
 EXPORT_STYLES = ("conversation", "call")
-HISTORY_POLICIES = ("error", "new_trajectory")
+HISTORY_POLICIES = ("error", "new_trajectory", "keep_tokens")
 
 
 @dataclass
@@ -32,8 +32,12 @@ class AgentConfig:
     )
     history: str = option(
         "error",
-        "When a call's prompt does not extend the previous call's tokens (a chat template "
-        "that rewrote history): error, or new_trajectory (start a new row there).",
+        "When a call's prompt would not extend the previous call's tokens (a chat template "
+        "that rewrote history, e.g. Qwen3's dropping <think> blocks, or agent code that "
+        "rewrites its own turns): error; new_trajectory (start a new row there); or "
+        "keep_tokens (keep the tokens the model saw and generated and append only the new "
+        "messages, so the conversation stays one row; the model then sees its earlier turns "
+        "as generated, not as the template would re-render them).",
     )
     eval_episodes: int = option(
         1,

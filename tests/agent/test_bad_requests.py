@@ -1,0 +1,219 @@
+"""Bad input over HTTP: every request of the corpus is a 4xx with OpenAI's error body naming
+the problem; the server keeps serving after each and loses nothing it recorded. Also: a
+10 MB request does not delay a concurrent small one, and a reply whose client gave up and
+retried is an orphan, left out of the export."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from ardea.agent import RecordingClient
+from ardea.agent.server import ChatServer
+
+from .agent_testing import ScriptedEngine
+
+USER = [{"role": "user", "content": "hi"}]
+CALLED = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+]  # fmt: skip
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def chat(**fields):
+    return {"model": "ardea", "messages": USER, **fields}
+
+
+# (what, route, body: a JSON value or raw bytes, status, param named or text in the message)
+CORPUS = [
+    ("malformed JSON", "chat/completions", b'{"messages": [', 400, "not valid JSON"),
+    ("body not an object", "chat/completions", [1, 2], 400, "JSON object"),
+    ("no messages", "chat/completions", {"model": "ardea"}, 400, "messages"),
+    ("messages not a list", "chat/completions", chat(messages="hi"), 400, "messages"),
+    ("messages empty", "chat/completions", chat(messages=[]), 400, "messages"),
+    ("message not an object", "chat/completions", chat(messages=["hi"]), 400, "messages[0]"),
+    ("unknown role", "chat/completions", chat(messages=[{"role": "wizard", "content": "x"}]),
+     400, "messages[0].role"),
+    ("message without role", "chat/completions", chat(messages=[{"content": "x"}]), 400,
+     "messages[0].role"),
+    ("content a number", "chat/completions", chat(messages=[{"role": "user", "content": 3}]),
+     400, "messages[0].content"),
+    ("image content part", "chat/completions", chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages[0].content[0].type"),
+    ("text part without text", "chat/completions", chat(messages=[{"role": "user", "content": [
+        {"type": "text"}]}]), 400, "messages[0].content[0].text"),
+    ("tool message without id", "chat/completions",
+     chat(messages=[*CALLED, {"role": "tool", "content": "r"}]), 400, "messages[2].tool_call_id"),
+    ("tool message answering no call", "chat/completions",
+     chat(messages=[*USER, {"role": "tool", "tool_call_id": "x", "content": "r"}]), 400,
+     "messages[1].tool_call_id"),
+    ("tool call without a name", "chat/completions", chat(messages=[*USER, {
+        "role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]),
+     400, "messages[1].tool_calls[0].function.name"),
+    ("tools not a list", "chat/completions", chat(tools={"type": "function"}), 400, "tools"),
+    ("tool without function", "chat/completions", chat(tools=[{"type": "function"}]), 400,
+     "tools[0].function"),
+    ("tool of another type", "chat/completions", chat(tools=[{"type": "retrieval"}]), 400,
+     "tools[0].type"),
+    ("tool without a name", "chat/completions", chat(tools=[{"type": "function",
+     "function": {"parameters": {}}}]), 400, "tools[0].function.name"),
+    ("tool parameters not an object", "chat/completions", chat(tools=[{"type": "function",
+     "function": {"name": "f", "parameters": "x"}}]), 400, "tools[0].function.parameters"),
+    ("max_tokens 0", "chat/completions", chat(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens not an int", "chat/completions", chat(max_tokens="5"), 400, "max_tokens"),
+    ("max_completion_tokens negative", "chat/completions", chat(max_completion_tokens=-1), 400,
+     "max_completion_tokens"),
+    ("prompt beyond the context", "chat/completions", chat(max_tokens=100000), 400, "messages"),
+    ("temperature negative", "chat/completions", chat(temperature=-1), 400, "temperature"),
+    ("temperature a string", "chat/completions", chat(temperature="hot"), 400, "temperature"),
+    ("top_p 0", "chat/completions", chat(top_p=0), 400, "top_p"),
+    ("n 0", "chat/completions", chat(n=0), 400, "n"),
+    ("n too many", "chat/completions", chat(n=1000), 400, "n"),
+    ("stop not strings", "chat/completions", chat(stop=[1]), 400, "stop"),
+    ("stop empty string", "chat/completions", chat(stop=[""]), 400, "stop"),
+    ("metadata a string", "chat/completions", chat(metadata="x"), 400, "metadata"),
+    ("metadata value a number", "chat/completions", chat(metadata={"k": 1}), 400, "metadata.k"),
+    ("unknown parent id", "chat/completions", chat(metadata={"parent_id": "nope"}), 404,
+     "metadata.parent_id"),
+    ("tool_choice unknown", "chat/completions", chat(tools=[TOOL], tool_choice="sometimes"), 400,
+     "tool_choice"),
+    ("tool_choice without tools", "chat/completions", chat(tool_choice="required"), 400,
+     "tool_choice"),
+    ("tool_choice names no tool", "chat/completions", chat(tools=[TOOL], tool_choice={
+        "type": "function", "function": {"name": "g"}}), 400, "tool_choice"),
+    ("parallel_tool_calls a string", "chat/completions", chat(parallel_tool_calls="yes"), 400,
+     "parallel_tool_calls"),
+    ("stream a string", "chat/completions", chat(stream="yes"), 400, "stream"),
+    ("stream_options without stream", "chat/completions",
+     chat(stream_options={"include_usage": True}), 400, "stream_options"),
+    ("logprobs a string", "chat/completions", chat(logprobs="x"), 400, "logprobs"),
+    ("top_logprobs", "chat/completions", chat(top_logprobs=5), 400, "top_logprobs"),
+    ("presence_penalty", "chat/completions", chat(presence_penalty=1.0), 400, "presence_penalty"),
+    ("logit_bias", "chat/completions", chat(logit_bias={"1": 5}), 400, "logit_bias"),
+    ("unknown option", "chat/completions", chat(foo=1), 400, "foo"),
+    ("seed a float", "chat/completions", chat(seed=1.5), 400, "seed"),
+    ("model a number", "chat/completions", chat(model=3), 400, "model"),
+    ("rewritten history", "chat/completions", chat(messages=[
+        *USER, {"role": "assistant", "content": "never said"}, *USER]), 400, "messages"),
+    ("reward malformed JSON", "rewards", b"{", 400, "not valid JSON"),
+    ("reward without id", "rewards", {"reward": 1.0}, 400, "completion_id"),
+    ("reward for an unknown id", "rewards", {"completion_id": "x", "reward": 1.0}, 404,
+     "completion_id"),
+    ("reward NaN", "rewards", b'{"completion_id": "x", "reward": NaN}', 400, "reward"),
+    ("reward infinite", "rewards", b'{"completion_id": "x", "reward": Infinity}', 400, "reward"),
+    ("reward a string", "rewards", {"completion_id": "x", "reward": "high"}, 400, "reward"),
+    ("responses without input", "responses", {"model": "ardea"}, 400, "input"),
+    ("responses unknown item", "responses", {"input": [{"type": "reasoning"}]}, 400,
+     "input[0].type"),
+    ("responses web search tool", "responses", {"input": "hi", "tools": [
+        {"type": "web_search"}]}, 400, "tools[0].type"),
+    ("responses unknown previous id", "responses", {"input": "hi",
+     "previous_response_id": "resp_x"}, 404, "previous_response_id"),
+    ("responses max_output_tokens 0", "responses", {"input": "hi", "max_output_tokens": 0},
+     400, "max_tokens"),
+    ("responses function output without call", "responses", {"input": [
+        {"type": "function_call_output", "call_id": "c", "output": "r"}]}, 400,
+     "messages[0].tool_call_id"),
+    ("unknown route", "completions", {"prompt": "hi"}, 404, "/v1/completions"),
+]  # fmt: skip
+
+
+class Limited(ScriptedEngine):
+    """A scripted engine with the tiny model's context (512 positions)."""
+
+    @property
+    def max_context(self) -> int:
+        return 512
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer):
+    engine = Limited(tokenizer, ["ok"] * 100)
+    client = RecordingClient(engine, tokenizer, max_tokens=4)
+    with ChatServer(client) as s:
+        yield client, s
+
+
+@pytest.mark.parametrize("what,route,body,status,names", CORPUS, ids=[c[0] for c in CORPUS])
+def test_bad_request_is_a_4xx_naming_the_problem(server, what, route, body, status, names):
+    client, s = server
+    before = list(client.interactions)
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = httpx.post(f"{s.url}/{route}", content=content,
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert names in (error["param"] or "") or names in error["message"], error
+    # still serving, nothing recorded lost
+    ok = httpx.post(f"{s.url}/chat/completions", json=chat())
+    assert ok.status_code == 200 and client.interactions[: len(before)] == before
+    assert len(client.interactions) == len(before) + 1
+
+
+def test_corpus_size():
+    assert len(CORPUS) >= 30
+
+
+def test_a_ten_megabyte_request_does_not_stall_a_small_one(tokenizer):
+    """Refused at the size limit from its Content-Length (413), and with the limit raised
+    refused by its characters before it is tokenised: either way the small request sent
+    right after it is answered within a second."""
+    engine = Limited(tokenizer, ["ok"] * 10)
+    client = RecordingClient(engine, tokenizer, max_tokens=4)
+    huge = json.dumps(chat(messages=[{"role": "user", "content": "x" * 10_000_000}]))
+    for limit, status in ((8 * 2**20, 413), (64 * 2**20, 400)):
+        with ChatServer(client, max_request_bytes=limit) as s:
+            big: dict = {}
+
+            def send_big(url=s.url, big=big):
+                big["reply"] = httpx.post(f"{url}/chat/completions", content=huge,
+                                          headers={"content-type": "application/json"},
+                                          timeout=60)  # fmt: skip
+
+            t = threading.Thread(target=send_big)
+            t.start()
+            time.sleep(0.2)
+            start = time.perf_counter()
+            small = httpx.post(f"{s.url}/chat/completions", json=chat(), timeout=60)
+            waited = time.perf_counter() - start
+            t.join()
+        assert small.status_code == 200 and waited < 1.0, waited
+        assert big["reply"].status_code == status, big["reply"].text
+
+
+class SlowFirst(ScriptedEngine):
+    """Takes ``delay`` seconds over its first call only."""
+
+    delay = 0.9
+
+    def generate(self, prompts, params):
+        if self.calls == 0:
+            time.sleep(self.delay)
+        return super().generate(prompts, params)
+
+
+def test_a_retried_call_leaves_an_orphan_out_of_the_export(tokenizer):
+    """The openai client times out on the slow first call and retries; the first reply is
+    never delivered: marked an orphan, not exported, counted."""
+    engine = SlowFirst(tokenizer, ["one", "two"])
+    client = RecordingClient(engine, tokenizer, max_tokens=4)
+    with ChatServer(client) as s:
+        api = openai.OpenAI(base_url=s.url, api_key="-", timeout=0.5, max_retries=1)
+        reply = api.chat.completions.create(model="ardea", messages=USER)
+        deadline = time.monotonic() + 5
+        while client.orphans < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert reply.choices[0].message.content == "two"
+    orphan, delivered = client.interactions
+    assert orphan.info.get("orphan") and not delivered.info.get("orphan")
+    assert client.orphans == 1
+    (row,) = client.export()
+    assert list(row.segments[-1].token_ids) == delivered.output_ids
