@@ -13,6 +13,10 @@ from cli_testing import run_cli
         (["train", "data.task=nope"], "unknown task data.task='nope'"),
         (["train", "missing.yaml"], "config file not found: missing.yaml"),
         (["eval", "/nonexistent/run"], "no such directory: /nonexistent/run"),
+        (["eval", "/nonexistent/run", "--k", "0"], "--k 0: pass@k needs k >= 1"),
+        (["eval", "/nonexistent/run", "--k", "4", "--num-samples", "2"], "--num-samples 2"),
+        (["serve", "/nonexistent/model"], "no such directory: /nonexistent/model"),
+        (["serve", "/nonexistent/model", "--port", "-1"], "--port -1"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, needle, tmp_path):

@@ -4,13 +4,20 @@ not pay an interpreter start per command), in a directory that has the repositor
 ``configs/`` and ``examples/`` and a shortened default-recipe run in ``runs/default``."""
 
 import json
+import os
 import re
 import shlex
+import signal
+import socket
+import threading
+import time
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
 
+import ardea.agent.server  # noqa: F401  (imported here, not by two threads at once in serve)
 from ardea.cli.main import main
 from ardea.config import DEFAULT_RECIPE
 
@@ -63,6 +70,7 @@ def test_the_readme_has_its_commands():
         "train",
         "eval",
         "generate",
+        "serve",
         "report",
         "tasks",
     }
@@ -118,6 +126,8 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
         return []  # the plain default recipe: the fixture's own run
     if argv[0] == "eval":
         return [*argv, *SHORT_EVAL]
+    if argv[0] == "serve":  # any free port: the test talks to it, then stops it
+        return [*[a for a in argv if a not in ("--port", "8000")], "--port", str(free_port())]
     if argv[0] != "train":
         return argv
     staged = not any(a.endswith(".yaml") for a in argv) and "none" not in argv
@@ -140,6 +150,35 @@ def steps_trained(run_dir: Path) -> list[int]:
     )
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def talk_then_interrupt(port: int) -> threading.Thread:
+    """A client of ``ardea serve`` on ``port``: one chat request once it answers, then
+    Ctrl-C (SIGINT to this process, as a terminal would send)."""
+
+    def run():
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        try:
+            for _ in range(600):
+                try:
+                    api.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "1+1="}]
+                    )
+                    break
+                except openai.APIConnectionError:
+                    time.sleep(0.1)
+        finally:  # whatever happened, stop the server: the test fails on the file, not hangs
+            os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("index", "command"),
@@ -148,7 +187,13 @@ def steps_trained(run_dir: Path) -> list[int]:
 )
 def test_example_command_runs(index, command, workdir):
     argv = shortened(command, index, workdir)
-    if argv:
+    if argv and argv[0] == "serve":
+        (workdir / "trajectories.jsonl").unlink(missing_ok=True)
+        client = talk_then_interrupt(int(argv[-1]))
+        ardea(*argv, cwd=workdir)
+        client.join(timeout=10)
+        assert len((workdir / "trajectories.jsonl").read_text().splitlines()) == 1
+    elif argv:
         ardea(*argv, cwd=workdir)
     if not argv or argv[0] == "train":
         run_name = "default" if not argv or "trainer.resume=auto" in argv else f"readme{index}"

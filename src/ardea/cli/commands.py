@@ -74,6 +74,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from ardea.data import make_task
     from ardea.trainer.evaluate import evaluate_task
 
+    _check_eval_options(args)
     config, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
     if config.data.task is None:
         raise ArdeaError(
@@ -111,6 +112,18 @@ def evaluate(args: argparse.Namespace) -> int:
     for prompt, completion, score in result.samples[: args.show]:
         console.print(f"  {'✓' if score > 0 else '✗'} {prompt!r} → {completion!r}")
     return 0
+
+
+def _check_eval_options(args: argparse.Namespace) -> None:
+    """Refuse option values that cannot mean anything, before a model is loaded."""
+    if args.k < 1:
+        raise ArdeaError(f"--k {args.k}: pass@k needs k >= 1 (1 = greedy accuracy only)")
+    if args.num_samples is not None and args.num_samples < args.k:
+        raise ArdeaError(
+            f"--num-samples {args.num_samples}: pass@{args.k} needs at least k samples per prompt"
+        )
+    if args.show < 0:
+        raise ArdeaError(f"--show {args.show}: the number of examples to print must be >= 0")
 
 
 def generate(args: argparse.Namespace) -> int:

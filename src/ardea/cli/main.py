@@ -1,4 +1,4 @@
-"""``ardea`` command line: train, eval, generate, report, tasks.
+"""``ardea`` command line: train, eval, generate, serve, report, tasks.
 
 User errors (bad config, data, model directory) print one line and exit with status 2;
 set ``ARDEA_DEBUG=1`` to see the traceback.
@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from ardea.cli.catalog import train_epilog
+from ardea.cli.serve import add_serve_parser, serve
 from ardea.cli.train import RECIPES, train
 from ardea.errors import ArdeaError
 
@@ -48,17 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--help-config", action="store_true", help="list every config field and exit"
     )
 
-    ev = sub.add_parser(
-        "eval", help="accuracy and pass@k of a run or model directory on a task split"
-    )
-    ev.add_argument(
-        "path", help="run directory, checkpoint directory or Hugging Face model directory"
-    )
-    ev.add_argument("args", nargs="*", help="config overrides, e.g. data.eval_size=1000")
-    ev.add_argument("--split", default="test", choices=["train", "test"])
-    ev.add_argument("--k", type=int, default=1, help="report pass@k from sampled completions")
-    ev.add_argument("--num-samples", type=int, default=None, help="samples per prompt for pass@k")
-    ev.add_argument("--show", type=int, default=5, help="print this many example completions")
+    _add_eval_parser(sub)
 
     gen = sub.add_parser("generate", help="sample completions of a prompt from a model directory")
     gen.add_argument("path", help="run, checkpoint or Hugging Face model directory")
@@ -71,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
 
+    add_serve_parser(sub)
+
     rep = sub.add_parser("report", help="re-draw report.png from a run's metrics.jsonl")
     rep.add_argument("run_dir")
 
@@ -78,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
         "tasks", help="list the built-in tasks: description, task_args with defaults, an example"
     )
     return parser
+
+
+def _add_eval_parser(sub) -> None:
+    ev = sub.add_parser(
+        "eval", help="accuracy and pass@k of a run or model directory on a task split"
+    )
+    ev.add_argument(
+        "path", help="run directory, checkpoint directory or Hugging Face model directory"
+    )
+    ev.add_argument("args", nargs="*", help="config overrides, e.g. data.eval_size=1000")
+    ev.add_argument("--split", default="test", choices=["train", "test"])
+    ev.add_argument("--k", type=int, default=1, help="report pass@k from sampled completions")
+    ev.add_argument("--num-samples", type=int, default=None, help="samples per prompt for pass@k")
+    ev.add_argument("--show", type=int, default=5, help="print this many example completions")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -107,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train": train,
         "eval": commands.evaluate,
         "generate": commands.generate,
+        "serve": serve,
         "report": commands.report,
         "tasks": commands.tasks,
     }[args.command]

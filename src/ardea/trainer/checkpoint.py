@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,8 +100,12 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
+_announced: set[Path] = set()  # damaged checkpoints already reported (once each)
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first; damaged ones are skipped with a warning."""
+    """Complete checkpoints, oldest first; a damaged one is skipped and said so in one line
+    on stderr (once per checkpoint)."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -111,7 +115,9 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         if problem is None:
             found.append(path)
         else:
-            warnings.warn(f"skipping checkpoint {path}: {problem}", stacklevel=2)
+            if path not in _announced:
+                _announced.add(path)
+                print(f"ardea: skipping checkpoint {path}: {problem}", file=sys.stderr)
     return found
 
 

@@ -1,0 +1,120 @@
+"""``ardea serve MODEL_DIR``: a model directory or a run's checkpoint behind the
+OpenAI-compatible server, recording every call; the trajectories go to a file on exit.
+
+The server binds 127.0.0.1 unless ``--host`` says otherwise. History defaults to
+``keep_tokens`` here: agent frameworks rewrite their own turns in many ways, and that policy
+keeps every conversation one row of exactly the tokens the model saw and produced. On
+Ctrl-C (or SIGTERM) the server stops and writes one JSON object per trajectory: its
+segments (kind, token ids, text; generated ones with log-probs, version and turn), reward,
+group id, ``no_eos``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ardea.errors import ArdeaError
+
+
+def add_serve_parser(sub) -> None:
+    from ardea.config.agent import EXPORT_STYLES, HISTORY_POLICIES
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model over the OpenAI API, recording every call as trajectories",
+        description="Serve a run, checkpoint or model directory on an OpenAI-compatible "
+        "endpoint (/v1/chat/completions, /v1/responses, /v1/models, /v1/rewards); on "
+        "Ctrl-C write the recorded trajectories to --out.",
+    )
+    serve.add_argument("path", help="run, checkpoint or Hugging Face model directory")
+    serve.add_argument("args", nargs="*", help="config overrides, e.g. rollout.engine=vllm")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    serve.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
+    serve.add_argument("--out", default="trajectories.jsonl", help="where trajectories go on exit")
+    serve.add_argument(
+        "--history",
+        default="keep_tokens",
+        choices=HISTORY_POLICIES,
+        help="what a request whose history was rewritten does (agent.history)",
+    )
+    serve.add_argument("--export", default="conversation", choices=EXPORT_STYLES,
+                       help="one row per conversation or per call")  # fmt: skip
+    serve.add_argument("--max-tokens", type=int, default=256, help="default max_tokens of a reply")
+    serve.add_argument("--temperature", type=float, default=1.0, help="default temperature")
+    serve.add_argument("--max-request-mb", type=float, default=8.0, help="largest request body")
+
+
+def serve(args: argparse.Namespace) -> int:
+    from ardea.agent import RecordingClient
+    from ardea.agent.server import ChatServer
+    from ardea.cli.commands import _load_for_inference
+
+    _check(args)
+    _, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
+    client = RecordingClient(
+        engine, tokenizer, max_tokens=args.max_tokens, temperature=args.temperature,
+        history=args.history,
+    )  # fmt: skip
+    limit = int(args.max_request_mb * 2**20)
+    server = ChatServer(client, host=args.host, port=args.port, max_request_bytes=limit)
+    out = Path(args.out)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    print(f"ardea serve: {model_dir} at {server.url} (history={args.history}); "
+          f"Ctrl-C to stop and write {out}", flush=True)  # fmt: skip
+    try:
+        while not stop.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
+        rows = client.export(style=args.export)
+        _write(out, rows, tokenizer)
+        print(f"ardea serve: wrote {len(rows)} trajectories of {len(client.interactions)} "
+              f"calls to {out} ({client.orphans} undelivered calls left out, "
+              f"{client.tool_choice_unmet} replies without a required tool call)", flush=True)  # fmt: skip
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ArdeaError(f"--port {args.port}: a port is 0..65535 (0: any free one)")
+    if args.max_tokens < 1:
+        raise ArdeaError(f"--max-tokens {args.max_tokens}: must be >= 1")
+    if not 0.0 <= args.temperature <= 2.0:
+        raise ArdeaError(f"--temperature {args.temperature}: must be in [0, 2]")
+    if not args.max_request_mb > 0:
+        raise ArdeaError(f"--max-request-mb {args.max_request_mb}: must be > 0")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"ardea serve: binding {args.host}: reachable from other machines", file=sys.stderr)
+
+
+def trajectory_record(row, tokenizer) -> dict[str, Any]:
+    """One trajectory as plain JSON (module docstring)."""
+    segments = []
+    for s in row.segments:
+        seg = {"kind": s.kind, "token_ids": list(s.token_ids),
+               "text": tokenizer.decode(list(s.token_ids), skip_special_tokens=False)}  # fmt: skip
+        if s.kind == "generated":
+            seg.update(logprobs=list(s.logprobs or []), version=s.version, turn=s.turn)
+        segments.append(seg)
+    return {"segments": segments, "reward": row.reward, "group_id": row.group_id,
+            "no_eos": row.no_eos}  # fmt: skip
+
+
+def _write(out: Path, rows, tokenizer) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(trajectory_record(row, tokenizer)) + "\n")
+    tmp.replace(out)
