@@ -27,6 +27,7 @@ from ardea.agent.interaction import (
     discount_rewards,
     export_trajectories,
 )
+from ardea.agent.tool_parsers import TOOL_PARSERS, ToolParser, make_tool_parser
 from ardea.agent.tools import ToolBox, ToolCall, ToolResult, parse_tool_calls, tool_schema
 
 __all__ = [
@@ -36,6 +37,8 @@ __all__ = [
     "ChatRequest",
     "Environment",
     "HistoryRewriteError",
+    "TOOL_PARSERS",
+    "ToolParser",
     "Interaction",
     "RecordingClient",
     "StepResult",
@@ -47,6 +50,7 @@ __all__ = [
     "env_class",
     "export_trajectories",
     "make_env",
+    "make_tool_parser",
     "parse_tool_calls",
     "register_env",
     "tool_schema",

@@ -4,7 +4,8 @@
 The request's options shape the reply without ever changing a sampled token: ``stop``
 sequences cut the text and the recorded tokens at the first match; ``tool_choice="none"``
 leaves tool-call blocks as text; ``parallel_tool_calls=False`` ends the reply after its first
-tool call (tokens cut there too); ``required`` or a named function cannot be enforced on
+tool call (tokens cut there too, for formats whose calls have an end marker: ``hermes``,
+``deepseek_v3``); ``required`` or a named function cannot be enforced on
 tokens already sampled, so a reply without that call is returned as it is and marked
 ``unmet`` (counted by the client).
 """
@@ -27,9 +28,8 @@ from openai.types.chat.chat_completion_message_tool_call import (
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 from ardea.agent.conversation import generated_text, normalize, reply_of, stop_at
+from ardea.agent.tool_parsers import ToolParser
 from ardea.rollout.engine import Completion
-
-TOOL_CALL_END = "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,10 @@ class RecordedReply:
 
 
 def recorded_reply(
-    tokenizer: Any, completion: Completion, stop_ids: set[int], request
+    tokenizer: Any, completion: Completion, stop_ids: set[int], request, parser: ToolParser
 ) -> RecordedReply:
-    """The reply ``request`` (a ``ChatRequest``) gets for ``completion`` (module docstring)."""
+    """The reply ``request`` (a ``ChatRequest``) gets for ``completion``, its tool calls
+    found by ``parser`` (module docstring)."""
     c, text = completion, None
     if request.stop:
         cut = stop_at(tokenizer, c, stop_ids, request.stop, keep=False)
@@ -58,11 +59,11 @@ def recorded_reply(
             c, text = cut
     if text is None:
         text = generated_text(tokenizer, c, stop_ids)
-    parse = request.tool_choice != "none"
-    reply = reply_of(text, parse_calls=parse)
-    if parse and not request.parallel_tool_calls and len(reply.tool_calls) > 1:
-        c, text = stop_at(tokenizer, c, stop_ids, [TOOL_CALL_END], keep=True)
-        reply = reply_of(text)
+    parser = parser if request.tool_choice != "none" else None
+    reply = reply_of(text, parser)
+    if parser and parser.end and not request.parallel_tool_calls and len(reply.tool_calls) > 1:
+        c, text = stop_at(tokenizer, c, stop_ids, [parser.end], keep=True)
+        reply = reply_of(text, parser)
     names = [call.name for call in reply.tool_calls]
     unmet = (request.tool_choice == "required" and not names) or (
         request.tool_choice not in ("auto", "none", "required") and request.tool_choice not in names

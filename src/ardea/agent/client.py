@@ -64,6 +64,7 @@ from ardea.agent.interaction import HISTORY_POLICIES, Interaction, export_trajec
 from ardea.agent.lineage import Lineage
 from ardea.agent.request_checks import RequestError, check_chat_request, fail
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
+from ardea.agent.tool_parsers import make_tool_parser
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 PARENT_KEY = "parent_id"  # metadata={"parent_id": <completion id>}: the call this one continues
@@ -111,6 +112,9 @@ class RecordingClient:
         history: ``error``, ``new_trajectory`` or ``keep_tokens`` (what a request whose
             history was rewritten does: :mod:`ardea.agent.lineage`).
         batch_window: seconds a concurrent call waits for others to join its batch.
+        tool_parser: the model family's tool-call format (:mod:`ardea.agent.tool_parsers`:
+            ``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v3``, ``auto`` or a dotted
+            path).
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class RecordingClient:
         temperature: float = 1.0,
         history: str = "error",
         batch_window: float = 0.005,
+        tool_parser: str = "hermes",
     ) -> None:
         if history not in HISTORY_POLICIES:
             raise ValueError(f"history={history!r}; choose one of {', '.join(HISTORY_POLICIES)}")
@@ -134,6 +139,7 @@ class RecordingClient:
         self.stop_ids = set(engine.stop_token_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
         self.lineage = Lineage(tokenizer, history, self.stop_texts)
+        self.tool_parser = make_tool_parser(tool_parser, tokenizer)
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
         self.interactions: list[Interaction] = []
         self._by_id: dict[str, Interaction] = {}
@@ -328,7 +334,7 @@ class RecordingClient:
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         choices = []
         for k, c in enumerate(completions):
-            reply = recorded_reply(self.tokenizer, c, self.stop_ids, r)
+            reply = recorded_reply(self.tokenizer, c, self.stop_ids, r, self.tool_parser)
             call = Interaction(
                 list(r.input_ids),
                 list(reply.completion.token_ids),

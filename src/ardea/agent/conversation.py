@@ -35,7 +35,8 @@ from typing import Any
 
 from ardea.agent.interaction import Interaction, rewrite_error
 from ardea.agent.stop_strings import cut_at
-from ardea.agent.tools import TOOL_CALL, ToolCall, parse_tool_calls
+from ardea.agent.tool_parsers import Hermes, ToolParser
+from ardea.agent.tools import ToolCall
 from ardea.rollout.engine import Completion
 
 Message = dict[str, Any]
@@ -149,9 +150,12 @@ class Reply:
     tool_calls: list[ToolCall]
 
 
-def assistant_reply(tokenizer: Any, completion: Completion, stop_ids: set[int]) -> Reply:
-    """The reply of ``completion`` (a stop token it ended with is not part of the text)."""
-    return reply_of(generated_text(tokenizer, completion, stop_ids))
+def assistant_reply(
+    tokenizer: Any, completion: Completion, stop_ids: set[int], parser: ToolParser | None = None
+) -> Reply:
+    """The reply of ``completion`` (a stop token it ended with is not part of the text);
+    tool calls found by ``parser`` (default ``hermes``)."""
+    return reply_of(generated_text(tokenizer, completion, stop_ids), parser or Hermes())
 
 
 def generated_text(tokenizer: Any, completion: Completion, stop_ids: set[int]) -> str:
@@ -161,11 +165,12 @@ def generated_text(tokenizer: Any, completion: Completion, stop_ids: set[int]) -
     return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
 
 
-def reply_of(text: str, *, parse_calls: bool = True) -> Reply:
-    """The reply whose text is ``text``: well-formed tool-call blocks become ``tool_calls``
-    (none when ``parse_calls`` is false, e.g. ``tool_choice="none"``)."""
-    calls = [c for c in parse_tool_calls(text) if c.error is None] if parse_calls else []
-    message: Message = {"role": "assistant", "content": TOOL_CALL.sub("", text) if calls else text}
+def reply_of(text: str, parser: ToolParser | None) -> Reply:
+    """The reply whose text is ``text``: the well-formed calls ``parser`` finds become
+    ``tool_calls`` and leave the content (no parser, e.g. ``tool_choice="none"``: none)."""
+    found, content = parser.parse(text) if parser is not None else ([], text)
+    calls = [c for c in found if c.error is None]
+    message: Message = {"role": "assistant", "content": content if calls else text}
     if calls:
         message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
     return Reply(text, message, calls)
@@ -204,6 +209,7 @@ class Conversation:
             (that call is tokenized from scratch; the export starts a new row there) or
             ``keep_tokens`` (the earlier tokens are kept: :func:`appended_ids`).
         stop_ids: the engine's stop token ids; ``group_id``: the row it answers.
+        tool_parser: finds the tool calls of each reply (default ``hermes``).
     """
 
     def __init__(
@@ -215,6 +221,7 @@ class Conversation:
         history: str,
         stop_ids: Sequence[int],
         group_id: int = 0,
+        tool_parser: ToolParser | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.messages = [normalize(m) for m in messages]
@@ -223,6 +230,7 @@ class Conversation:
         self.stop_ids = set(stop_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
         self.group_id = group_id
+        self.tool_parser = tool_parser or Hermes()
         self.calls: list[Interaction] = []
         self._parent: Interaction | None = None  # what the next call continues
 
@@ -246,7 +254,7 @@ class Conversation:
     def record(self, input_ids: list[int], completion: Completion) -> tuple[Interaction, Reply]:
         """Record the call that generated ``completion`` from ``input_ids``; its reply
         joins the messages."""
-        reply = assistant_reply(self.tokenizer, completion, self.stop_ids)
+        reply = assistant_reply(self.tokenizer, completion, self.stop_ids, self.tool_parser)
         call = Interaction(
             list(input_ids),
             list(completion.token_ids),

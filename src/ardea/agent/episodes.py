@@ -30,6 +30,7 @@ from typing import Any
 from ardea.agent.conversation import Conversation, normalize
 from ardea.agent.env import Environment, make_env
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
+from ardea.agent.tool_parsers import make_tool_parser
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.rollout import Completion, GenerationEngine, Rollout, SamplingParams, sampling_seed
@@ -75,7 +76,7 @@ class EpisodeRunner:
         group_size: G episodes per row.
         params: sampling parameters of every call (``max_new_tokens`` per reply).
         max_turns: most replies per episode.
-        export, history, reward_discount: see ``AgentConfig``.
+        export, history, tool_parser, reward_discount: see ``AgentConfig``.
         seed: the run seed.
     """
 
@@ -91,6 +92,7 @@ class EpisodeRunner:
         max_turns: int,
         export: str = "conversation",
         history: str = "error",
+        tool_parser: str = "hermes",
         reward_discount: float = 1.0,
         seed: int = 0,
     ) -> None:
@@ -104,6 +106,7 @@ class EpisodeRunner:
         self.max_turns = max_turns
         self.export = export
         self.history = history
+        self.tool_parser = make_tool_parser(tool_parser, tokenizer)
         self.reward_discount = reward_discount
         self.seed = seed
 
@@ -131,7 +134,7 @@ class EpisodeRunner:
                 env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
                 conversation = Conversation(
                     self.tokenizer, env.reset(row), env.tools, history=self.history,
-                    stop_ids=engine.stop_token_ids, group_id=group,
+                    stop_ids=engine.stop_token_ids, group_id=group, tool_parser=self.tool_parser,
                 )  # fmt: skip
                 row_id = first_prompt * self.group_size + len(episodes)
                 messages = conversation.messages

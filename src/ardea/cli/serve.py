@@ -45,6 +45,9 @@ def add_serve_parser(sub) -> None:
     )
     serve.add_argument("--export", default="conversation", choices=EXPORT_STYLES,
                        help="one row per conversation or per call")  # fmt: skip
+    serve.add_argument("--tool-parser", default="auto",
+                       help="the model's tool-call format (agent.tool_parser); auto: from its "
+                       "chat template")  # fmt: skip
     serve.add_argument("--max-tokens", type=int, default=256, help="default max_tokens of a reply")
     serve.add_argument("--temperature", type=float, default=1.0, help="default temperature")
     serve.add_argument("--max-request-mb", type=float, default=8.0, help="largest request body")
@@ -57,9 +60,18 @@ def serve(args: argparse.Namespace) -> int:
 
     _check(args)
     _, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
+    parser = args.tool_parser
+    if parser == "auto":
+        from ardea.agent.tool_parsers import detect_tool_parser
+
+        try:
+            parser = detect_tool_parser(tokenizer)
+        except ArdeaError as exc:
+            parser = "hermes"
+            print(f"ardea serve: {exc}; using hermes (--tool-parser to choose)", file=sys.stderr)
     client = RecordingClient(
         engine, tokenizer, max_tokens=args.max_tokens, temperature=args.temperature,
-        history=args.history,
+        history=args.history, tool_parser=parser,
     )  # fmt: skip
     limit = int(args.max_request_mb * 2**20)
     server = ChatServer(client, host=args.host, port=args.port, max_request_bytes=limit)

@@ -10,6 +10,7 @@ from ardea.errors import ConfigError
 
 EXPORT_STYLES = ("conversation", "call")
 HISTORY_POLICIES = ("error", "new_trajectory", "keep_tokens")
+TOOL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "deepseek_v3")  # agent/tool_parsers.py
 
 
 @dataclass
@@ -39,6 +40,13 @@ class AgentConfig:
         "messages, so the conversation stays one row; the model then sees its earlier turns "
         "as generated, not as the template would re-render them).",
     )
+    tool_parser: str = option(
+        "hermes",
+        "How the model writes a tool call: hermes (<tool_call>{json}</tool_call>: Hermes, "
+        "Qwen, ardea's tiny template), llama3_json, mistral, deepseek_v3 (vLLM's names for "
+        "the same formats), auto (from the tokenizer's chat template, when it holds one "
+        "family's markers) or a dotted path to an ardea.agent.ToolParser subclass.",
+    )
     eval_episodes: int = option(
         1,
         "Episodes per held-out row at each evaluation: 1 plays one greedy episode; more play "
@@ -64,4 +72,9 @@ class AgentConfig:
         check_range("agent.eval_episodes", self.eval_episodes, low=1)
         check_choice("agent.export", self.export, EXPORT_STYLES)
         check_choice("agent.history", self.history, HISTORY_POLICIES)
+        if self.tool_parser not in (*TOOL_PARSER_NAMES, "auto") and "." not in self.tool_parser:
+            raise ConfigError(
+                f"agent.tool_parser={self.tool_parser!r}: choose {', '.join(TOOL_PARSER_NAMES)}, "
+                "auto, or a dotted path package.module.Class"
+            )
         check_range("agent.reward_discount", self.reward_discount, low=0.0, high=1.0)

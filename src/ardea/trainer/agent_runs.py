@@ -75,6 +75,7 @@ def episode_runner(
         max_turns=agent.max_turns,
         export=agent.export,
         history=agent.history,
+        tool_parser=agent.tool_parser,
         reward_discount=agent.reward_discount,
         seed=config.trainer.seed,
     )
