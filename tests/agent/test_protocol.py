@@ -1,15 +1,19 @@
 """The chat-completions options agent frameworks send, in process: stop sequences, content
 parts, n > 1, tool_choice, parallel_tool_calls; empty replies; ``keep_tokens`` with a
-template that rewrites earlier turns (a Qwen3-style empty think block)."""
+template that rewrites earlier turns (a Qwen3-style empty think block, written for the test:
+no model hub here), down to the turn-level advantages."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
+import torch
 
 from ardea.agent import HistoryRewriteError, RecordingClient
 from ardea.agent.stop_strings import cut_at
+from ardea.algo import compute_advantages
+from ardea.config import PPOConfig
 from ardea.data import TrajectoryBatch
 
 from .agent_testing import ScriptedEngine
@@ -173,7 +177,14 @@ def test_keep_tokens_keeps_a_rewriting_template_conversation_one_row(tokenizer):
         added
         == "\n<|im_start|>user\nand 2+4?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
+    client.set_reward(calls[2].id, 2.0)
     (row,) = client.export()
     b = TrajectoryBatch.from_trajectories([row], pad_token_id=0)
     assert b.input_ids[0][b.loss_mask[0]].tolist() == sum(engine.outputs, [])
     assert engine.prompts == [c.input_ids for c in calls]  # the engine saw what is trained
+    # turn-level GAE steps once per turn: zero values, γ = 1, λ = 0.5, outcome R = 2 give
+    # A = λ² R, λ R, R = 0.5, 1, 2 on turns 0, 1, 2
+    cfg = PPOConfig(gae_timestep_unit="turn", gae_lambda=0.5)
+    out = compute_advantages(b.advantage_inputs(values=torch.zeros(b.loss_mask.shape)), cfg)
+    turns, adv = b.turn_ids[0, 1:], out.advantages[0, :-1]
+    assert [sorted(set(adv[turns == k].tolist())) for k in range(3)] == [[0.5], [1.0], [2.0]]
