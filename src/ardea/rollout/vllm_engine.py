@@ -38,6 +38,8 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
+from ardea.config.vllm import VLLMConfig
+from ardea.errors import ConfigError
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -65,7 +67,8 @@ class VLLMEngine(GenerationEngine):
 
     Args:
         spec: the model's config, tokenizer and stop ids; ``spec.options`` is
-            ``rollout.vllm`` (:class:`ardea.config.vllm.VLLMConfig` as a dict) and
+            ``rollout.vllm`` (:class:`ardea.config.vllm.VLLMConfig`'s fields: checked and
+            defaulted by that class, whoever builds the engine) and
             ``spec.work_dir`` where weights and server logs go.
         module: the policy the engine generates for: its weights start the servers, it
             answers the sync probe, and :meth:`update_weights` loads the new weights into it
@@ -78,21 +81,25 @@ class VLLMEngine(GenerationEngine):
             raise ValueError("the vllm engine needs the live policy module (its first weights)")
         if spec.work_dir is None:
             raise ValueError("the vllm engine needs spec.work_dir for its weights and logs")
-        self.spec, self.options, self.module = spec, dict(spec.options), module
+        self.spec, self.module = spec, module
+        try:
+            self.options = VLLMConfig(**spec.options)
+        except TypeError as exc:  # an option VLLMConfig does not have
+            raise ConfigError(f"rollout.vllm: {exc}") from None
         self.work_dir = Path(spec.work_dir)
         self.weights_dir = self.work_dir / "weights"
         self._version = version
         self._lock = threading.Lock()
         self._next = 0  # round-robin position over the servers
         self._metrics: dict[str, float] = {}
-        self.http = httpx.Client(timeout=float(self.options.get("timeout_s", 120.0)))
+        self.http = httpx.Client(timeout=self.options.timeout_s)
         self.servers: list[LaunchedServer] = []
         self.restarts = 0
         self._write_model_dir()
-        if self.options.get("launch"):
+        if self.options.launch:
             self.urls = [self._launch()]
         else:
-            self.urls = [u.rstrip("/") for u in self.options.get("urls", [])]
+            self.urls = [u.rstrip("/") for u in self.options.urls]
             self._reload_all()  # servers the user started get the policy's exact weights
         self._max_context = self._check_servers()
 
@@ -236,17 +243,17 @@ class VLLMEngine(GenerationEngine):
     def _launch(self) -> str:
         options = self.options
         dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
-        length = int(options.get("max_model_len") or 0) or int(
+        length = options.max_model_len or int(
             getattr(self.spec.model_config, "max_position_embeddings", 0) or 2048
         )
         server = LaunchedServer(
-            str(options.get("python", ".venv-vllm/bin/python")),
+            options.python,
             self.weights_dir,
             self.work_dir / "server.log",
             dtype=dtype,
             max_model_len=length,
-            extra_args=list(options.get("server_args", [])),
-            startup_timeout_s=float(options.get("startup_timeout_s", 600.0)),
+            extra_args=list(options.server_args),
+            startup_timeout_s=options.startup_timeout_s,
         )
         self.servers = [server]
         return server.start()
@@ -255,7 +262,7 @@ class VLLMEngine(GenerationEngine):
         """Restart a launched server that died (on the weights last written); False when
         there is none or no restart is left."""
         dead = [s for s in self.servers if not s.alive]
-        limit = int(self.options.get("max_restarts", 2))
+        limit = self.options.max_restarts
         if not dead or self.restarts >= limit:
             return False
         self.restarts += 1
@@ -314,7 +321,7 @@ class VLLMEngine(GenerationEngine):
     @torch.no_grad()
     def _probe(self) -> None:
         """The servers' greedy log-probs of a fixed prompt against the live policy's."""
-        tolerance = float(self.options.get("sync_tolerance", 0.0))
+        tolerance = self.options.sync_tolerance
         if tolerance <= 0:
             return
         prompt = list(self.spec.tokenizer("1+1=", add_special_tokens=False)["input_ids"])
