@@ -76,7 +76,7 @@ class EpisodeRunner:
         group_size: G episodes per row.
         params: sampling parameters of every call (``max_new_tokens`` per reply).
         max_turns: most replies per episode.
-        export, history, tool_parser, reward_discount: see ``AgentConfig``.
+        export, history, tool_parser, executor, reward_discount: see ``AgentConfig``.
         seed: the run seed.
     """
 
@@ -93,6 +93,7 @@ class EpisodeRunner:
         export: str = "conversation",
         history: str = "error",
         tool_parser: str = "hermes",
+        executor: str = "thread",
         reward_discount: float = 1.0,
         seed: int = 0,
     ) -> None:
@@ -107,6 +108,7 @@ class EpisodeRunner:
         self.export = export
         self.history = history
         self.tool_parser = make_tool_parser(tool_parser, tokenizer)
+        self.executor = executor
         self.reward_discount = reward_discount
         self.seed = seed
 
@@ -132,6 +134,8 @@ class EpisodeRunner:
         for group, row in enumerate(examples):
             for _ in range(self.group_size):
                 env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
+                if env.toolbox is not None:
+                    env.toolbox.executor = self.executor
                 conversation = Conversation(
                     self.tokenizer, env.reset(row), env.tools, history=self.history,
                     stop_ids=engine.stop_token_ids, group_id=group, tool_parser=self.tool_parser,

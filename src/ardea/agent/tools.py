@@ -25,6 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ardea.reward.isolation import call_in_process
+
+EXECUTORS = ("thread", "process")
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
@@ -93,16 +96,26 @@ class ToolBox:
 
     Args:
         tools: name → callable.
-        timeout: seconds one call may run; a call past it is reported as timed out (the
-            thread it ran on is left to finish; Python cannot kill it, so tools should not
-            block forever).
+        timeout: seconds one call may run; a call past it is reported as timed out.
+        executor: ``thread`` (the call's thread is left to finish: Python cannot kill it)
+            or ``process`` (each call in a forked child, killed at the timeout; a tool that
+            ends its process is a failed call: :mod:`ardea.reward.isolation`).
     """
 
-    def __init__(self, tools: Mapping[str, Callable[..., Any]], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        tools: Mapping[str, Callable[..., Any]],
+        *,
+        timeout: float = 5.0,
+        executor: str = "thread",
+    ) -> None:
         if not timeout > 0:
             raise ValueError(f"tool timeout must be > 0 seconds, got {timeout!r}")
+        if executor not in EXECUTORS:
+            raise ValueError(f"tool executor {executor!r}; choose {', '.join(EXECUTORS)}")
         self.tools = dict(tools)
         self.timeout = float(timeout)
+        self.executor = executor
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ardea-tool")
 
     @property
@@ -119,6 +132,8 @@ class ToolBox:
             known = ", ".join(sorted(self.tools)) or "none"
             error = f"unknown tool {call.name!r} (tools: {known})"
             return ToolResult(call.name, f"error: {error}", error)
+        if self.executor == "process":
+            return self._run_in_process(call, fn)
         future = self._pool.submit(fn, **call.arguments)
         try:
             value = future.result(timeout=self.timeout)
@@ -129,6 +144,18 @@ class ToolBox:
             error = f"tool {call.name!r} failed: {type(exc).__name__}: {exc}"
             return ToolResult(call.name, f"error: {error}", error)
         return ToolResult(call.name, str(value))
+
+    def _run_in_process(self, call: ToolCall, fn: Callable[..., Any]) -> ToolResult:
+        outcome = call_in_process(fn, (), call.arguments, timeout_s=self.timeout)
+        if outcome.status == "ok":
+            return ToolResult(call.name, str(outcome.value))
+        if outcome.status == "timeout":
+            error = (
+                f"tool {call.name!r} timed out after {self.timeout:g} s (its process was killed)"
+            )
+        else:
+            error = f"tool {call.name!r} failed: {outcome.error}"
+        return ToolResult(call.name, f"error: {error}", error)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

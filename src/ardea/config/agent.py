@@ -47,6 +47,13 @@ class AgentConfig:
         "the same formats), auto (from the tokenizer's chat template, when it holds one "
         "family's markers) or a dotted path to an ardea.agent.ToolParser subclass.",
     )
+    executor: str = option(
+        "thread",
+        "Where the environment's tools run: thread (a call past its timeout is abandoned "
+        "and keeps running) or process (each call in a forked child process, killed at the "
+        "timeout; a tool that ends its process fails that call only). Environment steps "
+        "stay in the runner's process: they change the environment's state.",
+    )
     eval_episodes: int = option(
         1,
         "Episodes per held-out row at each evaluation: 1 plays one greedy episode; more play "
@@ -72,6 +79,7 @@ class AgentConfig:
         check_range("agent.eval_episodes", self.eval_episodes, low=1)
         check_choice("agent.export", self.export, EXPORT_STYLES)
         check_choice("agent.history", self.history, HISTORY_POLICIES)
+        check_choice("agent.executor", self.executor, ("thread", "process"))
         if self.tool_parser not in (*TOOL_PARSER_NAMES, "auto") and "." not in self.tool_parser:
             raise ConfigError(
                 f"agent.tool_parser={self.tool_parser!r}: choose {', '.join(TOOL_PARSER_NAMES)}, "

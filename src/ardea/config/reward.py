@@ -25,6 +25,7 @@ from ardea.config.fields import check_choice, option
 from ardea.errors import ConfigError
 
 ON_ERROR = ("fail", "zero")
+EXECUTORS = ("thread", "process")
 
 
 def _check_function(where: str, function: Any) -> None:
@@ -73,6 +74,12 @@ class RewardConfig:
         10.0,
         "Seconds one scoring call waits for the reward functions (they run in threads; a "
         "call that takes longer is abandoned and handled per on_error).",
+    )
+    executor: str = option(
+        "thread",
+        "Where reward functions run: thread (a call past timeout_s is abandoned and keeps "
+        "running) or process (each call in a forked child process, killed at timeout_s; a "
+        "function that ends its process fails that call only).",
     )
     on_error: str = option(
         "fail",
@@ -130,3 +137,4 @@ class RewardConfig:
                 f"reward.timeout_s={self.timeout_s!r} must be a positive number of seconds"
             )
         check_choice("reward.on_error", self.on_error, ON_ERROR)
+        check_choice("reward.executor", self.executor, EXECUTORS)

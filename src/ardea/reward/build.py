@@ -21,7 +21,9 @@ def build_scorer(config: RewardConfig, task: Task | None) -> RewardScorer:
         (_bind(spec, f"reward.functions[{i}]", task), spec.weight)
         for i, spec in enumerate(config.functions)
     ]
-    return RewardScorer(functions, timeout_s=config.timeout_s, on_error=config.on_error)
+    return RewardScorer(
+        functions, timeout_s=config.timeout_s, on_error=config.on_error, executor=config.executor
+    )
 
 
 def check_reward_names(config: RewardConfig) -> None:

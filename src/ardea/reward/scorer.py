@@ -22,7 +22,9 @@ thread, so a call that times out is *abandoned* and keeps running (and holding t
 while it computes) until it returns; its result is discarded. Daemon threads never block
 interpreter exit. If more than ``max_abandoned`` abandoned calls are still running, the
 next ``score`` raises :class:`RewardError` whatever ``on_error`` says, because a function
-that hangs every time would otherwise pile up threads. Functions run concurrently, so
+that hangs every time would otherwise pile up threads. ``executor="process"`` trades the
+microseconds for a fork per call (:mod:`ardea.reward.isolation`): the call is killed at the
+timeout and nothing is abandoned. Functions run concurrently, so
 they must not share unsynchronized state with each other.
 """
 
@@ -35,8 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ardea.config.fields import check_choice
-from ardea.config.reward import ON_ERROR
+from ardea.config.reward import EXECUTORS, ON_ERROR
 from ardea.errors import ArdeaError, ConfigError
+from ardea.reward.isolation import KILL_WAIT_S, call_in_process
 from ardea.reward.registry import RewardFn
 
 COUNT_KEYS = ("reward/errors", "reward/timeouts", "reward/nonfinite", "reward/skipped")
@@ -70,22 +73,35 @@ class _Problem:
 
 
 class _Call:
-    """One reward-function call running in a daemon thread."""
+    """One reward-function call running in a daemon thread (with ``timeout_s``: the thread
+    waits for the call in a child process, killed at the timeout)."""
 
-    def __init__(self, name: str, fn: RewardFn, args: tuple) -> None:
+    def __init__(self, name: str, fn: RewardFn, args: tuple, timeout_s: float | None) -> None:
         self.value: object = None
         self.error: BaseException | None = None
+        self.killed = False  # process executor: killed at its timeout
         self.done = threading.Event()
+        run = self._run if timeout_s is None else self._run_in_process
         self.thread = threading.Thread(
-            target=self._run, args=(fn, args), name=f"ardea-reward-{name}", daemon=True
+            target=run, args=(fn, args, timeout_s), name=f"ardea-reward-{name}", daemon=True
         )
         self.thread.start()
 
-    def _run(self, fn: RewardFn, args: tuple) -> None:
+    def _run(self, fn: RewardFn, args: tuple, _: None) -> None:
         try:
             self.value = fn(*args)
         except BaseException as err:  # reported to the caller, never lost in the thread
             self.error = err
+        finally:
+            self.done.set()
+
+    def _run_in_process(self, fn: RewardFn, args: tuple, timeout_s: float) -> None:
+        try:
+            outcome = call_in_process(fn, args, timeout_s=timeout_s)
+            self.value = outcome.value
+            self.killed = outcome.status == "timeout"
+            if outcome.status in ("error", "died"):
+                self.error = ChildProcessError(outcome.error)
         finally:
             self.done.set()
 
@@ -118,6 +134,9 @@ def _values(
 ) -> tuple[list[float], list[_Problem], int]:
     """The call's values (0 where there was a problem), its problems and its None count."""
     everything = list(range(n))
+    if call.killed:
+        what = f"did not return within timeout_s={timeout_s:g} (its process was killed)"
+        return [0.0] * n, [_Problem("timeouts", what, 0, everything)], 0
     if not finished:
         what = f"did not return within timeout_s={timeout_s:g} (its thread is abandoned)"
         return [0.0] * n, [_Problem("timeouts", what, 0, everything)], 0
@@ -161,6 +180,9 @@ class RewardScorer:
         on_error: ``"fail"`` raises :class:`RewardError`; ``"zero"`` scores 0 and counts.
         max_abandoned: timed-out calls allowed to still be running before ``score``
             refuses to go on.
+        executor: ``thread`` (module docstring) or ``process``: each call in a forked child
+            process killed at the timeout, so nothing is abandoned and a function that ends
+            its process fails that call only (:mod:`ardea.reward.isolation`).
     """
 
     def __init__(
@@ -170,6 +192,7 @@ class RewardScorer:
         timeout_s: float,
         on_error: str = "fail",
         max_abandoned: int = 16,
+        executor: str = "thread",
     ) -> None:
         if not functions:
             raise ConfigError("RewardScorer needs at least one (function, weight) pair")
@@ -183,6 +206,7 @@ class RewardScorer:
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
             raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
         check_choice("on_error", on_error, ON_ERROR)
+        check_choice("executor", executor, EXECUTORS)
         if (
             isinstance(max_abandoned, bool)
             or not isinstance(max_abandoned, int)
@@ -194,6 +218,7 @@ class RewardScorer:
         self.timeout_s = float(timeout_s)
         self.on_error = on_error
         self.max_abandoned = max_abandoned
+        self.executor = executor
         self._abandoned: list[_Call] = []
 
     def _check_abandoned(self) -> None:
@@ -227,11 +252,14 @@ class RewardScorer:
         if n == 0:
             return ScoreResult([], {name: [] for name in self.names}, counts)
         self._check_abandoned()
+        in_process = self.timeout_s if self.executor == "process" else None
         calls = [  # each call gets its own lists: one function cannot reorder another's
-            _Call(name, fn, (list(prompts), list(completions), list(rows)))
+            _Call(name, fn, (list(prompts), list(completions), list(rows)), in_process)
             for name, (fn, _) in zip(self.names, self.functions)
         ]
-        deadline = time.monotonic() + self.timeout_s
+        # a child process is killed at the timeout: wait for the kill too (never abandoned)
+        grace = KILL_WAIT_S + 1.0 if in_process else 0.0
+        deadline = time.monotonic() + self.timeout_s + grace
         for call in calls:
             call.done.wait(max(0.0, deadline - time.monotonic()))
         finished = [call.done.is_set() for call in calls]  # decided once, at the deadline

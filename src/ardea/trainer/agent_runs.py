@@ -76,6 +76,7 @@ def episode_runner(
         export=agent.export,
         history=agent.history,
         tool_parser=agent.tool_parser,
+        executor=agent.executor,
         reward_discount=agent.reward_discount,
         seed=config.trainer.seed,
     )
