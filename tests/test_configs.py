@@ -33,7 +33,7 @@ def test_configs_are_shipped():
     assert {"sft_arithmetic", "sft_chat", "seq_text", "dpo", "grpo_offline", "sft_lora"} <= names
     assert {"online_grpo", "online_dpo", "online_grpo_dapo"} <= names
     assert {"online_ppo", "online_ppo_adaptive_lambda"} <= names
-    assert {"agent_guess_number", "agent_calculator"} <= names
+    assert {"agent_guess_number", "agent_calculator", "agent_guess_number_openai"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

@@ -12,6 +12,11 @@
 - ``prompts.jsonl``     200 arithmetic prompts for online RL with their answer and the
                         operands (``{"prompt", "answer", "operands"}``): every column but
                         the prompt reaches the reward functions.
+- ``guess_number_train.jsonl`` / ``guess_number_eval.jsonl``  the rows of an agent
+                        workflow playing guess-the-number 1..16 (``{"target", "high"}``):
+                        2000 training games with the targets the ``guess_number``
+                        environment draws for ``data.seed=0``, in its order, and the 16
+                        held-out games 1..16.
 
 Prompts use the built-in arithmetic task's format (``"23+58="``), answers are bare numbers,
 so a tiny character-level model learns them quickly.
@@ -139,6 +144,14 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
+def guess_number(split: str, count: int = 2000, seed: int = 0, high: int = 16) -> list[dict]:
+    """The guess_number environment's rows (same draws, same order), with ``high``."""
+    if split == "eval":
+        return [{"target": t, "high": high} for t in range(1, high + 1)]
+    rng = random.Random(seed)
+    return [{"target": rng.randint(1, high), "high": high} for _ in range(count)]
+
+
 def main() -> None:
     for name, make, seed in (
         ("chat", chat, 1),
@@ -150,6 +163,10 @@ def main() -> None:
         rows = make(random.Random(seed))
         write_jsonl(HERE / f"{name}.jsonl", rows)
         print(f"wrote {len(rows)} records to {HERE / f'{name}.jsonl'}")
+    for split in ("train", "eval"):
+        path = HERE / f"guess_number_{split}.jsonl"
+        write_jsonl(path, guess_number(split))
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

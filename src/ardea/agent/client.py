@@ -99,6 +99,8 @@ class ChatRequest:
     n: int = 1
     prepared: bool = False
     max_tokens_given: bool = True  # False: the client's default, cut to the context left
+    episode: int | None = None  # the agent episode making it (:mod:`ardea.agent.lockstep`)
+    group_id: int = 0  # the rollout row its episode plays
 
 
 class RecordingClient:
@@ -138,7 +140,7 @@ class RecordingClient:
         self.max_positions = engine.max_context
         self.stop_ids = set(engine.stop_token_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
-        self.lineage = Lineage(tokenizer, history, self.stop_texts)
+        self._lineages: dict[int | None, Lineage] = {}  # per episode (None: no episode)
         self.tool_parser = make_tool_parser(tool_parser, tokenizer)
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
         self.interactions: list[Interaction] = []
@@ -151,6 +153,7 @@ class RecordingClient:
         self._longest_token: int | None = None
         self.engine_calls = 0
         self.tool_choice_unmet = 0  # replies without the call tool_choice required
+        self.lockstep = None  # set while agent workflows run (:mod:`ardea.agent.lockstep`)
 
     # ------------------------------------------------------------------ the API
     def create(self, **options: Any) -> ChatCompletion | ChunkStream:
@@ -170,11 +173,16 @@ class RecordingClient:
                     time.sleep(self.batch_window)  # let concurrent calls join this batch
                     with self._cond:
                         batch, self._waiting = self._waiting, []
-                    self._serve(batch)
+                    self.serve_batch(batch)
                 finally:
                     self._cond.acquire()
                     self._busy = False
                     self._cond.notify_all()
+        return self.result(request)
+
+    def result(self, request: ChatRequest) -> ChatCompletion | ChunkStream:
+        """A served request's completion (its chunks with ``stream=True``), or its error
+        raised."""
         if isinstance(request.result, BaseException):
             raise request.result
         if request.stream:
@@ -190,7 +198,7 @@ class RecordingClient:
                 self.prepare(r)
             except Exception as exc:  # a bad request fails alone, not its batch
                 r.result = exc
-        self._serve([r for r in requests if r.result is None])
+        self.serve_batch([r for r in requests if r.result is None])
         return [r.result for r in requests]
 
     def request(self, **options: Any) -> ChatRequest:
@@ -207,7 +215,7 @@ class RecordingClient:
         params = dataclasses.replace(
             self.defaults,
             temperature=_given(o.get("temperature"), self.defaults.temperature),
-            top_p=_given(o.get("top_p"), 1.0),
+            top_p=_given(o.get("top_p"), self.defaults.top_p),
             max_new_tokens=max_tokens or self.defaults.max_new_tokens,
             seed=o.get("seed"),
         )
@@ -280,7 +288,8 @@ class RecordingClient:
         if r.prepared:
             return
         self._check_characters(r)
-        r.input_ids, r.parent = self.lineage.input_ids(r.messages, r.tools, r.parent)
+        lineage = self.lineage(r.episode)
+        r.input_ids, r.parent = lineage.input_ids(r.messages, r.tools, r.parent)
         room = self.max_positions
         if room is not None and not r.max_tokens_given and len(r.input_ids) < room:
             # no max_tokens asked: the default, or what the context has left (as vLLM does)
@@ -309,8 +318,17 @@ class RecordingClient:
                 "characters a token)"
             )
 
-    def _serve(self, batch: list[ChatRequest]) -> None:
-        """One engine call per distinct sampling options (``n`` rows per request)."""
+    def lineage(self, episode: int | None = None) -> Lineage:
+        """The calls a request can continue: those of its own episode (the G episodes of a
+        row make equal requests; each continues its own calls)."""
+        with self._lock:
+            if episode not in self._lineages:
+                self._lineages[episode] = Lineage(self.tokenizer, self.history, self.stop_texts)
+            return self._lineages[episode]
+
+    def serve_batch(self, batch: list[ChatRequest]) -> None:
+        """Serve prepared requests: one engine call per distinct sampling options (``n``
+        rows per request); each request's ``result`` is set (its completion or error)."""
         groups: dict[str, list[ChatRequest]] = {}
         for r in batch:
             groups.setdefault(repr(dataclasses.astuple(r.params)), []).append(r)
@@ -343,6 +361,7 @@ class RecordingClient:
                 stop_reason=reply.completion.finish_reason,
                 parent=r.parent,
                 id=completion_id if r.n == 1 else f"{completion_id}:{k}",
+                group_id=r.group_id,
                 info={
                     "messages": r.messages,
                     "reply": reply.message,
@@ -351,13 +370,14 @@ class RecordingClient:
                     "user": r.user,
                     "call_ids": reply.call_ids,
                     "tool_choice_unmet": reply.unmet,
+                    "episode": r.episode,
                 },  # fmt: skip
             )
             with self._lock:
                 self.interactions.append(call)
                 self._by_id[call.id] = call
                 self.tool_choice_unmet += reply.unmet
-            self.lineage.add(call)
+            self.lineage(r.episode).add(call)
             choices.append(reply)
         self._choices[completion_id] = r.n
         return chat_completion(completion_id, r, choices, self.tokenizer)

@@ -54,6 +54,8 @@ class Episode:
     done: bool = False
     truncated: bool = False
     row_id: int = 0  # its row of each turn's random numbers (module docstring)
+    error: str | None = None  # an agent workflow that failed: why (its calls are not trained)
+    info: dict[str, float] = dataclasses.field(default_factory=dict)  # a workflow's numbers
 
 
 @dataclasses.dataclass
@@ -66,7 +68,24 @@ class Episodes:
     seconds: float
 
 
-class EpisodeRunner:
+class StoredEpisodes:
+    """What the runners of episodes (an environment's, a workflow's) share: their rows
+    identify a call, and played episodes are checkpointed as plain lists and dicts."""
+
+    def encode(self, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What identifies a call's rows (for checkpoints): the rows themselves."""
+        return [dict(e) for e in examples]
+
+    def generation_state(self, played: Episodes) -> dict[str, Any]:
+        """For checkpoints of runs with background rollouts (:func:`episodes_state`)."""
+        return episodes_state(played)
+
+    def restore_generation(self, state: dict[str, Any], examples: list[Any]) -> Episodes:
+        """Stored episodes, for the rows the sampler gives their step again."""
+        return restore_episodes(state, examples)
+
+
+class EpisodeRunner(StoredEpisodes):
     """Plays ``group_size`` episodes per environment row (module docstring).
 
     Args:
@@ -111,10 +130,6 @@ class EpisodeRunner:
         self.executor = executor
         self.reward_discount = reward_discount
         self.seed = seed
-
-    def encode(self, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """What identifies a call's rows (for checkpoints): the rows themselves."""
-        return [dict(e) for e in examples]
 
     def generate(
         self,
@@ -187,27 +202,6 @@ class EpisodeRunner:
         episode.done = bool(done)
         return call
 
-    def generation_state(self, played: Episodes) -> dict[str, Any]:
-        """For checkpoints of runs with background rollouts (:func:`episodes_state`)."""
-        return episodes_state(played)
-
-    def restore_generation(self, state: dict[str, Any], examples: list[Any]) -> Episodes:
-        """Stored episodes, for the rows the sampler gives their step again."""
-        if [dict(e) for e in examples] != state["rows"]:
-            raise ConfigError(
-                "the checkpoint's pending episodes were played on other environment rows than "
-                "this run's data gives those steps; resume with the run's own data and config"
-            )
-        calls: list[Interaction] = []
-        for stored in state["calls"]:
-            fields = {f: stored[f] for f in _CALL_FIELDS}
-            parent = calls[stored["parent"]] if stored["parent"] >= 0 else None
-            call = Interaction(**fields, parent=parent, group_id=stored["group_id"])
-            call.info = dict(stored["info"])
-            calls.append(call)
-        episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
-        return Episodes(list(examples), episodes, calls, float(state["seconds"]))
-
     def score(self, played: Episodes) -> Rollout:
         """The episodes' trajectories and metrics (module docstring)."""
         calls = played.calls
@@ -265,7 +259,7 @@ def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict
 
 _CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
 _EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
-                   "success", "done", "truncated")  # fmt: skip
+                   "success", "done", "truncated", "row_id", "error", "info")  # fmt: skip
 
 
 def episodes_state(played: Episodes) -> dict[str, Any]:
@@ -287,3 +281,22 @@ def episodes_state(played: Episodes) -> dict[str, Any]:
         ],
         "episodes": [{f: getattr(e, f) for f in _EPISODE_FIELDS} for e in played.episodes],
     }
+
+
+def restore_episodes(state: dict[str, Any], examples: list[Any]) -> Episodes:
+    """Episodes stored by :func:`episodes_state`, for the same rows (a ConfigError when the
+    run's data give that step other rows)."""
+    if [dict(e) for e in examples] != state["rows"]:
+        raise ConfigError(
+            "the checkpoint's pending episodes were played on other rows than this run's "
+            "data give those steps; resume with the run's own data and config"
+        )
+    calls: list[Interaction] = []
+    for stored in state["calls"]:
+        fields = {f: stored[f] for f in _CALL_FIELDS}
+        parent = calls[stored["parent"]] if stored["parent"] >= 0 else None
+        call = Interaction(**fields, parent=parent, group_id=stored["group_id"])
+        call.info = dict(stored["info"])
+        calls.append(call)
+    episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
+    return Episodes(list(examples), episodes, calls, float(state["seconds"]))

@@ -11,6 +11,9 @@ in-process ones. Routes:
 - ``POST /v1/responses``: the Responses API subset of :mod:`ardea.agent.responses_api`
   (``previous_response_id`` refers to responses of this server);
 - ``GET /v1/models``: the one model served (any ``model`` name is accepted);
+- a request with the header ``x-ardea-episode: <n>`` is a call of agent workflow episode
+  ``n`` (:mod:`ardea.agent.workflows` sets it on the client it gives the workflow), served
+  in lockstep with the other episodes' calls (:mod:`ardea.agent.lockstep`);
 - ``POST /v1/rewards`` with ``{"completion_id": ..., "reward": ..., "choice"?: k}``: attach
   a finite reward to a completion (or a response id).
 
@@ -41,6 +44,7 @@ from starlette.exceptions import HTTPException
 
 from ardea.agent.client import RecordingClient
 from ardea.agent.interaction import HistoryRewriteError
+from ardea.agent.lockstep import CALL_HEADER, EPISODE_HEADER
 from ardea.agent.request_checks import RequestError, check_reward, fail
 from ardea.agent.responses_api import chat_request, output_messages, response_events, response_of
 from ardea.agent.streaming import ChunkStream, server_sent_events
@@ -62,6 +66,11 @@ def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_B
     async def serve(request: Request, options: Any):
         if not isinstance(options, dict):
             raise fail(None, f"the request body must be a JSON object, got {options!r:.80}")
+        episode = request.headers.get(EPISODE_HEADER)
+        if episode is not None:  # an agent workflow's call: served in lockstep
+            number = request.headers.get(CALL_HEADER)
+            number = int(number) if number is not None and number.isdigit() else None
+            return await client.lockstep.create(_episode(episode, client), options, number)
         return await run_in_threadpool(lambda: client.create(**options))
 
     @app.post("/v1/chat/completions")
@@ -161,6 +170,17 @@ async def _deliver(request: Request, client: RecordingClient, completion_id: str
                 client.mark_orphan(completion_id)
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _episode(value: str, client: RecordingClient) -> int:
+    if client.lockstep is None:
+        raise RequestError(
+            f"{EPISODE_HEADER}: this server runs no agent workflows (the header is set by "
+            "ardea's workflow runner only)", param=EPISODE_HEADER,
+        )  # fmt: skip
+    if not value.isdigit():
+        raise RequestError(f"{EPISODE_HEADER}={value!r} is not an episode number")
+    return int(value)
 
 
 def _earlier(stored: dict[str, list[dict[str, Any]]], response_id: str) -> list[dict[str, Any]]:

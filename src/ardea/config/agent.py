@@ -21,6 +21,26 @@ class AgentConfig:
         "package.module.Class to an ardea.agent.Environment subclass; the run's data are its "
         "rows and online strategies play episodes in it. null: not an agent run.",
     )
+    workflow: str | None = option(
+        None,
+        "Agent workflow: the user's async def run(client, row) -> reward | {reward, ...}, "
+        "named package.module.function or path/to/file.py:function; client is an "
+        "openai.AsyncOpenAI served by the policy, row a row of data.path (JSON objects). "
+        "Online strategies run rollout.group_size workflows per row. null: none.",
+    )
+    transport: str = option(
+        "in_process",
+        "How a workflow's client reaches the policy: in_process (no socket) or http (the "
+        "recording server on 127.0.0.1). The calls and samples are the same.",
+    )
+    max_concurrency: int = option(
+        256, "Most workflow episodes running at once (each row's G episodes, row after row)."
+    )
+    workflow_timeout_s: float = option(
+        300.0,
+        "Seconds one workflow episode may take (model calls included); past it the episode "
+        "is cancelled and counted as failed (agent/workflow_timeouts), its calls not trained.",
+    )
     env_args: dict[str, Any] = option(
         help="Keyword arguments of the environment, e.g. {high: 8}; unknown ones are errors.",
         factory=dict,
@@ -80,6 +100,23 @@ class AgentConfig:
         check_choice("agent.export", self.export, EXPORT_STYLES)
         check_choice("agent.history", self.history, HISTORY_POLICIES)
         check_choice("agent.executor", self.executor, ("thread", "process"))
+        if self.workflow is not None and (not isinstance(self.workflow, str) or not self.workflow):
+            raise ConfigError(f"agent.workflow={self.workflow!r} must name a function or be null")
+        if self.workflow is not None and self.env is not None:
+            raise ConfigError(
+                f"agent.env={self.env!r} and agent.workflow={self.workflow!r} are both set; an "
+                "agent run plays an environment or a workflow: set the other to null"
+            )
+        if self.workflow is not None and self.env_args:
+            raise ConfigError(
+                f"agent.env_args={dict(self.env_args)!r} configures an agent.env; a workflow "
+                "reads its options from its rows (data.path): remove env_args"
+            )
+        check_choice("agent.transport", self.transport, ("in_process", "http"))
+        if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
+            raise ConfigError(f"agent.max_concurrency={self.max_concurrency!r} must be an int >= 1")
+        check_range("agent.max_concurrency", self.max_concurrency, low=1)
+        check_range("agent.workflow_timeout_s", self.workflow_timeout_s, low=0.0, low_open=True)
         if self.tool_parser not in (*TOOL_PARSER_NAMES, "auto") and "." not in self.tool_parser:
             raise ConfigError(
                 f"agent.tool_parser={self.tool_parser!r}: choose {', '.join(TOOL_PARSER_NAMES)}, "

@@ -316,13 +316,21 @@ class ArdeaConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.agent.workflow is not None:
+            _check_workflow_data(self.data)
         if self.data.task is None and self.data.path is None and self.agent.env is None:
             raise ConfigError(
                 "data.task, data.path and agent.env are all null; name a task, a data file "
                 "or an environment"
             )
         if self.agent.env is not None:
-            _check_agent_reward(self.reward)
+            _check_agent_reward(
+                self.reward, "agent.env is set: episodes are rewarded by the environment"
+            )
+        if self.agent.workflow is not None:
+            _check_agent_reward(
+                self.reward, "agent.workflow is set: the workflow returns the reward"
+            )
         if self.reward.overlong_buffer > self.rollout.max_new_tokens:
             raise ConfigError(
                 f"reward.overlong_buffer={self.reward.overlong_buffer} exceeds "
@@ -338,10 +346,25 @@ class ArdeaConfig:
                 )
 
 
-def _check_agent_reward(reward: RewardConfig) -> None:
-    """Agent runs are rewarded by their environment: reward options would not be used."""
+def _check_agent_reward(reward: RewardConfig, why: str) -> None:
+    """Agent runs are rewarded by their environment or workflow: reward options would not
+    be used."""
     if reward.functions != RewardConfig().functions or reward.overlong_buffer:
         raise ConfigError(
-            "agent.env is set: episodes are rewarded by the environment, so reward.functions "
-            "and reward.overlong_buffer are not used; remove them from the config"
+            f"{why}, so reward.functions and reward.overlong_buffer are not used; remove them "
+            "from the config"
+        )
+
+
+def _check_workflow_data(data: DataConfig) -> None:
+    """A workflow plays the rows of data.path; a task would not be used."""
+    if data.path is None:
+        raise ConfigError(
+            "agent.workflow plays the rows of data.path (a .jsonl of JSON objects, one row "
+            "each); set data.path (and data.eval_path for held-out rows)"
+        )
+    if data.task is not None:
+        raise ConfigError(
+            f"agent.workflow is set: data.task={data.task!r} is not used (the workflow "
+            "rewards its episodes and plays data.path); set data.task=null"
         )

@@ -1,4 +1,4 @@
-"""What an agent run (``agent.env`` set) changes in a training run.
+"""What an agent run (``agent.env`` or ``agent.workflow`` set) changes in a training run.
 
 - the data: the environment's rows (``data.train_size`` of them, seeded by ``data.seed``):
   online strategies play ``rollout.group_size`` episodes of each; SFT trains on the
@@ -10,6 +10,10 @@
   or ``agent.eval_episodes`` sampled ones (the same seed at every evaluation, so two
   evaluations differ by the policy only), logged as ``eval/success_rate``,
   ``eval/reward_mean`` and ``eval/turns_per_episode``.
+
+A workflow run (``agent.workflow``) plays the rows of ``data.path`` (JSON objects, all of
+them) with a :class:`~ardea.agent.workflows.WorkflowRunner`, online strategies only, and
+evaluates on the rows of ``data.eval_path`` (``data.eval_size`` at most) when it is set.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Any
 
 from ardea.agent import env_class, make_env
 from ardea.agent.episodes import EpisodeRunner
+from ardea.agent.workflows import WorkflowRunner
 from ardea.config import ArdeaConfig
 from ardea.data.chat import tokenize_chat
-from ardea.data.records import Record
+from ardea.data.records import Record, read_records
 from ardea.errors import ConfigError
 from ardea.rollout import GenerationEngine, SamplingParams
 
@@ -30,8 +35,13 @@ DEMO_SEED_STREAM = 11  # demonstrations' random stream, apart from the rows'
 
 
 def agent_rows(config: ArdeaConfig, split: str) -> list[dict[str, Any]]:
-    """The environment's ``train`` or ``eval`` rows."""
+    """The environment's ``train`` or ``eval`` rows; a workflow's, those of ``data.path``
+    or ``data.eval_path`` (``data.eval_size`` at most; none without an eval path)."""
     agent, data = config.agent, config.data
+    if agent.workflow is not None:
+        path = data.path if split == "train" else data.eval_path
+        rows = [r.data for r in read_records(path)] if path else []
+        return rows if split == "train" else rows[: data.eval_size]
     count = data.train_size if split == "train" else data.eval_size
     return env_class(agent.env).rows(count, data.seed, split=split, **agent.env_args)
 
@@ -41,6 +51,12 @@ def agent_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length:
     rows = agent_rows(config, "train")
     if kind == "prompt":
         return rows
+    if agent_workflow := config.agent.workflow:
+        raise ConfigError(
+            f"algo.name={config.algo.name} trains on {kind!r} samples; agent.workflow="
+            f"{agent_workflow!r} plays episodes for online strategies (online_grpo, "
+            "online_ppo): train SFT on an environment's demonstrations or a data file"
+        )
     if kind != "sft":
         raise ConfigError(
             f"algo.name={config.algo.name} trains on {kind!r} samples; an agent.env provides "
@@ -58,13 +74,31 @@ def agent_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length:
 
 def episode_runner(
     config: ArdeaConfig, engine: GenerationEngine, tokenizer: Any, *, evaluation: bool = False
-) -> EpisodeRunner:
-    """The episode runner of ``config``; for evaluation, ``agent.eval_episodes`` per row
-    (one greedy episode, or that many sampled)."""
+) -> EpisodeRunner | WorkflowRunner:
+    """The episode (or workflow) runner of ``config``; for evaluation,
+    ``agent.eval_episodes`` per row (one greedy episode, or that many sampled)."""
     rollout, agent = config.rollout, config.agent
     greedy = evaluation and agent.eval_episodes == 1
     group = agent.eval_episodes if evaluation else rollout.group_size
     params = SamplingParams.of(rollout, greedy=greedy)
+    if agent.workflow is not None:
+        return WorkflowRunner(
+            engine,
+            tokenizer,
+            workflow=agent.workflow,
+            group_size=group,
+            params=params,
+            transport=agent.transport,
+            max_concurrency=agent.max_concurrency,
+            timeout_s=agent.workflow_timeout_s,
+            on_error=config.reward.on_error,
+            export=agent.export,
+            history=agent.history,
+            tool_parser=agent.tool_parser,
+            reward_discount=agent.reward_discount,
+            seed=config.trainer.seed,
+            locked=not evaluation,  # evaluation: a workflow may choose its own sampling
+        )
     return EpisodeRunner(
         engine,
         tokenizer,
@@ -86,16 +120,21 @@ def episode_runner(
 class AgentEvaluation:
     """Greedy episodes of the held-out rows (module docstring)."""
 
-    runner: EpisodeRunner
+    runner: EpisodeRunner | WorkflowRunner
     rows: list[dict[str, Any]]
 
     def run(self) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
         played = self.runner.generate(self.rows, seed_index=0)
         rollout = self.runner.score(played)
         m = rollout.metrics
+        episodes = played.episodes  # a failed workflow episode scores 0 here
         metrics = {
-            "eval/success_rate": m["agent/success_rate"],
-            "eval/reward_mean": sum(e.reward for e in played.episodes) / len(played.episodes),
+            "eval/reward_mean": sum(e.reward for e in episodes if e.error is None) / len(episodes),
             "eval/turns_per_episode": m["agent/turns_per_episode"],
         }
+        if "agent/success_rate" in m:  # a workflow that reports no success has none
+            good = sum(e.success for e in episodes if e.error is None)
+            metrics["eval/success_rate"] = good / len(episodes)
+        if "agent/workflow_failures" in m:
+            metrics["eval/workflow_failures"] = m["agent/workflow_failures"]
         return metrics, rollout.samples

@@ -3,8 +3,8 @@
 The strategy says which kind of sample it needs (``text``, ``sft``, ``preference``,
 ``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
 and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
-strategies, ``prompt`` examples (an ``agent.env`` gives its rows and demonstrations,
-:mod:`ardea.trainer.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
+strategies, ``prompt`` examples (an ``agent.env`` gives its rows and demonstrations, an
+``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.trainer.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
 packed into rows of ``max_length``. A prompt file's prompts must leave room for
 ``rollout.max_new_tokens`` within ``max_length``.
 """
@@ -57,7 +57,9 @@ def training_samples(
 ) -> list[Any]:
     """The samples the strategy trains on, in a fixed order."""
     data = config.data
-    if data.path:
+    if config.agent.workflow is not None:  # the rows of data.path, played by the workflow
+        samples = agent_samples(config, tokenizer, kind, max_length=max_length)
+    elif data.path:
         samples = _load(config, data.path, tokenizer, kind, max_length)
     elif config.agent.env is not None:
         samples = agent_samples(config, tokenizer, kind, max_length=max_length)
@@ -82,7 +84,8 @@ def training_samples(
 
 def eval_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length: int) -> list[Any]:
     """Held-out samples from ``data.eval_path`` (empty when it is not set); for online
-    strategies a file of prompt records, scored by the reward functions."""
-    if not config.data.eval_path:
+    strategies a file of prompt records, scored by the reward functions (an agent
+    workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.agent_runs`)."""
+    if not config.data.eval_path or config.agent.workflow is not None:
         return []
     return _load(config, config.data.eval_path, tokenizer, kind, max_length)

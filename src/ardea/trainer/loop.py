@@ -113,9 +113,10 @@ class Trainer:
         self.evaluator = Evaluator(
             config, self.task, self.engine, self.tokenizer, self.strategy, held_out, self.precision
         )
-        if config.agent.env is not None:
+        eval_rows = agent_rows(config, "eval") if config.agent.env or config.agent.workflow else []
+        if eval_rows:
             runner = episode_runner(config, self.engine, self.tokenizer, evaluation=True)
-            self.evaluator.agent = AgentEvaluation(runner, agent_rows(config, "eval"))
+            self.evaluator.agent = AgentEvaluation(runner, eval_rows)
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}

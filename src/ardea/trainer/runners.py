@@ -1,6 +1,7 @@
 """The runner of a run's rollouts, chosen in one place: ``rollout.group_size`` episodes per
-environment row when ``agent.env`` is set (:func:`ardea.trainer.agent_runs.episode_runner`),
-else that many completions per prompt scored by ``reward.functions``."""
+environment row when ``agent.env`` is set, or workflow episodes per row when
+``agent.workflow`` is (:func:`ardea.trainer.agent_runs.episode_runner`), else that many
+completions per prompt scored by ``reward.functions``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def make_runner(
     config: ArdeaConfig, engine: GenerationEngine, tokenizer: Any, task: Task | None
 ) -> Runner:
     """The runner the RL step drives on ``engine`` (module docstring)."""
-    if config.agent.env is not None:
+    if config.agent.env is not None or config.agent.workflow is not None:
         return episode_runner(config, engine, tokenizer)
     rollout, reward = config.rollout, config.reward
     params = SamplingParams.of(rollout)

@@ -1,0 +1,382 @@
+"""Agent workflows: the user's own agent code, trained as it is.
+
+A workflow is ``async def run(client, row) -> float | dict``: ``client`` is an
+``openai.AsyncOpenAI`` (the real class) whose calls ardea serves and records, ``row`` one
+row of the run's data (a JSON object), and the result the episode's reward, or a dict with
+``reward`` and other numbers (``success`` becomes ``agent/success_rate``, any other key
+``agent/info/<key>``). ``agent.workflow`` names it as ``package.module.function`` or
+``path/to/file.py:function``.
+
+:class:`WorkflowRunner` is the :class:`~ardea.rollout.Runner` of such runs:
+
+- ``generate``: ``group_size`` episodes per row, at most ``max_concurrency`` running at a
+  time, each with its own client, in an event loop of their own thread. The client talks to
+  the recording server (:mod:`ardea.agent.server`) in process (an ASGI transport: no
+  socket) or over HTTP on loopback (``transport``), its requests carrying the episode's
+  number; the calls are served in lockstep (:mod:`ardea.agent.lockstep`): the same batches
+  and the same samples whatever the timing, and a workflow that plays an environment's game
+  samples what the environment runner samples.
+- A workflow that raises, returns something else, or outlives ``timeout_s`` is a failed
+  episode: counted (``agent/workflow_failures``, ``agent/workflow_timeouts``), its calls not
+  trained, its first error written once to stderr; ``on_error="fail"`` stops the step with
+  the row and the error instead. Code that blocks the event loop (a synchronous sleep) is
+  given up on after the episodes' time is spent, never waited for.
+- ``score``: the kept calls become trajectories (``export`` style, ``history`` policy),
+  each conversation's last call carrying the episode's reward (``export="call"``: every
+  call, discounted by ``reward_discount`` per call before the last), one group per row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import importlib.util
+import inspect
+import math
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from ardea.agent.client import RecordingClient
+from ardea.agent.episodes import Episode, Episodes, StoredEpisodes, episode_metrics
+from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
+from ardea.agent.lockstep import CALL_HEADER, EPISODE_HEADER, Lockstep
+from ardea.agent.server import ChatServer, build_app
+from ardea.data import TrajectoryBatch
+from ardea.errors import ArdeaError, ConfigError
+from ardea.registry import import_dotted
+from ardea.rollout import GenerationEngine, Rollout, SamplingParams
+
+TRANSPORTS = ("in_process", "http")
+IN_PROCESS_URL = "http://ardea.in-process/v1"  # never resolved: the ASGI transport answers
+GRACE_S = 30.0  # past the episodes' own time, how long a blocked event loop is waited for
+SAMPLES_KEPT = 4
+
+
+class WorkflowError(ArdeaError):
+    """An agent workflow failed under ``reward.on_error=fail``, or every episode failed."""
+
+
+def load_workflow(spec: str, field: str = "agent.workflow") -> Callable[..., Any]:
+    """The async function ``spec`` names: ``package.module.function`` or
+    ``path/to/file.py:function`` (a ConfigError naming ``field`` otherwise)."""
+    where = f"{field}={spec!r}"
+    if ".py:" in spec:
+        path, _, name = spec.rpartition(":")
+        if not Path(path).is_file():
+            raise ConfigError(f"{where}: no file {path!r} (relative to {Path.cwd()})")
+        module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as err:
+            raise ConfigError(
+                f"{where}: importing {path} failed: {type(err).__name__}: {err}"
+            ) from err
+        if not hasattr(module, name):
+            raise ConfigError(f"{where}: {path} defines no {name!r}")
+        fn = getattr(module, name)
+    else:
+        fn = import_dotted(spec, where)
+    call = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
+    if not inspect.iscoroutinefunction(call):
+        raise ConfigError(f"{where}: {fn!r} is not an async function (async def run(client, row))")
+    return fn
+
+
+def workflow_outcome(value: Any) -> tuple[float, dict[str, float]]:
+    """``(reward, info)`` of a workflow's result: a number, or a dict with a ``reward``
+    number and other numbers or booleans (a ValueError naming what is wrong)."""
+    info: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise ValueError(f"the workflow returned a dict without 'reward': {value!r:.200}")
+        info = {k: v for k, v in value.items() if k != "reward"}
+        value = value["reward"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"the workflow's reward must be a finite number, got {value!r:.200}")
+    for key, v in info.items():
+        if isinstance(v, bool) or isinstance(v, int | float) and math.isfinite(v):
+            continue
+        raise ValueError(f"the workflow's {key!r} must be a finite number or bool, got {v!r:.80}")
+    return float(value), {k: float(v) for k, v in info.items()}
+
+
+class WorkflowRunner(StoredEpisodes):
+    """Plays ``group_size`` episodes of an agent workflow per row (module docstring).
+
+    Args:
+        engine: the live policy's engine; ``tokenizer``: its chat template renders requests.
+        workflow: ``package.module.function`` or ``path/to/file.py:function``.
+        group_size: G episodes per row; ``params``: the run's sampling options (a request's
+            defaults; ``locked``: a request may not change temperature or top_p).
+        transport: ``in_process`` or ``http``; ``max_concurrency``: episodes running at once;
+        timeout_s: seconds one episode may take; ``on_error``: ``zero`` counts a failed
+            episode and goes on, ``fail`` raises :class:`WorkflowError`.
+        export, history, tool_parser, reward_discount: see ``AgentConfig``; ``seed``: the
+            run seed.
+    """
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer: Any,
+        *,
+        workflow: str,
+        group_size: int,
+        params: SamplingParams,
+        transport: str = "in_process",
+        max_concurrency: int = 256,
+        timeout_s: float = 300.0,
+        on_error: str = "zero",
+        export: str = "conversation",
+        history: str = "error",
+        tool_parser: str = "hermes",
+        reward_discount: float = 1.0,
+        seed: int = 0,
+        locked: bool = True,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ConfigError(f"agent.transport={transport!r}: choose {' or '.join(TRANSPORTS)}")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.name = workflow
+        self.workflow = load_workflow(workflow)
+        self.group_size = group_size
+        self.params = params
+        self.transport = transport
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.on_error = on_error
+        self.export = export
+        self.history = history
+        self.tool_parser = tool_parser
+        self.reward_discount = reward_discount
+        self.seed = seed
+        self.locked = locked
+        self._reported: set[str] = set()  # failure messages already written to stderr
+
+    # ------------------------------------------------------------------ generate
+    def generate(
+        self,
+        examples: Sequence[dict[str, Any]],
+        *,
+        seed_index: Sequence[int] | int,
+        engine: GenerationEngine | None = None,
+        first_prompt: int = 0,
+    ) -> Episodes:
+        """Play ``group_size`` episodes of every row (module docstring); ``first_prompt``:
+        the index of ``examples[0]`` in a rollout split over processes."""
+        start = time.perf_counter()
+        index = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
+        client = RecordingClient(
+            engine or self.engine, self.tokenizer, history=self.history, batch_window=0,
+            tool_parser=self.tool_parser,
+        )  # fmt: skip
+        client.defaults = dataclasses.replace(self.params, seed=None, row_ids=None)
+        episodes = [
+            Episode(None, group, None, [], row_id=first_prompt * self.group_size + i)
+            for i, group in enumerate(
+                g for g in range(len(examples)) for _ in range(self.group_size)
+            )
+        ]
+        lockstep = Lockstep(
+            client, seed=self.seed, index=index, sampling=self.params, locked=self.locked,
+            rows={i: e.row_id for i, e in enumerate(episodes)},
+            groups={i: e.group for i, e in enumerate(episodes)},
+        )  # fmt: skip
+        client.lockstep = lockstep
+        server = ChatServer(client).start() if self.transport == "http" else None
+        try:
+            url = server.url if server else IN_PROCESS_URL
+            app = None if server else build_app(client)
+            rounds = math.ceil(len(episodes) / self.max_concurrency)
+            drive = self._drive(list(examples), episodes, lockstep, url, app)
+            if not _run_in_thread(drive, rounds * self.timeout_s + GRACE_S):
+                lockstep.close()
+                for e in episodes:
+                    if not e.done:
+                        e.error = "its event loop was blocked past agent.workflow_timeout_s (a "
+                        e.error += "synchronous call in async code?); the episodes were given up"
+        finally:
+            if server is not None:
+                server.stop()
+        calls = self._kept_calls(client.interactions, episodes)
+        self._check_failures(list(examples), episodes)
+        return Episodes(list(examples), episodes, calls, time.perf_counter() - start)
+
+    async def _drive(self, rows, episodes, lockstep, url, app) -> None:
+        """Run every episode, ``max_concurrency`` at a time (in order, as slots free)."""
+        if app is not None:
+            inner = httpx.ASGITransport(app=app)
+        else:  # no pool limit: every running episode's call must reach the server at once
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            inner = httpx.AsyncHTTPTransport(limits=limits)
+        slots = asyncio.Semaphore(self.max_concurrency)
+        transport = NumberedTransport(inner, lockstep)
+        async with httpx.AsyncClient(transport=transport, timeout=None) as http:
+
+            async def play(number: int, episode: Episode) -> None:
+                async with slots:
+                    client = openai.AsyncOpenAI(
+                        base_url=url, api_key="ardea", http_client=http, max_retries=0,
+                        default_headers={EPISODE_HEADER: str(number)},
+                    )  # fmt: skip
+                    row = copy.deepcopy(rows[episode.group])
+                    lockstep.start(number)
+                    try:
+                        result = await asyncio.wait_for(self.workflow(client, row), self.timeout_s)
+                        episode.reward, episode.info = workflow_outcome(result)
+                    except TimeoutError:
+                        episode.error = f"timed out after {self.timeout_s:g} s"
+                        episode.error += " (agent.workflow_timeout_s)"
+                        episode.truncated = True
+                    except (Exception, SystemExit) as exc:  # the user's code: counted
+                        episode.error = _failure(exc)
+                    finally:
+                        episode.done = True
+                        lockstep.finish(number)
+
+            await asyncio.gather(*(play(i, e) for i, e in enumerate(episodes)))
+
+    def _kept_calls(self, calls: list[Interaction], episodes: list[Episode]) -> list[Interaction]:
+        """The calls of episodes that ended well (not orphans), the last call of each
+        conversation carrying its episode's reward; the episodes' counts filled in."""
+        parents = {id(c.parent) for c in calls if c.parent is not None}
+        kept = []
+        for call in calls:
+            episode = episodes[call.info["episode"]]
+            if episode.error is not None or call.info.get("orphan"):
+                continue
+            kept.append(call)
+            episode.turns += 1
+            episode.tool_calls += len(call.info["reply"].get("tool_calls") or [])
+            episode.messages = [*call.info["messages"], call.info["reply"]]
+            call.reward = episode.reward if id(call) not in parents else 0.0
+            episode.truncated |= call.stop_reason == "length" and id(call) not in parents
+        for episode in episodes:
+            episode.success = bool(episode.info.get("success", 0.0))
+        return kept
+
+    def _check_failures(self, rows: list[dict[str, Any]], episodes: list[Episode]) -> None:
+        """Failed episodes: an error under on_error=fail or when all failed; else the first
+        new message written once to stderr."""
+        failed = [e for e in episodes if e.error is not None]
+        if not failed:
+            return
+        first = failed[0]
+        where = f"agent workflow {self.name} failed on row {rows[first.group]!r:.200}"
+        if self.on_error == "fail" or len(failed) == len(episodes):
+            why = "every episode failed" if len(failed) == len(episodes) else "reward.on_error=fail"
+            raise WorkflowError(
+                f"{where} ({why}; {len(failed)} of {len(episodes)} episodes): {first.error}"
+            )
+        headline = first.error.splitlines()[0] if first.error else ""
+        if headline not in self._reported:
+            self._reported.add(headline)
+            print(f"ardea: {where} ({len(failed)} of {len(episodes)} episodes, counted in "
+                  f"agent/workflow_failures, not trained): {first.error}", file=sys.stderr)  # fmt: skip
+
+    # ------------------------------------------------------------------ score
+    def score(self, played: Episodes) -> Rollout:
+        """The kept calls' trajectories and the ``agent/*`` metrics (module docstring)."""
+        calls = played.calls
+        if self.export == "call":
+            discount_rewards(calls, self.reward_discount)
+        rows = export_trajectories(calls, style=self.export, history=self.history)
+        if not rows:
+            raise WorkflowError(
+                f"agent workflow {self.name} made no model call that produced tokens in "
+                f"{len(played.episodes)} episodes: nothing to train"
+            )
+        batch = TrajectoryBatch.from_trajectories(
+            rows, pad_token_id=self.tokenizer.pad_token_id, **self.params.logprob_sampling
+        )
+        return Rollout(batch, workflow_metrics(played, batch), self._samples(played))
+
+    def _samples(self, played: Episodes) -> list[tuple[str, str, float]]:
+        """The first episode of the first few rows: its first message and the rest."""
+        out = []
+        for episode in played.episodes[:: self.group_size][:SAMPLES_KEPT]:
+            if not episode.messages:
+                continue
+            first, *rest = episode.messages
+            shown = "\n".join(f"[{m['role']}] {m.get('content') or ''}" for m in rest)
+            out.append((first.get("content") or "", shown, episode.reward))
+        return out
+
+
+class NumberedTransport(httpx.AsyncBaseTransport):
+    """Numbers each call of an episode as its code sends it (:meth:`Lockstep.issue`), in
+    the ``x-ardea-call`` header, then sends it with ``inner``."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, lockstep: Lockstep) -> None:
+        self.inner = inner
+        self.lockstep = lockstep
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        episode = request.headers.get(EPISODE_HEADER)
+        if episode is None or not request.url.path.endswith(("/chat/completions", "/responses")):
+            return await self.inner.handle_async_request(request)
+        number = self.lockstep.issue(int(episode))
+        request.headers[CALL_HEADER] = str(number)
+        try:
+            return await self.inner.handle_async_request(request)
+        except BaseException:
+            self.lockstep.lost(int(episode), number)  # unless it arrived (then a no-op)
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def workflow_metrics(played: Episodes, batch: TrajectoryBatch) -> dict[str, float]:
+    """``episode_metrics`` of the episodes that ended well, plus the failures' fractions and
+    the means of the workflows' own numbers (``agent/info/<key>``)."""
+    episodes = played.episodes
+    good = [e for e in episodes if e.error is None]
+    metrics = episode_metrics(good, batch)
+    if not any("success" in e.info for e in good):
+        del metrics["agent/success_rate"]  # the workflow does not say what success is
+    metrics["agent/workflow_failures"] = (len(episodes) - len(good)) / len(episodes)
+    timeouts = sum(bool(e.error and "agent.workflow_timeout_s" in e.error) for e in episodes)
+    metrics["agent/workflow_timeouts"] = timeouts / len(episodes)
+    for key in sorted({k for e in good for k in e.info if k != "success"}):
+        values = [e.info[key] for e in good if key in e.info]
+        metrics[f"agent/info/{key}"] = sum(values) / len(values)
+    metrics["perf/generate_tokens_per_s"] = float(batch.loss_mask.sum()) / max(played.seconds, 1e-9)
+    return metrics
+
+
+def _failure(exc: BaseException) -> str:
+    """``Type: message`` and the innermost frames of the workflow's traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    where = "".join(traceback.format_list(frames)).rstrip()
+    return f"{type(exc).__name__}: {exc}\n{where}"
+
+
+def _run_in_thread(coroutine, deadline_s: float) -> bool:
+    """Run ``coroutine`` in a new event loop on its own thread (the caller may be inside a
+    loop already); False when it did not end within ``deadline_s`` (left running)."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            asyncio.run(coroutine)
+        except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread)
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="ardea-workflows", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if "error" in box:
+        raise box["error"]
+    return not thread.is_alive()

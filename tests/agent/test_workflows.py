@@ -1,0 +1,175 @@
+"""Agent workflows (user code against ``openai.AsyncOpenAI``) as rollouts: the calls are
+served in lockstep, so a workflow that plays guess-the-number samples exactly what the
+environment runner samples, in process and over HTTP; failures, timeouts and a blocked
+event loop are counted, never trained, never a hang."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ardea.agent.builtin_envs import GuessNumber
+from ardea.agent.episodes import EpisodeRunner
+from ardea.agent.workflows import GRACE_S, WorkflowError, WorkflowRunner, load_workflow
+from ardea.errors import ConfigError
+from ardea.rollout import SamplingParams
+
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=3)
+ROWS = [{"target": t, "high": 8} for t in (1, 5, 8, 2)]
+HERE = "tests.agent.workflows_for_tests"
+EXAMPLE = str(Path(__file__).parents[2] / "examples/agents/guess_number_openai.py") + ":run"
+
+
+def runner(engine, tokenizer, name, **options):
+    options = {"group_size": 2, "params": PARAMS, "seed": 3, **options}
+    workflow = EXAMPLE if name == "guess_number" else f"{HERE}.{name}"
+    return WorkflowRunner(engine, tokenizer, workflow=workflow, **options)
+
+
+def by_episode(calls):
+    """Each episode's calls (output ids, log-probs), in episode order."""
+    out: dict[int, list] = {}
+    for c in calls:
+        out.setdefault(c.info["episode"], []).append((c.output_ids, c.logprobs))
+    return [out[k] for k in sorted(out)]
+
+
+@pytest.mark.parametrize("transport", ["in_process", "http"])
+def test_a_workflow_samples_what_the_environment_runner_samples(engine, tokenizer, transport):
+    """The guess_number environment and the same game as openai-SDK code (the example
+    examples/agents/guess_number_openai.py): equal rows, token for token, log-prob for
+    log-prob (each episode's k-th call has turn k's seed and the episode's row of random
+    numbers)."""
+    env = EpisodeRunner(
+        engine, tokenizer, env="guess_number", env_args={"high": 8}, group_size=2,
+        params=PARAMS, max_turns=4, seed=3,
+    )  # fmt: skip
+    workflow = runner(engine, tokenizer, "guess_number", transport=transport)
+    played, expected = workflow.generate(ROWS, seed_index=4), env.generate(ROWS, seed_index=4)
+    got, want = workflow.score(played).batch, env.score(expected).batch
+    for field in ("input_ids", "loss_mask", "turn_ids", "logprobs", "rewards", "group_ids"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert [e.success for e in played.episodes] == [e.success for e in expected.episodes]
+    assert len(played.calls) == len(expected.calls) > len(ROWS) * 2  # several turns each
+
+
+def test_concurrency_changes_the_batches_not_the_samples(engine, tokenizer):
+    """One episode at a time (a batch of one call each) samples the tokens of all at once;
+    log-probs agree to float32 rounding (a batch of one rounds its matmuls differently)."""
+    together = runner(engine, tokenizer, "guess_number").generate(ROWS, seed_index=1)
+    alone = runner(engine, tokenizer, "guess_number", max_concurrency=1)
+    one_by_one = alone.generate(ROWS, seed_index=1)
+    a, b = by_episode(together.calls), by_episode(one_by_one.calls)
+    assert [[ids for ids, _ in e] for e in a] == [[ids for ids, _ in e] for e in b]
+    for x, y in zip(a, b):
+        for (_, lp), (_, lq) in zip(x, y):
+            torch.testing.assert_close(torch.tensor(lp), torch.tensor(lq), rtol=0, atol=1e-5)
+
+
+def test_failed_episodes_are_counted_and_not_trained(engine, tokenizer, capfd):
+    played = runner(engine, tokenizer, "raises_on_odd_targets").generate(ROWS, seed_index=0)
+    rollout = runner(engine, tokenizer, "raises_on_odd_targets").score(played)
+    failed = [e.error is not None for e in played.episodes]
+    assert failed == [True, True, True, True, False, False, False, False]  # targets 1, 5 odd
+    assert "RuntimeError: odd target 1" in played.episodes[0].error
+    assert rollout.metrics["agent/workflow_failures"] == 0.5
+    assert sorted(set(rollout.batch.group_ids.tolist())) == [2, 3]  # rows 8 and 2 only
+    assert rollout.batch.rows == 4
+    err = capfd.readouterr().err
+    assert err.count("odd target 1") == 1 and "agent/workflow_failures" in err
+
+
+def test_on_error_fail_stops_with_the_row_and_the_error(engine, tokenizer):
+    strict = runner(engine, tokenizer, "raises_on_odd_targets", on_error="fail")
+    with pytest.raises(
+        WorkflowError, match=r"\{'target': 1, 'high': 8\}.*RuntimeError: odd target 1"
+    ):
+        strict.generate(ROWS, seed_index=0)
+
+
+def test_a_workflow_past_its_timeout_is_cancelled(engine, tokenizer):
+    """Target 1's episodes sleep for an hour after their call: cancelled at 1 s, counted as
+    timeouts; the others are trained."""
+    slow = runner(engine, tokenizer, "sleeps_forever_on_target_1", timeout_s=1.0)
+    start = time.perf_counter()
+    played = slow.generate(ROWS, seed_index=0)
+    assert time.perf_counter() - start < 10
+    metrics = slow.score(played).metrics
+    assert metrics["agent/workflow_timeouts"] == metrics["agent/workflow_failures"] == 0.25
+    assert "agent.workflow_timeout_s" in played.episodes[0].error
+
+
+def test_a_blocked_event_loop_is_given_up(engine, tokenizer, monkeypatch):
+    """Synchronous sleep inside async code blocks every episode: the runner gives up after
+    the episodes' time plus a grace period and says why."""
+    monkeypatch.setattr("ardea.agent.workflows.GRACE_S", 1.0)
+    assert GRACE_S > 1.0  # the real grace is longer than the test's
+    blocked = runner(engine, tokenizer, "blocks_the_loop", timeout_s=0.5)
+    start = time.perf_counter()
+    with pytest.raises(WorkflowError, match="every episode failed.*event loop was blocked"):
+        blocked.generate(ROWS[:1], seed_index=0)
+    assert time.perf_counter() - start < 5  # the workflow sleeps 8 s in its abandoned thread
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("asks_another_temperature", "temperature=0.5 differs from this run's rollout"),
+        ("returns_text", "reward must be a finite number, got 'good'"),
+    ],
+)
+def test_what_training_cannot_use_fails_the_episode(engine, tokenizer, name, message):
+    with pytest.raises(WorkflowError, match=message):
+        runner(engine, tokenizer, name).generate(ROWS[:1], seed_index=0)
+
+
+def test_evaluation_lets_a_workflow_choose_its_temperature(engine, tokenizer):
+    played = runner(engine, tokenizer, "asks_another_temperature", locked=False).generate(
+        ROWS[:1], seed_index=0
+    )
+    assert all(e.error is None for e in played.episodes)
+
+
+def test_parallel_calls_are_numbered_in_arrival_order(engine, tokenizer):
+    """Two calls at once, then one continuing the first: every episode exports two rows
+    (the two-turn conversation and the lone call), each with the episode's reward, and a
+    second run makes the same calls."""
+    first = runner(engine, tokenizer, "parallel_calls").generate(ROWS[:2], seed_index=0)
+    again = runner(engine, tokenizer, "parallel_calls").generate(ROWS[:2], seed_index=0)
+    assert by_episode(first.calls) == by_episode(again.calls)
+    batch = runner(engine, tokenizer, "parallel_calls").score(first).batch
+    assert batch.rows == 2 * 4 and batch.rewards.tolist() == [0.5] * 8
+    turns = sorted(int(t.max()) for t in batch.turn_ids)
+    assert turns == [0] * 4 + [1] * 4
+    assert all(len(calls) == 3 for calls in by_episode(first.calls))
+
+
+def test_workflow_names_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="no file"):
+        load_workflow(f"{tmp_path}/missing.py:run")
+    script = tmp_path / "agent.py"
+    script.write_text("def run(client, row):\n    return 1.0\n")
+    with pytest.raises(ConfigError, match="is not an async function"):
+        load_workflow(f"{script}:run")
+    with pytest.raises(ConfigError, match="defines no 'play'"):
+        load_workflow(f"{script}:play")
+    script.write_text("async def run(client, row):\n    return 1.0\n")
+    assert load_workflow(f"{script}:run").__name__ == "run"
+    with pytest.raises(ConfigError, match="cannot import module"):
+        load_workflow("no_such_package.run")
+
+
+def test_the_example_rows_are_the_environments():
+    """examples/data/guess_number_*.jsonl hold the guess_number environment's rows for
+    data.seed=0 (so the workflow config trains on the environment config's games)."""
+    data = Path(__file__).parents[2] / "examples/data"
+    for split, count in (("train", 2000), ("eval", 16)):
+        lines = (data / f"guess_number_{split}.jsonl").read_text().splitlines()
+        rows = [json.loads(x) for x in lines]
+        expected = GuessNumber.rows(count, 0, split=split, high=16)
+        assert [r["target"] for r in rows] == [r["target"] for r in expected]
+        assert {r["high"] for r in rows} == {16}
