@@ -1,6 +1,7 @@
 # The two commands of the README. Each creates .venv (torch first) when missing; the tests
-# also .venv-vllm (vLLM's CPU build, a separate environment: it pins its own transformers).
-.PHONY: run test setup setup-vllm lint
+# also .venv-vllm (vLLM's CPU build, a separate environment: it pins its own transformers)
+# and Debian's Chromium (one test renders a report page in it).
+.PHONY: run test setup setup-vllm setup-browser lint
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -9,10 +10,14 @@ setup:
 setup-vllm:
 	@bash scripts/setup_vllm_venv.sh
 
+# Debian's Chromium, for the test that renders the report's trajectories.html headless
+setup-browser:
+	@bash scripts/setup_browser.sh
+
 run: setup
 	.venv/bin/ardea train
 
-test: setup setup-vllm
+test: setup setup-vllm setup-browser
 	.venv/bin/python -m pytest -q
 
 lint: setup

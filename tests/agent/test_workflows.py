@@ -6,6 +6,7 @@ event loop are counted, never trained, never a hang."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from ardea.agent.episodes import EpisodeRunner
 from ardea.agent.workflows import GRACE_S, WorkflowError, WorkflowRunner, load_workflow
 from ardea.errors import ConfigError
 from ardea.rollout import SamplingParams
+
+from .agent_testing import ForcedEngine
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=3)
 ROWS = [{"target": t, "high": 8} for t in (1, 5, 8, 2)]
@@ -173,3 +176,43 @@ def test_the_example_rows_are_the_environments():
         expected = GuessNumber.rows(count, 0, split=split, high=16)
         assert [r["target"] for r in rows] == [r["target"] for r in expected]
         assert {r["high"] for r in rows} == {16}
+
+
+AGENTS_SDK = str(Path(__file__).parents[2] / "examples/agents/guess_number_agents_sdk.py") + ":run"
+
+
+def bisect_with_the_tool(prompt: str) -> str:
+    """A player that calls the guess tool with the midpoint of what the answers so far
+    leave (the conversation is read from the prompt's text)."""
+    low, high = 1, int(re.search(r"guess 1-(\d+)", prompt).group(1))
+    guesses = [int(g) for g in re.findall(r'"number": (\d+)\}\}</tool_call>', prompt)]
+    answers = re.findall(r"<\|im_start\|>tool\n(\w+)<\|im_end\|>", prompt)
+    for guess, answer in zip(guesses, answers):
+        low, high = (guess + 1, high) if answer == "higher" else (low, guess - 1)
+    call = {"name": "guess", "arguments": {"number": (low + high) // 2}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+def test_an_agents_sdk_agent_with_a_function_tool_trains_what_the_environment_would(
+    model, tokenizer
+):
+    """The Agents SDK example (examples/agents/guess_number_agents_sdk.py) and the
+    guess_number environment with its guess tool, played by the same bisecting player:
+    the same trajectories (the tool's answers are context, the calls are trained), every
+    game won."""
+    engine = ForcedEngine(model, tokenizer, bisect_with_the_tool)
+    env = EpisodeRunner(
+        engine, tokenizer, env="guess_number", env_args={"high": 8, "tool": True},
+        group_size=2, params=PARAMS, max_turns=4,
+    )  # fmt: skip
+    sdk = WorkflowRunner(engine, tokenizer, workflow=AGENTS_SDK, group_size=2, params=PARAMS)
+    played, expected = sdk.generate(ROWS, seed_index=0), env.generate(ROWS, seed_index=0)
+    got, want = sdk.score(played).batch, env.score(expected).batch
+    for field in ("input_ids", "loss_mask", "turn_ids", "logprobs", "rewards"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert got.rewards.tolist() == [1.0] * 8
+    guesses = [e.info["guesses"] for e in played.episodes]
+    assert guesses == [3, 3, 3, 3, 4, 4, 2, 2]  # bisection of 1..8: targets 1, 5, 8, 2
+    trained = [tokenizer.decode(ids[mask]) for ids, mask in zip(got.input_ids, got.loss_mask)]
+    assert sorted(t.count("<tool_call>") for t in trained) == [2, 2, 3, 3, 3, 3, 4, 4]
+    assert not any("higher" in t or "lower" in t for t in trained)  # tool output: context

@@ -3,7 +3,10 @@
 ``guess_number``: the environment picks a number in ``1..high``; each reply is a guess
 (the first integer in it) and the environment answers ``higher``, ``lower`` or
 ``correct``. Reward 1 for a correct guess within ``agent.max_turns`` replies, else 0.
-Bisection needs ``ceil(log2(high + 1))`` guesses.
+Bisection needs ``ceil(log2(high + 1))`` guesses. With ``tool: true`` a guess is a call of
+the ``guess`` tool (``<tool_call>{"name": "guess", "arguments": {"number": 8}}
+</tool_call>``) whose result, a ``tool`` message, is the answer; a reply without a call
+gets ``call guess`` (the game as an agent with a function tool plays it).
 
 ``calculator``: an arithmetic word problem ("what is 17 plus 25?"); the model may call the
 ``calculator`` tool (``<tool_call>{"name": "calculator", "arguments": {"expression":
@@ -39,12 +42,22 @@ def first_int(text: str) -> int | None:
 class GuessNumber(Environment):
     """Guess a number in ``1..high`` from higher/lower feedback (module docstring)."""
 
-    def __init__(self, *, max_turns: int = 4, high: int = 8) -> None:
+    def __init__(self, *, max_turns: int = 4, high: int = 8, tool: bool = False) -> None:
         super().__init__(max_turns=max_turns)
         if isinstance(high, bool) or not isinstance(high, int) or high < 2:
             raise ConfigError(f"agent.env_args.high must be an int >= 2, got {high!r}")
+        if not isinstance(tool, bool):
+            raise ConfigError(f"agent.env_args.tool must be true or false, got {tool!r}")
         self.high = high
         self.target = 0
+        if tool:
+            self.toolbox = ToolBox({"guess": self.guess})
+
+    def guess(self, number: int) -> str:
+        """Guess the number: higher, lower or correct."""
+        if number == self.target:
+            return "correct"
+        return "higher" if number < self.target else "lower"
 
     @classmethod
     def rows(cls, count: int, seed: int, *, split: str, high: int = 8, **_: Any) -> list[dict]:
@@ -60,6 +73,8 @@ class GuessNumber(Environment):
         return [{"role": "user", "content": f"guess 1-{self.high}"}]
 
     def step(self, action: str) -> StepResult:
+        if self.toolbox is not None:
+            return self._tool_step(action)
         guess = first_int(action)
         if guess is None:
             return StepResult([{"role": "user", "content": "a number"}], 0.0, False, {})
@@ -67,6 +82,14 @@ class GuessNumber(Environment):
             return StepResult([], 1.0, True, {"success": True})
         hint = "higher" if guess < self.target else "lower"
         return StepResult([{"role": "user", "content": hint}], 0.0, False, {})
+
+    def _tool_step(self, action: str) -> StepResult:
+        called = self.run_tools(action)  # (a tool may run in another process: its reply says)
+        if called is None:
+            return StepResult([{"role": "user", "content": "call guess"}], 0.0, False, {})
+        if any(m["content"] == "correct" for m in called.observation):
+            return StepResult([], 1.0, True, {**called.info, "success": True})
+        return called
 
     def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
         """An imperfect player: every guess is consistent with the feedback so far; it is
@@ -79,8 +102,14 @@ class GuessNumber(Environment):
         low, high = 1, self.high
         for turn in range(self.max_turns):
             guess = (low + high) // 2 if rng.random() < 0.5 else low
-            messages.append({"role": "assistant", "content": str(guess)})
-            observation, _, done, _ = self.step(str(guess))
+            action = str(guess)
+            if self.toolbox is None:
+                messages.append({"role": "assistant", "content": action})
+            else:  # the same guess as a call of the guess tool
+                call = {"name": "guess", "arguments": {"number": guess}}
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                action = _tool_text(call)
+            observation, _, done, _ = self.step(action)
             if done or turn == self.max_turns - 1:
                 break
             messages += observation

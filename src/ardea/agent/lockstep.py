@@ -137,7 +137,10 @@ class Lockstep:
         try:
             request = self.client.request(**options)
             self._tag(request, episode, number)
-            await asyncio.to_thread(self.client.prepare, request)  # tokenised off the loop
+            if _small(request):  # a thread hop costs more than tokenising a few messages
+                self.client.prepare(request)
+            else:
+                await asyncio.to_thread(self.client.prepare, request)
         except BaseException:
             self.lost(episode, number)
             raise
@@ -202,3 +205,9 @@ class Lockstep:
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():  # a cancelled caller (its episode timed out) gets nothing
         future.set_result(None)
+
+
+def _small(request: ChatRequest) -> bool:
+    """Whether a request's text is short enough to tokenise on the event loop."""
+    chars = sum(len(m.get("content") or "") for m in request.messages)
+    return chars + len(str(request.tools or "")) <= 16_384

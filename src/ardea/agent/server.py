@@ -52,6 +52,7 @@ from ardea.errors import ArdeaError
 
 START_TIMEOUT = 30.0
 MAX_REQUEST_BYTES = 8 * 2**20
+INLINE_JSON_BYTES = 64 * 2**10  # larger bodies are parsed in a worker thread
 
 
 def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
@@ -137,7 +138,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 async def _read_json(request: Request, limit: int) -> Any:
     """The body as JSON: over ``limit`` bytes a 413 (from Content-Length before reading),
-    parsed in a worker thread, malformed a 400."""
+    parsed in a worker thread when large, malformed a 400."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise _too_large(int(length), limit)
@@ -147,6 +148,8 @@ async def _read_json(request: Request, limit: int) -> Any:
         if len(body) > limit:
             raise _too_large(len(body), limit)
     try:
+        if len(body) <= INLINE_JSON_BYTES:  # a thread hop costs more than parsing it here
+            return json.loads(bytes(body))
         return await run_in_threadpool(json.loads, bytes(body))
     except (ValueError, UnicodeDecodeError) as exc:
         raise fail(None, f"the request body is not valid JSON: {exc}") from None

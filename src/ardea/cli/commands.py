@@ -150,15 +150,20 @@ def generate(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     from ardea.trainer.report import draw_report, draw_stages_report
+    from ardea.trainer.trajectory_html import write_trajectories_html
 
     run_dir = Path(args.run_dir)
     if _last_stage_dir(run_dir) is not None:  # a staged run: each stage, then the overview
         stages = list(load_config(run_dir / "config.yaml").stages)
         for name in stages:
             console.print(f"wrote {draw_report(run_dir / name)}")
+            if (page := write_trajectories_html(run_dir / name)) is not None:
+                console.print(f"wrote {page}")
         out = draw_stages_report(run_dir, stages)
     else:
         out = draw_report(run_dir)
+        if (page := write_trajectories_html(run_dir)) is not None:
+            console.print(f"wrote {page}")
     console.print(f"wrote {out}")
     return 0
 

@@ -64,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
 
-    rep = sub.add_parser("report", help="re-draw report.png from a run's metrics.jsonl")
+    rep = sub.add_parser(
+        "report",
+        help="re-draw report.png from a run's metrics.jsonl, and trajectories.html (the "
+        "tokens each logged RL step trained) from its trajectories.jsonl",
+    )
     rep.add_argument("run_dir")
 
     sub.add_parser(

@@ -58,6 +58,8 @@ from ardea.trainer.setup import (
 )
 from ardea.trainer.state import restore_rng_state, rng_state
 from ardea.trainer.strategies import strategy_class
+from ardea.trainer.trajectory_html import write_trajectories_html
+from ardea.trainer.trajectory_samples import append_token_rows
 from ardea.trainer.updates import PhaseTimer, Updater, step_throughput
 from ardea.trainer.watch import judge
 
@@ -303,6 +305,8 @@ class Trainer:
                 logger.log(self.step, metrics)
                 if samples:
                     append_samples(self.run_dir, self.step, samples)
+                if self.rl is not None:
+                    append_token_rows(self.run_dir, self.step, self.rl.last_rows)
             self._check_nonfinite()
             progress.update(
                 self.step,
@@ -351,6 +355,7 @@ class Trainer:
         if not self.dist.is_main:  # what a next stage needs: where the final policy is
             return {"checkpoint": str(Path(checkpoint) / "policy") if checkpoint else None}
         draw_report(self.run_dir)
+        write_trajectories_html(self.run_dir)
         return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
 
     def _open_logs(self) -> MetricsLogger:

@@ -53,6 +53,7 @@ from ardea.trainer.dynamic_sampling import (
     renumber_groups,
 )
 from ardea.trainer.strategies import OnlineStrategy
+from ardea.trainer.trajectory_samples import token_rows
 from ardea.trainer.updates import PhaseTimer, Updater, step_throughput
 
 SHUFFLE_STREAM = 1  # sampling_seed stream of the mini-batch shuffles (rollouts use step alone)
@@ -117,6 +118,7 @@ class RLStep:
             seed = config.trainer.seed * 1_000_003 + REFILL_SEED_STREAM
             self.refill_sampler = EpochSampler(len(samples), config.trainer.batch_size, seed)
         self.last_samples: list[tuple[str, str, float]] = []
+        self.last_rows: list[dict] = []  # a few trained rows, token by token
 
     @property
     def engine(self) -> GenerationEngine:
@@ -141,6 +143,7 @@ class RLStep:
         forward = self.updater.precision.forward(self.updater.policy, batch.input_ids.shape[1])
         with timer.phase("advantages"), forward:
             batch = self._pin(batch, metrics)
+        self.last_rows = token_rows(batch, self.runner.tokenizer)
         updates = self._updates(batch, step)
         metrics |= self.updater.run(updates, timer)
         with timer.phase("weight_sync"):
