@@ -216,3 +216,12 @@ def test_an_agents_sdk_agent_with_a_function_tool_trains_what_the_environment_wo
     trained = [tokenizer.decode(ids[mask]) for ids, mask in zip(got.input_ids, got.loss_mask)]
     assert sorted(t.count("<tool_call>") for t in trained) == [2, 2, 3, 3, 3, 3, 4, 4]
     assert not any("higher" in t or "lower" in t for t in trained)  # tool output: context
+
+
+def test_call_export_gives_every_call_the_episode_reward_discounted(engine, tokenizer):
+    """export=call: one row per call; the last call of each conversation has the episode's
+    reward (0.5) and a call continued by another gets γ times its child's: the first call
+    of the two-turn conversation 0.5 · 0.5 = 0.25, the lone parallel call 0.5."""
+    calls = runner(engine, tokenizer, "parallel_calls", export="call", reward_discount=0.5)
+    batch = calls.score(calls.generate(ROWS[:1], seed_index=0)).batch
+    assert batch.rows == 2 * 3 and sorted(batch.rewards.tolist()) == [0.25, 0.25] + [0.5] * 4

@@ -113,7 +113,8 @@ def share_of(image: Image.Image, css_hsl: str) -> float:
     hue, sat, light = (float(x.rstrip("%")) for x in css_hsl[4:-1].split(","))
     rgb = colorsys.hls_to_rgb(hue / 360, light / 100, sat / 100)
     r, g, b = (round(255 * c) for c in rgb)
-    pixels = list(image.getdata())
+    raw = image.tobytes()  # RGB, 3 bytes a pixel
+    pixels = [raw[i : i + 3] for i in range(0, len(raw), 3)]
     near = sum(abs(p[0] - r) <= 6 and abs(p[1] - g) <= 6 and abs(p[2] - b) <= 6 for p in pixels)
     return near / len(pixels)
 
