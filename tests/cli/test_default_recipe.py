@@ -57,4 +57,7 @@ def test_shortened_default_recipe(tmp_path):
     assert float(shown.group(1)) / 100 == pytest.approx(after, abs=1e-9)
     (run_dir / "report.png").unlink()
     reported = ardea("report", str(run_dir), cwd=tmp_path).stdout
-    assert reported.count("wrote") == 3 and (run_dir / "report.png").is_file()
+    # each stage's report.png, the RL stage's trajectories.html, the overview
+    assert reported.count("wrote") == 4 and (run_dir / "report.png").is_file()
+    assert "trajectories.html" in "".join(reported.split())  # (rich wraps long paths)
+    assert (run_dir / "rl" / "trajectories.html").is_file()

@@ -65,14 +65,7 @@ def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_B
         return await _read_json(request, max_request_bytes)
 
     async def serve(request: Request, options: Any):
-        if not isinstance(options, dict):
-            raise fail(None, f"the request body must be a JSON object, got {options!r:.80}")
-        episode = request.headers.get(EPISODE_HEADER)
-        if episode is not None:  # an agent workflow's call: served in lockstep
-            number = request.headers.get(CALL_HEADER)
-            number = int(number) if number is not None and number.isdigit() else None
-            return await client.lockstep.create(_episode(episode, client), options, number)
-        return await run_in_threadpool(lambda: client.create(**options))
+        return await _serve(client, request, options)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -173,6 +166,19 @@ async def _deliver(request: Request, client: RecordingClient, completion_id: str
                 client.mark_orphan(completion_id)
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _serve(client: RecordingClient, request: Request, options: Any):
+    """A chat request's completion: in lockstep for an agent workflow's call (the episode
+    header set), else batched with concurrent calls in a worker thread."""
+    if not isinstance(options, dict):
+        raise fail(None, f"the request body must be a JSON object, got {options!r:.80}")
+    episode = request.headers.get(EPISODE_HEADER)
+    if episode is not None:
+        number = request.headers.get(CALL_HEADER)
+        number = int(number) if number is not None and number.isdigit() else None
+        return await client.lockstep.create(_episode(episode, client), options, number)
+    return await run_in_threadpool(lambda: client.create(**options))
 
 
 def _episode(value: str, client: RecordingClient) -> int:

@@ -15,6 +15,8 @@ from ardea.config import DEFAULT_RECIPE
 READY_CONFIGS = (
     "agent_calculator.yaml",
     "agent_guess_number.yaml",
+    "agent_guess_number_agents_sdk.yaml",
+    "agent_guess_number_openai.yaml",
     "dpo.yaml",
     "grpo_offline.yaml",
     "online_dpo.yaml",

@@ -13,17 +13,14 @@
 4. the staleness check: a batch from a future version or more than η versions old raises
    :class:`~ardea.rollout.StalenessError` and never reaches a loss (``rollout/staleness``).
 5. **advantages** (``perf/time_advantages``): the strategy pins what its loss needs on the
-   whole batch (:meth:`~ardea.trainer.strategies.OnlineStrategy.pin`), so every pass reuses
-   the same targets.
+   whole batch (:meth:`~ardea.trainer.strategies.OnlineStrategy.pin`) for every pass.
 6. **updates** (``perf/time_forward_backward``, ``perf/time_optimizer``):
    ``algo.ppo_epochs`` passes over ``algo.ppo_mini_batches`` mini-batches of whole groups,
    shuffled each epoch, each split into ``trainer.grad_accum_steps`` micro-batches
    (:class:`~ardea.trainer.updates.Updater`).
 7. **weight_sync** (``perf/time_weight_sync``): the updated weights become the next policy
-   version in the live engine (``update_weights``; copied for the worker); its metrics.
-
-The policy version counts published weight updates, i.e. training steps (the optimizer
-steps inside one step's passes are not published), as in verl and AReaL.
+   version in the live engine (``update_weights``; copied for the worker); its metrics. The
+   version counts training steps (not optimizer steps), as in verl and AReaL.
 """
 
 from __future__ import annotations
