@@ -62,7 +62,10 @@ def test_a_workflow_samples_what_the_environment_runner_samples(engine, tokenize
 
 def test_concurrency_changes_the_batches_not_the_samples(engine, tokenizer):
     """One episode at a time (a batch of one call each) samples the tokens of all at once;
-    log-probs agree to float32 rounding (a batch of one rounds its matmuls differently)."""
+    log-probs agree to float32 rounding: a batch of one may sum its matmuls in another
+    order, and a float32 dot product of K terms moves by at most K·2⁻²⁴·Σ|xᵢyᵢ| (Higham);
+    with K ≤ 128 (the MLP width), O(1) terms and two layers feeding a log-softmax, that
+    is ≤ 128 · 6e-8 · 2 · 2 ≈ 3e-5 per log-prob, so 1e-4 is a bound, not a fit."""
     together = runner(engine, tokenizer, "guess_number").generate(ROWS, seed_index=1)
     alone = runner(engine, tokenizer, "guess_number", max_concurrency=1)
     one_by_one = alone.generate(ROWS, seed_index=1)
@@ -70,7 +73,7 @@ def test_concurrency_changes_the_batches_not_the_samples(engine, tokenizer):
     assert [[ids for ids, _ in e] for e in a] == [[ids for ids, _ in e] for e in b]
     for x, y in zip(a, b):
         for (_, lp), (_, lq) in zip(x, y):
-            torch.testing.assert_close(torch.tensor(lp), torch.tensor(lq), rtol=0, atol=1e-5)
+            torch.testing.assert_close(torch.tensor(lp), torch.tensor(lq), rtol=0, atol=1e-4)
 
 
 def test_failed_episodes_are_counted_and_not_trained(engine, tokenizer, capfd):

@@ -84,6 +84,18 @@ class StoredEpisodes:
         """Stored episodes, for the rows the sampler gives their step again."""
         return restore_episodes(state, examples)
 
+    def _samples(self, played: Episodes) -> list[tuple[str, str, float]]:
+        """The first episode of the first few rows: its first message and the rest (an
+        episode that made no call has none)."""
+        out = []
+        for episode in played.episodes[:: self.group_size][:SAMPLES_KEPT]:
+            if not episode.messages:
+                continue
+            first, *rest = episode.messages
+            shown = "\n".join(f"[{m['role']}] {_text(m)}" for m in rest)
+            out.append((first["content"], shown, episode.reward))
+        return out
+
 
 class EpisodeRunner(StoredEpisodes):
     """Plays ``group_size`` episodes per environment row (module docstring).
@@ -217,15 +229,6 @@ class EpisodeRunner(StoredEpisodes):
         generated = float(batch.loss_mask.sum())
         metrics["perf/generate_tokens_per_s"] = generated / max(played.seconds, 1e-9)
         return Rollout(batch, metrics, self._samples(played))
-
-    def _samples(self, played: Episodes) -> list[tuple[str, str, float]]:
-        """The first episode of the first few rows: its first prompt and the rest."""
-        out = []
-        for episode in played.episodes[:: self.group_size][:SAMPLES_KEPT]:
-            first, *rest = episode.messages
-            shown = "\n".join(f"[{m['role']}] {_text(m)}" for m in rest)
-            out.append((first["content"], shown, episode.reward))
-        return out
 
 
 def _text(message: dict[str, Any]) -> str:

@@ -58,7 +58,6 @@ from ardea.rollout import GenerationEngine, Rollout, SamplingParams
 TRANSPORTS = ("in_process", "http")
 IN_PROCESS_URL = "http://ardea.in-process/v1"  # never resolved: the ASGI transport answers
 GRACE_S = 30.0  # past the episodes' own time, how long a blocked event loop is waited for
-SAMPLES_KEPT = 4
 
 
 class WorkflowError(ArdeaError):
@@ -301,17 +300,6 @@ class WorkflowRunner(StoredEpisodes):
             rows, pad_token_id=self.tokenizer.pad_token_id, **self.params.logprob_sampling
         )
         return Rollout(batch, workflow_metrics(played, batch), self._samples(played))
-
-    def _samples(self, played: Episodes) -> list[tuple[str, str, float]]:
-        """The first episode of the first few rows: its first message and the rest."""
-        out = []
-        for episode in played.episodes[:: self.group_size][:SAMPLES_KEPT]:
-            if not episode.messages:
-                continue
-            first, *rest = episode.messages
-            shown = "\n".join(f"[{m['role']}] {m.get('content') or ''}" for m in rest)
-            out.append((first.get("content") or "", shown, episode.reward))
-        return out
 
 
 class NumberedTransport(httpx.AsyncBaseTransport):
