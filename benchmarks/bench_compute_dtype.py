@@ -2,6 +2,10 @@
 
     python benchmarks/bench_compute_dtype.py            # one thread, 5 rounds
     python benchmarks/bench_compute_dtype.py --smoke    # seconds
+    python benchmarks/bench_compute_dtype.py --probe-only   # the probes alone (seconds)
+
+First ``compute_dtype=auto``'s probe (:func:`ardea.model.dtype_probe.measure`, uncached) at
+the shapes of three runs: the default recipe's RL step and the two GRPO benchmark models.
 
 Two measurements, each alternating fp32 and bf16 over ``--repeats`` rounds (best time of
 each side is reported):
@@ -14,13 +18,14 @@ each side is reported):
   torch.bfloat16)`` with the eager attention kernel (what ardea runs at this length in bf16).
 
 It prints the CPU's capability flags (AMX tiles, AVX-512 BF16), what ``auto`` resolves to
-here, and the bf16 / fp32 time ratio of each case: above 1 bf16 is slower. A JSON line
-holds every figure.
+here (ardea's probe at the training pass's shapes: the rates it measured) and the bf16 /
+fp32 time ratio of each case: above 1 bf16 is slower. A JSON line holds every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -28,6 +33,7 @@ import torch
 from grpo_workload import matmul_peak
 
 from ardea.model import Precision, build_char_tokenizer, build_tiny_model
+from ardea.model.dtype_probe import ProbeShapes, measure
 
 
 def training_pass(bf16: bool, batch: int, seq: int):
@@ -55,6 +61,32 @@ def training_pass(bf16: bool, batch: int, seq: int):
     return run
 
 
+PROBES = {  # compute_dtype=auto's probe at the shapes of three runs
+    "default recipe RL (hidden 64)": ProbeShapes(64, 192, train_tokens=256 * 16, decode_rows=256),
+    "GRPO benchmark 3M (hidden 256)": ProbeShapes(256, 768, train_tokens=64 * 70, decode_rows=64),
+    "GRPO benchmark 10M (hidden 384)": ProbeShapes(384, 1152, train_tokens=64 * 56, decode_rows=64),
+}
+
+
+def probe_row(name: str, shapes: ProbeShapes) -> dict:
+    """A fresh (uncached) probe at ``shapes``: its rates, choice and wall time."""
+    start = time.perf_counter()
+    result = measure(torch.device("cpu"), torch.float32, [torch.float32, torch.bfloat16], shapes)
+    return {"case": name, "seconds": time.perf_counter() - start, **dataclasses.asdict(result)}
+
+
+def print_probes(probes: list[dict]) -> None:
+    print(
+        "| shapes | fp32 GFLOP/s (training / decode) | bf16 GFLOP/s (training / decode) | auto | probe time |"
+    )
+    print("|---|---|---|---|---|")
+    for row in probes:
+        train, decode = row["train_gflops"], row["decode_gflops"]
+        bf16 = "not timed" if train["bfloat16"] is None else f"{train['bfloat16']:.1f}"
+        print(f"| {row['case']} | {train['float32']:.1f} / {decode['float32']:.1f} | {bf16} / "
+              f"{decode['bfloat16']:.1f} | {row['choice']} | {row['seconds']:.2f} s |")  # fmt: skip
+
+
 def seconds_of(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -66,6 +98,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="small sizes, 2 rounds")
+    parser.add_argument("--probe-only", action="store_true", help="only the probes (seconds)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 2 if args.smoke else args.repeats
@@ -75,7 +108,13 @@ def main() -> None:
         "amx_tiles": bool(torch.cpu._is_amx_tile_supported()),
         "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
     }
-    auto = Precision.resolve("auto", torch.device("cpu"), torch.float32).compute
+    shapes = ProbeShapes(hidden=64, intermediate=192, train_tokens=batch * seq, decode_rows=batch)
+    measured = Precision.resolve("auto", torch.device("cpu"), torch.float32, shapes=shapes)
+    auto = measured.compute
+    probes = [probe_row(name, shapes) for name, shapes in PROBES.items()]
+    print_probes(probes)
+    if args.probe_only:
+        return
     rows = []
     for n in sizes:
         gflops = {"fp32": 0.0, "bf16": 0.0}
@@ -92,9 +131,11 @@ def main() -> None:
         for name, run in passes.items():
             seconds[name] = min(seconds[name], seconds_of(run))
     rows.append({"case": f"tiny-model training pass {batch}x{seq}", **seconds})
-    print(json.dumps({"flags": flags, "auto": str(auto), "threads": args.threads, "rows": rows}))
+    probe = dataclasses.asdict(measured.probe)
+    print(json.dumps({"flags": flags, "auto": str(auto), "probe": probe, "threads": args.threads,
+                      "rows": rows, "probes": probes}))  # fmt: skip
     print(f"CPU: AMX tiles {flags['amx_tiles']}, AVX-512 BF16 {flags['avx512_bf16']}; "
-          f"compute_dtype=auto resolves to {str(auto).removeprefix('torch.')}")  # fmt: skip
+          f"{measured.probe.describe()}")  # fmt: skip
     print("| case | fp32 | bf16 | bf16 / fp32 time |")
     print("|---|---|---|---|")
     for row in rows:

@@ -16,9 +16,9 @@ Modes:
   completions do; tok/s counts the tokens each side generated (same expectation).
 
 Precisions, each a like-for-like pair: ``fp32`` (fp32 weights and matmuls on both sides) and
-``auto`` (ardea's default compute dtype, ``Precision.resolve("auto", cpu, float32)``: bf16
-autocast on CPUs with AVX-512 BF16 / AMX, else fp32; ``generate()`` then runs under
-``torch.autocast("cpu", torch.bfloat16)``, fp32 weights on both sides).
+``auto`` (ardea's default compute dtype, ``Precision.resolve("auto", ...)`` at the case's
+shapes: bf16 autocast where the probe measured it faster, else fp32; ``generate()`` then
+runs under the same autocast, fp32 weights on both sides).
 
 Reported per (size, prompts, new tokens, mode): generated tokens per second of each side in
 each precision from the best of ``--repeats`` runs (after one warm-up), and per precision the
@@ -43,6 +43,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ardea.model import Precision
+from ardea.model.dtype_probe import ProbeShapes
 from ardea.rollout import InProcessEngine, SamplingParams
 
 PAD = 0
@@ -102,6 +103,14 @@ def time_rounds(fns: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
+def auto_precision(model, rows: int, length: int) -> Precision:
+    """``compute_dtype=auto`` measured at this model's shapes: ``rows`` sequences decoded
+    together, ``rows × length`` tokens in a forward over the whole batch."""
+    config = model.config
+    shapes = ProbeShapes(config.hidden_size, config.intermediate_size, rows * length, rows)
+    return Precision.resolve("auto", torch.device("cpu"), torch.float32, shapes=shapes)
+
+
 def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
     """Both sides in both precisions on one (prompts, new tokens, mode); mode: "sample"
     (T = 1), "greedy", or "sample+stop" (T = 1 with stop tokens; each side's tok/s counts the
@@ -114,7 +123,7 @@ def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
     if greedy:
         hf_kwargs = dict(do_sample=False)
     cpu = torch.device("cpu")
-    auto = Precision.resolve("auto", cpu, torch.float32)
+    auto = auto_precision(model, len(prompts), len(prompts[0]) + new_tokens)
     counts: dict[str, list[int]] = {}
     outputs: dict[str, list[list[int]]] = {}
     fns = {}
@@ -193,11 +202,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    auto = Precision.resolve("auto", torch.device("cpu"), torch.float32).compute
     print(
         f"# Qwen2 models, fp32 weights, CPU, torch {torch.__version__}, threads "
         f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}; "
-        f"compute dtype auto = {str(auto).removeprefix('torch.')}"
+        "compute dtype auto: measured per case (compute_dtype_auto)"
     )
     rows = []
     for size in args.sizes:

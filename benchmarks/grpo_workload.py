@@ -1,5 +1,5 @@
-"""The GRPO comparison's workload: the model and prompts both sides train on, the FLOPs of a
-step, the matmul peak they are compared with, and the offline subprocess runner
+"""The GRPO comparison's workloads: the model and prompts both sides train on, the FLOPs of a
+step, the floor they are compared with, and the offline subprocess runner
 (:mod:`bench_grpo_vs_trl` documents the figures; ``bench_compute_dtype`` reuses the peak)."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALL
 class Workload:
     """Model shape, batch and run lengths (module docstring)."""
 
+    name: str = "3M"
+    digits: int = 2  # operands of the prompts' additions
     hidden: int = 256
     intermediate: int = 768
     layers: int = 4
@@ -38,8 +40,14 @@ class Workload:
     dataset: int = 256
 
 
+TEN_M = Workload(
+    name="10M", digits=3, hidden=384, intermediate=1152, layers=6, heads=6, kv_heads=2,
+    new_tokens=48,
+)  # fmt: skip
+WORKLOADS = {"3M": Workload(), "10M": TEN_M}
+
 SMOKE = Workload(
-    hidden=32, intermediate=64, layers=2, heads=2, kv_heads=1, prompts=2, group=2,
+    name="smoke", hidden=32, intermediate=64, layers=2, heads=2, kv_heads=1, prompts=2, group=2,
     new_tokens=8, warmup=1, steps=1, repeats=1, dataset=16,
 )  # fmt: skip
 
@@ -57,18 +65,19 @@ def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
         num_kv_heads=work.kv_heads, intermediate_size=work.intermediate,
         max_position_embeddings=128, tie_word_embeddings=True, seed=0,
     )  # fmt: skip
-    model_dir = root / "model"
+    model_dir = root / f"model-{work.name}"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     rng = random.Random(0)
-    data = root / "prompts.jsonl"
+    data = root / f"prompts-{work.name}.jsonl"
+    low, high = 10 ** (work.digits - 1), 10**work.digits - 1
     with data.open("w", encoding="utf-8") as handle:
         for _ in range(work.dataset):
-            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            a, b = rng.randint(low, high), rng.randint(low, high)
             handle.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
     shape = {
         "vocab": model.config.vocab_size,
-        "prompt_tokens": len(tokenizer("10+10=", add_special_tokens=False)["input_ids"]),
+        "prompt_tokens": len(tokenizer(f"{low}+{low}=", add_special_tokens=False)["input_ids"]),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     return model_dir, data, shape
@@ -109,8 +118,9 @@ def realistic_inputs(work: Workload, root: Path, threads: int, sft: Path | None,
     return sft, data
 
 
-def step_flops(work: Workload, shape: dict, *, reference: bool) -> float:
-    """FLOPs of one optimizer step (module docstring)."""
+def step_flops(work: Workload, shape: dict, *, reference: bool) -> dict[str, float]:
+    """FLOPs of one optimizer step (module docstring), split into ``decode`` (generation) and
+    ``train`` (forward + backward, the reference's forward)."""
     h, kv = work.hidden, work.hidden // work.heads * work.kv_heads
     matmul = work.layers * (2 * h * h + 2 * h * kv + 3 * h * work.intermediate)
     matmul += shape["vocab"] * h
@@ -119,8 +129,32 @@ def step_flops(work: Workload, shape: dict, *, reference: bool) -> float:
         return 2.0 * matmul * s + work.layers * 2.0 * h * s * (s + 1)
 
     seq = shape["prompt_tokens"] + work.new_tokens
-    passes = forward(seq - 1) + (4 if reference else 3) * forward(seq)
-    return work.prompts * work.group * passes
+    n = work.prompts * work.group
+    return {
+        "decode": n * forward(seq - 1),
+        "train": n * (4 if reference else 3) * forward(seq),
+    }
+
+
+def floor_rates(
+    work: Workload, shape: dict, dtype: torch.dtype, budget_s: float, parts=("train", "decode")
+) -> dict:
+    """GFLOP/s of ardea's probe product (:func:`ardea.model.dtype_probe.linear_gflops`: an MLP
+    up-projection under autocast to ``dtype``, fp32 parameters) at the step's two shapes: all
+    ``N × (P + R)`` tokens of a training forward, and the ``N`` rows of one decode step."""
+    from ardea.model.dtype_probe import linear_gflops
+
+    n = work.prompts * work.group
+    tokens = n * (shape["prompt_tokens"] + work.new_tokens)
+    cpu, f32 = torch.device("cpu"), torch.float32
+    sizes = (work.hidden, work.intermediate, budget_s)
+    rows = {"train": tokens, "decode": n}
+    return {part: linear_gflops(cpu, dtype, f32, rows[part], *sizes) for part in parts}
+
+
+def floor_seconds(flops: dict[str, float], rates: dict[str, float]) -> float:
+    """The step's floor: each part's FLOPs at its shape's rate."""
+    return sum(flops[part] / (rates[part] * 1e9) for part in ("train", "decode"))
 
 
 def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 5) -> float:

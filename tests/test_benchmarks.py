@@ -59,7 +59,10 @@ def test_compute_dtype_smoke(tmp_path):
     [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["case"] for r in row["rows"]] == ["matmul n=64", "tiny-model training pass 4x16"]
     assert all(r["fp32"] > 0 and r["bf16"] > 0 for r in row["rows"])
-    assert row["auto"] == ("torch.bfloat16" if row["flags"]["amx_tiles"] else "torch.float32")
+    assert row["auto"] == "torch." + row["probe"]["choice"]  # measured, not read from flags
+    assert row["probe"]["decode_gflops"]["float32"] > 0
+    assert len(row["probes"]) == 3  # the probe at three runs' shapes, each well under seconds
+    assert all(p["choice"] in ("float32", "bfloat16") and p["seconds"] < 5 for p in row["probes"])
 
 
 def test_gae_smoke(tmp_path):
@@ -117,9 +120,16 @@ def test_grpo_vs_trl_smoke_never_creates_the_trl_environment(tmp_path):
         return 2 * m * s + 2 * 2 * 32 * s * (s + 1)
 
     assert row["flops_per_step"] == 4 * (forward(13) + 4 * forward(14)) == 15_325_696
+    assert row["decode_flops"] == 4 * forward(13) and row["train_flops"] == 16 * forward(14)
     assert row["ardea_gflops"] == pytest.approx(
         row["flops_per_step"] / row["ardea_s_per_step"] / 1e9
     )
+    # the floor: each part's FLOPs at the rate measured at its shape, in ardea's precision
+    rates = row["floor_rates"]["fp32"]
+    floor = row["decode_flops"] / rates["decode"] / 1e9 + row["train_flops"] / rates["train"] / 1e9
+    assert row["ardea_floor_s"] == pytest.approx(floor)
+    assert row["ardea_percent_of_floor"] == pytest.approx(100 * floor / row["ardea_s_per_step"])
+    assert row["workload"] == "smoke" and "| smoke | fp32+ref | fp32 |" in out
 
 
 def test_train_pass_smoke(tmp_path):

@@ -194,3 +194,42 @@ def test_bad_constructor_arguments(functions, kwargs, pattern):
     kwargs = {"timeout_s": 1.0, **kwargs}
     with pytest.raises(ConfigError, match=pattern):
         RewardScorer(functions, **kwargs)
+
+
+def test_cheap_builtins_run_in_the_callers_thread_and_user_functions_in_their_own():
+    from ardea.data.tasks.arithmetic import ArithmeticTask
+    from ardea.data.tasks.math_jsonl import MathJsonlTask
+    from ardea.reward import make_reward, task_reward
+
+    assert make_reward("exact_match").inline and make_reward("numeric_match").inline
+    assert make_reward("format_boxed").inline and task_reward(ArithmeticTask()).inline
+    # a solver, a user's regex (it can backtrack for ever), a task that verifies with sympy
+    assert not make_reward("math_verify").inline
+    assert not make_reward("format_regex", pattern="x").inline
+    assert not getattr(task_reward(MathJsonlTask.__new__(MathJsonlTask)), "inline", False)
+
+    seen = {}
+
+    def where(name, inline):
+        def fn(prompts, completions, rows):
+            seen[name] = threading.get_ident()
+            return [1.0] * len(completions)
+
+        fn.__name__, fn.inline = name, inline
+        return fn
+
+    result = score([(where("cheap", True), 1.0), (where("user", False), 2.0)])
+    assert result.rewards == [3.0, 3.0, 3.0]
+    assert seen["cheap"] == threading.get_ident() != seen["user"]
+
+
+def test_an_inline_function_that_fails_is_handled_like_any_other():
+    def broken(prompts, completions, rows):
+        raise ValueError("no answer column")
+
+    broken.inline = True
+    result = score([(broken, 1.0), (const("ok", [1, 1, 1]), 1.0)], on_error="zero")
+    assert result.rewards == [1.0, 1.0, 1.0]
+    assert result.counts == zero_counts(errors=3)
+    with pytest.raises(RewardError, match=r"'broken' raised ValueError: no answer column"):
+        score([(broken, 1.0)])

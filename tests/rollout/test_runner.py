@@ -129,3 +129,31 @@ def test_a_rollout_split_by_first_prompt_samples_what_one_call_does():
     assert [c.token_ids for c in split] == [c.token_ids for c in whole]
     unshifted = runner.generate(EXAMPLES[1:], seed_index=5).completions
     assert [c.token_ids for c in unshifted] != [c.token_ids for c in whole[3:]]
+
+
+def test_rollout_accuracy_reuses_the_task_rewards_scores():
+    """With the task as the reward, each completion is scored once (not again for
+    rollout/accuracy)."""
+    from ardea.data.tasks.arithmetic import ArithmeticTask
+    from ardea.reward import RewardScorer, task_reward
+
+    class Counting(ArithmeticTask):
+        calls = 0
+
+        def score(self, completion, example):
+            Counting.calls += 1
+            return float(len(completion) % 2 == 0)  # a rule with both outcomes
+
+    task = Counting(digits=2)
+    runner, _ = make_runner(task=task)
+    runner.scorer = RewardScorer([(task_reward(task), 1.0)], timeout_s=10.0)
+    generation = runner.generate(EXAMPLES, seed_index=0)
+    Counting.calls = 0
+    scored = runner.score(generation)
+    texts = [
+        TOKENIZER.decode(c.token_ids, skip_special_tokens=True) for c in generation.completions
+    ]
+    assert Counting.calls == len(texts) == 12  # the scorer's calls only
+    expected = [len(t) % 2 == 0 for t in texts]
+    assert 0 < sum(expected) < len(expected)
+    assert scored.metrics["rollout/accuracy"] == sum(expected) / len(expected)

@@ -160,3 +160,20 @@ def test_evaluation_sees_the_trained_weights(tmp_path):
     assert shown == [completion for _, completion, _ in again.samples[: len(shown)]]
     assert shown != first  # training changed the answers, and the evaluation saw it
     assert results["accuracy"] == again.metrics["accuracy"]
+
+
+def test_auto_compute_dtype_is_measured_printed_and_stored(tmp_path, capsys):
+    """compute_dtype=auto: the probe ran at this run's shapes (the tiny model's hidden and
+    intermediate sizes), its line is printed at start, and results.json keeps the choice
+    and the rates; an explicit dtype is stored without a probe."""
+    trainer = make(tmp_path / "auto", "trainer.max_steps=1")
+    assert "compute_dtype=auto: " in capsys.readouterr().out
+    results = trainer.train()
+    probe = results["compute_dtype_probe"]
+    assert results["compute_dtype"] == probe["choice"] in ("float32", "bfloat16")
+    assert set(probe["decode_gflops"]) == {"float32", "bfloat16"} and probe["train_gflops"]
+    stored = json.loads((trainer.run_dir / "results.json").read_text())
+    assert stored["compute_dtype_probe"] == probe
+    fixed = make(tmp_path / "fp32", "trainer.max_steps=1", "model.compute_dtype=float32")
+    results = fixed.train()
+    assert results["compute_dtype"] == "float32" and "compute_dtype_probe" not in results

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -48,21 +49,29 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
     )
 
 
-def _load_for_inference(path: str, overrides: list[str]):
+def _load_for_inference(path: str, overrides: list[str], check=None):
     from ardea.model import Precision, load_model_and_tokenizer
     from ardea.rollout import EngineSpec, make_engine
-    from ardea.trainer.setup import resolve_device
+    from ardea.trainer.setup import context_length, probe_shapes, resolve_device
 
     model_dir, run_config = resolve_model_dir(path)
     config: ArdeaConfig = load_config(run_config, overrides)
+    if check is not None:  # the command's own checks of the config, before any loading
+        check(config)
     device = resolve_device(config.trainer.device)
     model, tokenizer = load_model_and_tokenizer(
         str(model_dir), dtype=config.model.dtype, device=str(device)
     )
     params = next(model.parameters()).dtype
     precision = Precision.resolve(
-        config.model.compute_dtype, device, params, config.model.attn_implementation
+        config.model.compute_dtype,
+        device,
+        params,
+        config.model.attn_implementation,
+        shapes=probe_shapes(config, model, context_length(model)),
     )
+    if precision.probe is not None:
+        print(f"[ardea] {precision.probe.describe()}", file=sys.stderr, flush=True)
     spec = EngineSpec.of(model, tokenizer, model_dir=model_dir, precision=precision)
     engine = make_engine(config.rollout.engine, spec, module=model)
     return config, model_dir, tokenizer, engine
@@ -75,12 +84,17 @@ def evaluate(args: argparse.Namespace) -> int:
     from ardea.trainer.evaluate import evaluate_task
 
     _check_eval_options(args)
-    config, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
-    if config.data.task is None:
-        raise ArdeaError(
-            f"ardea eval measures a task's held-out accuracy, and the config of {args.path} "
-            "has data.task=null; name one, e.g. `ardea eval PATH data.task=arithmetic`"
-        )
+
+    def needs_task(config: ArdeaConfig) -> None:
+        if config.data.task is None:
+            raise ArdeaError(
+                f"ardea eval measures a task's held-out accuracy, and the config of {args.path} "
+                "has data.task=null; name one, e.g. `ardea eval PATH data.task=arithmetic`"
+            )
+
+    config, model_dir, tokenizer, engine = _load_for_inference(
+        args.path, list(args.args), check=needs_task
+    )
     task = make_task(config.data.task, seed=config.data.seed, **config.data.task_args)
     size = (
         config.data.eval_size

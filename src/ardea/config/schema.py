@@ -42,8 +42,9 @@ class ModelConfig:
     compute_dtype: str = option(
         "auto",
         "The dtype matmuls run in (autocast) for training, log-probs and generation; "
-        "parameters stay model.dtype. auto: bfloat16 on CPUs with AMX tiles and on CUDA GPUs "
-        "with bf16, else model.dtype; float32, bfloat16 or float16 to choose.",
+        "parameters stay model.dtype. auto: with float32 parameters, the faster of float32 and "
+        "bfloat16 at the run's matmul shapes, measured at start (cached in ~/.cache/ardea); "
+        "else model.dtype. float32, bfloat16 or float16 to choose.",
     )
     attn_implementation: str = option(
         "auto",

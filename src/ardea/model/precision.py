@@ -1,14 +1,14 @@
 """The precision matmuls run in: parameters keep ``model.dtype``; forwards (training, log-probs,
 generation) run under ``torch.autocast`` in the compute dtype (``model.compute_dtype``).
 
-``auto`` picks bfloat16 where the hardware runs it fast and float32 elsewhere:
-
-- CPU: bfloat16 when the CPU has AMX tiles (oneDNN then multiplies bf16 matrices several
-  times faster than fp32; measured in ``benchmarks/README.md``), float32 otherwise: with
-  AVX-512 BF16 alone bf16 matmuls ran 1.9–5.5x slower than fp32 and a training pass of the
-  tiny model 1.3x slower (``benchmarks/bench_compute_dtype.py``), and without either bf16
-  is emulated;
-- CUDA: bfloat16 when the GPU supports it (Ampere and newer), else float32.
+``auto`` measures: with float32 parameters on a device that has bfloat16 kernels (any CPU;
+CUDA GPUs that support it), :mod:`ardea.model.dtype_probe` times the run's own matmul shapes
+in float32 and under bfloat16 autocast and picks the faster. CPU flags cannot decide it: bf16
+ran 2-3x faster than fp32 on an AVX-512-BF16 CPU without AMX, 1.9-5.5x slower on another
+with the same flags, hundreds of times slower where it is emulated (AVX2), and several times
+faster with AMX tiles (``benchmarks/README.md``). Other parameter dtypes compute in their
+own dtype. The choice and the measured rates are printed at the start of a run and stored in
+``results.json``; under ``torchrun`` rank 0's choice is every rank's.
 
 Under autocast the logits come out of the LM head in the compute dtype; log-probs, entropies
 and sampling probabilities are then computed in float32 (:mod:`ardea.model.logprobs`). The
@@ -26,45 +26,57 @@ in ``benchmarks/README.md``: eager 24 % faster at 64 tokens, 15 % at 128, 14 % s
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ardea.config.schema import ATTENTIONS, COMPUTE_DTYPES
 from ardea.errors import ConfigError
+from ardea.model.dtype_probe import ProbeResult, ProbeShapes, probe
 
 EAGER_MAX_TOKENS = 128
 """Longest sequence that ``attn_implementation=auto`` runs with the eager kernel on CPU."""
 
 
-def fast_bfloat16(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bfloat16 matrices natively (module docstring)."""
+def has_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` has bfloat16 matmul kernels worth timing (fast or not: the probe
+    decides)."""
     if device.type == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    if device.type == "cpu":
-        return bool(torch.cpu._is_amx_tile_supported())
-    return False
+    return device.type == "cpu"
 
 
 @dataclass(frozen=True)
 class Precision:
     """Where and in which dtypes a model computes: ``params`` its parameters' dtype,
-    ``compute`` the dtype its matmuls run in (module docstring)."""
+    ``compute`` the dtype its matmuls run in, ``probe`` the measurement behind ``auto``'s
+    choice (module docstring)."""
 
     device: torch.device
     params: torch.dtype
     compute: torch.dtype
     attention: str = "auto"
+    probe: ProbeResult | None = None
 
     @classmethod
     def resolve(
-        cls, name: str, device: torch.device, params: torch.dtype, attention: str = "auto"
+        cls,
+        name: str,
+        device: torch.device,
+        params: torch.dtype,
+        attention: str = "auto",
+        *,
+        shapes: ProbeShapes | None = None,
+        agree: Callable[[ProbeResult], ProbeResult] | None = None,
     ) -> Precision:
-        """``model.compute_dtype=name`` on ``device``: ``auto`` is bfloat16 on fast-bf16
-        hardware (never above the parameters' own precision), else the parameters' dtype.
+        """``model.compute_dtype=name`` on ``device``: ``auto`` is the faster of the
+        parameters' dtype and bfloat16 at ``shapes`` (measured, module docstring; ``agree``
+        makes every rank take rank 0's measurement), never above the parameters' precision.
 
         Raises:
             ConfigError: an unknown name, or a compute dtype more precise than the parameters.
+            ValueError: ``auto`` with float32 parameters and no ``shapes`` to measure.
         """
         if name not in COMPUTE_DTYPES:
             known = ", ".join(COMPUTE_DTYPES)
@@ -73,8 +85,14 @@ class Precision:
             known = ", ".join(ATTENTIONS)
             raise ConfigError(f"model.attn_implementation={attention!r}; choose one of {known}")
         if name == "auto":
-            fast = params == torch.float32 and fast_bfloat16(device)
-            return cls(device, params, torch.bfloat16 if fast else params, attention)
+            if params != torch.float32 or not has_bfloat16(device):
+                return cls(device, params, params, attention)
+            if shapes is None:
+                raise ValueError("compute_dtype=auto needs the run's matmul shapes to measure")
+            measured = probe(device, params, [params, torch.bfloat16], shapes)
+            if agree is not None:
+                measured = agree(measured)
+            return cls(device, params, getattr(torch, measured.choice), attention, measured)
         dtype = getattr(torch, name)
         if torch.finfo(dtype).bits > torch.finfo(params).bits:
             raise ConfigError(

@@ -45,7 +45,7 @@ def _answer(row: dict) -> Any:
     return row["answer"]
 
 
-@register_reward("exact_match")
+@register_reward("exact_match", inline=True)
 def exact_match(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float]:
     return [float(c.strip() == str(_answer(row)).strip()) for c, row in zip(completions, rows)]
 
@@ -57,7 +57,7 @@ def _numeric(completion: str, gold: Any) -> float | None:
     return float(last_number(completion) == expected)
 
 
-@register_reward("numeric_match")
+@register_reward("numeric_match", inline=True)
 def numeric_match(
     prompts: list[str], completions: list[str], rows: list[dict]
 ) -> list[float | None]:
@@ -88,7 +88,7 @@ def has_boxed(text: str) -> bool:
     return False
 
 
-@register_reward("format_boxed")
+@register_reward("format_boxed", inline=True)
 def format_boxed(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float]:
     return [float(has_boxed(c)) for c in completions]
 
@@ -138,7 +138,7 @@ def _example(prompt: str, row: dict) -> Example:
     return Example(str(row.get("prompt", prompt)), str(_answer(row)), dict(meta))
 
 
-@register_reward("task")
+@register_reward("task", inline=lambda task: task.cheap_score)
 def task_score(
     prompts: list[str], completions: list[str], rows: list[dict], *, task: Task
 ) -> list[float]:
@@ -150,4 +150,6 @@ def task_reward(task: Task) -> RewardFn:
     :func:`example_row` dicts (``prompt`` falls back to the prompt, ``meta`` to {})."""
     if not isinstance(task, Task):
         raise ConfigError(f"task_reward needs a Task, got {type(task).__name__}")
-    return make_reward("task", task=task)
+    fn = make_reward("task", task=task)
+    fn.task = task  # type: ignore[attr-defined]  (the rollout's accuracy reuses its scores)
+    return fn

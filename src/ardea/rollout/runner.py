@@ -188,7 +188,7 @@ class RolloutRunner:
             penalty=self.overlong_penalty,
         )
         rewards = [r + p for r, p in zip(scored.rewards, penalties)]
-        metrics = self._metrics(rewards, lengths, completions, texts, groups)
+        metrics = self._metrics(rewards, lengths, completions, texts, groups, scored.per_function)
         if self.overlong_buffer:
             metrics["rollout/overlong_penalty"] = sum(penalties) / len(penalties)
         metrics.update({k: float(v) for k, v in scored.counts.items()})
@@ -221,7 +221,7 @@ class RolloutRunner:
         completions = [Completion(**c) for c in state["completions"]]
         return Generation(list(examples), encoded, completions, float(state["seconds"]))
 
-    def _metrics(self, rewards, lengths, completions, texts, groups) -> dict[str, float]:
+    def _metrics(self, rewards, lengths, completions, texts, groups, per_function) -> dict:
         values = torch.tensor(rewards, dtype=torch.float64)
         metrics = {
             "rollout/reward_mean": float(values.mean()),
@@ -230,8 +230,14 @@ class RolloutRunner:
             "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions)
             / len(completions),
         }
-        if self.task is not None:
-            correct = [self.task.score(t, e) > 0 for t, e in zip(texts, groups)]
+        if self.task is not None:  # the task's own scores when a reward function gave them
+            scored = [
+                per_function[name]
+                for name, (fn, _) in zip(self.scorer.names, self.scorer.functions)
+                if getattr(fn, "task", None) is self.task
+            ]
+            scores = scored[0] if scored else [self.task.score(t, e) for t, e in zip(texts, groups)]
+            correct = [score > 0 for score in scores]
             metrics["rollout/accuracy"] = sum(correct) / len(correct)
         return metrics
 

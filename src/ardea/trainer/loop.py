@@ -25,7 +25,6 @@ from ardea.config import ArdeaConfig, config_to_yaml
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
-from ardea.model import Precision
 from ardea.model.lora import load_policy_weights
 from ardea.rollout import (
     EngineSpec,
@@ -52,6 +51,7 @@ from ardea.trainer.setup import (
     context_length,
     prepare_run_directory,
     resolve_device,
+    resolve_precision,
     resume_checkpoint,
     run_directory,
     seed_everything,
@@ -92,10 +92,7 @@ class Trainer:
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         if self.dist.is_main:
             prepare_run_directory(config)  # only once the inputs are known to be good
-        params = next(policy.parameters()).dtype
-        self.precision = Precision.resolve(
-            config.model.compute_dtype, self.device, params, config.model.attn_implementation
-        )
+        self.precision = resolve_precision(config, policy, max_length, self.dist)
         self.engine = self._build_engine(policy)
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = strategy_cls(

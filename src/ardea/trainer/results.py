@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         if values:
             results[f"{key}_initial"] = values[0][1]
             results[key] = values[-1][1]
+    precision = trainer.precision
+    results["compute_dtype"] = str(precision.compute).removeprefix("torch.")
+    if precision.probe is not None:  # compute_dtype=auto: what the choice was measured on
+        results["compute_dtype_probe"] = dataclasses.asdict(precision.probe)
     results["nonfinite_steps"] = trainer.nonfinite["total"]
     results["train_seconds"] = round(trainer.train_seconds, 1)
     results["wall_seconds"] = round(wall_seconds, 1)
@@ -76,6 +81,6 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
     results["run_dir"] = str(trainer.run_dir)
     results["profile"] = trainer.profile.summary()
     write_results(trainer.run_dir, results)
-    print_results({k: v for k, v in results.items() if k != "profile"})
+    print_results({k: v for k, v in results.items() if k not in ("profile", "compute_dtype_probe")})
     print_profile(results["profile"])
     return results

@@ -10,7 +10,13 @@ import torch
 
 from ardea.config import ArdeaConfig, ModelConfig, config_to_yaml
 from ardea.errors import ArdeaError, ConfigError
-from ardea.model import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
+from ardea.model import (
+    Precision,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_model_and_tokenizer,
+)
+from ardea.model.dtype_probe import ProbeShapes
 from ardea.model.lora import apply_lora
 from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
 from ardea.trainer.strategies import strategy_class
@@ -139,3 +145,41 @@ def resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
 
 def context_length(model: Any) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
+
+
+def probe_shapes(
+    config: ArdeaConfig, model: Any, max_length: int, world_size: int = 1
+) -> ProbeShapes:
+    """The matmul shapes ``compute_dtype=auto`` times (:mod:`ardea.model.dtype_probe`): a
+    micro-batch of this run's longest sequences through the MLP's up-projection, and one
+    decode step of a generation batch. Upper bounds: the probe cuts rows to a fixed budget."""
+    algo, trainer, rollout = config.algo, config.trainer, config.rollout
+    hidden = int(model.config.hidden_size)
+    intermediate = int(getattr(model.config, "intermediate_size", None) or 4 * hidden)
+    online = strategy_class(algo.name).sample_kind == "prompt"
+    prompts = max(1, trainer.batch_size // world_size)
+    if online:
+        sequences = (
+            prompts * rollout.group_size // (algo.ppo_mini_batches * trainer.grad_accum_steps)
+        )
+        decode_rows = min(rollout.batch_size, prompts) * rollout.group_size
+    else:
+        sequences = prompts // trainer.grad_accum_steps
+        decode_rows = rollout.batch_size
+    return ProbeShapes(hidden, intermediate, max(1, sequences) * max_length, max(1, decode_rows))
+
+
+def resolve_precision(config: ArdeaConfig, policy: Any, max_length: int, dist: Any) -> Precision:
+    """The run's :class:`~ardea.model.Precision` (``compute_dtype=auto`` measured at this
+    run's shapes, rank 0's measurement on every rank, its line printed once)."""
+    precision = Precision.resolve(
+        config.model.compute_dtype,
+        dist.device,
+        next(policy.parameters()).dtype,
+        config.model.attn_implementation,
+        shapes=probe_shapes(config, policy, max_length, dist.world_size),
+        agree=dist.broadcast,
+    )
+    if precision.probe is not None and dist.is_main:
+        print(f"[ardea] {precision.probe.describe()}", flush=True)
+    return precision

@@ -1,0 +1,219 @@
+"""Which compute dtype multiplies a run's matrices faster on this machine, measured.
+
+``model.compute_dtype=auto`` cannot be decided from CPU flags: bf16 matmuls ran 2-3x
+faster than fp32 on one AVX-512-BF16 CPU without AMX, 1.9-5.5x slower on another with the
+same flags, and hundreds of times slower on an AVX2 CPU (emulated). So :func:`probe` times
+``F.linear`` under ``torch.autocast`` — what the model's projections run — at the run's own
+two shapes, in each candidate dtype:
+
+- training: ``tokens × hidden @ hidden × intermediate`` (a micro-batch's MLP projection);
+- decode:   ``rows × hidden @ hidden × intermediate`` (one token of every sequence in a
+  generation batch).
+
+A dtype's *time* is the sum over the two shapes of the seconds one product takes, each
+scaled to the same FLOPs (the harmonic mean of its two rates), and the fastest wins. The
+parameters' own dtype is always a candidate; a dtype is skipped without its big product
+when it is already ``GIVE_UP_RATIO`` times slower on the decode shape (an emulated bf16
+product at training shapes can take seconds). Each shape is timed for about
+``budget_s / (2 · candidates)`` seconds (at least two products), so a probe costs well
+under a second; its result is cached per machine, torch version, thread count and shapes in
+``$ARDEA_CACHE_DIR`` (default ``~/.cache/ardea``) as ``compute_dtype_probe.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+GIVE_UP_RATIO = 4.0
+"""A candidate this many times slower than the parameters' dtype at the decode shape is not
+timed at the training shape."""
+
+CACHE_FILE = "compute_dtype_probe.json"
+
+MAX_PRODUCT_FLOPS = {"decode": 6.4e7, "train": 5.12e8}
+"""FLOPs one timed product may have: rows are cut to fit (at least one), so a large model's
+probe, or an emulated dtype's, stays short; rates reach their plateau well below these."""
+
+
+@dataclass(frozen=True)
+class ProbeShapes:
+    """The matmul shapes a run spends its time in (module docstring)."""
+
+    hidden: int
+    intermediate: int
+    train_tokens: int
+    decode_rows: int
+
+    def flops(self, rows: int) -> float:
+        """FLOPs of one ``rows × hidden @ hidden × intermediate`` product."""
+        return 2.0 * rows * self.hidden * self.intermediate
+
+    def rows(self, kind: str) -> int:
+        """Rows of the timed ``kind`` product (``train`` or ``decode``), cut to
+        :data:`MAX_PRODUCT_FLOPS`."""
+        wanted = self.train_tokens if kind == "train" else self.decode_rows
+        fitting = int(MAX_PRODUCT_FLOPS[kind] // self.flops(1))
+        return max(1, min(wanted, fitting))
+
+    def key(self) -> str:
+        return f"{self.train_tokens}x{self.hidden}@{self.hidden}x{self.intermediate}|{self.decode_rows}"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Measured rates in GFLOP/s per dtype name (``None``: given up at the training shape),
+    the dtype picked and whether the figures came from the cache."""
+
+    choice: str
+    train_gflops: dict[str, float | None]
+    decode_gflops: dict[str, float]
+    cached: bool = False
+
+    def describe(self) -> str:
+        """One line for the start of a run: the choice and the rates behind it."""
+        parts = []
+        for name, decode in self.decode_gflops.items():
+            train = self.train_gflops.get(name)
+            shown = "not timed" if train is None else f"{train:.1f}"
+            parts.append(f"{name} {shown} / {decode:.1f}")
+        source = " (cached)" if self.cached else ""
+        return (
+            f"compute_dtype=auto: {self.choice}; GFLOP/s at training / decode shapes: "
+            f"{', '.join(parts)}{source}"
+        )
+
+
+def cache_dir() -> Path:
+    """``$ARDEA_CACHE_DIR``, else ``$XDG_CACHE_HOME/ardea``, else ``~/.cache/ardea``."""
+    if os.environ.get("ARDEA_CACHE_DIR"):
+        return Path(os.environ["ARDEA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ardea"
+
+
+def machine_key(device: torch.device, shapes: ProbeShapes) -> str:
+    """What the probe's answer depends on: the processor, torch, threads and the shapes."""
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = _cpu_name()
+    threads = torch.get_num_threads()
+    return f"{device.type}|{where}|torch {torch.__version__}|{threads} threads|{shapes.key()}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def linear_gflops(
+    device: torch.device,
+    dtype: torch.dtype,
+    params: torch.dtype,
+    rows: int,
+    hidden: int,
+    intermediate: int,
+    budget_s: float,
+) -> float:
+    """GFLOP/s of the best-timed ``F.linear`` of ``rows × hidden`` inputs by ``intermediate ×
+    hidden`` parameters under autocast to ``dtype`` (none when it is the parameters' dtype),
+    timed for ``budget_s`` seconds (at least two products after a warm-up). Random numbers
+    come from a generator of its own: the run's seeded streams are left as they were."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, hidden, device=device, dtype=params, generator=gen)
+    w = torch.randn(intermediate, hidden, device=device, dtype=params, generator=gen)
+    autocast = dtype != params
+    best, spent, count = float("inf"), 0.0, 0
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=autocast):
+        F.linear(x, w)  # warm-up: kernel selection, oneDNN's first-call work
+        while count < 2 or spent < budget_s:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            F.linear(x, w)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            took = time.perf_counter() - start
+            best, spent, count = min(best, took), spent + took, count + 1
+    return 2.0 * rows * hidden * intermediate / best / 1e9
+
+
+def _gflops(device, dtype, params, kind: str, shapes: ProbeShapes, budget_s: float) -> float:
+    """:func:`linear_gflops` of the ``kind`` product (rows: :meth:`ProbeShapes.rows`)."""
+    rows = shapes.rows(kind)
+    return linear_gflops(device, dtype, params, rows, shapes.hidden, shapes.intermediate, budget_s)
+
+
+def measure(
+    device: torch.device,
+    params: torch.dtype,
+    candidates: list[torch.dtype],
+    shapes: ProbeShapes,
+    budget_s: float = 0.4,
+) -> ProbeResult:
+    """Time every candidate at both shapes and pick the fastest (module docstring)."""
+    share = budget_s / (2 * len(candidates))
+    train: dict[str, float | None] = {}
+    decode: dict[str, float] = {}
+    cost: dict[str, float] = {}
+    base_decode = None
+    for dtype in candidates:
+        name = str(dtype).removeprefix("torch.")
+        decode[name] = _gflops(device, dtype, params, "decode", shapes, share)
+        if base_decode is None:
+            base_decode = decode[name]
+        if decode[name] * GIVE_UP_RATIO < base_decode:
+            train[name] = None
+            continue
+        train[name] = _gflops(device, dtype, params, "train", shapes, share)
+        cost[name] = 1.0 / train[name] + 1.0 / decode[name]  # seconds per GFLOP at each shape
+    choice = min(cost, key=cost.__getitem__)
+    return ProbeResult(choice, train, decode)
+
+
+def probe(
+    device: torch.device,
+    params: torch.dtype,
+    candidates: list[torch.dtype],
+    shapes: ProbeShapes,
+    budget_s: float = 0.4,
+) -> ProbeResult:
+    """:func:`measure`, answered from the cache when this machine already measured these
+    shapes (the cache is advisory: an unreadable or unwritable file only costs a probe)."""
+    path = cache_dir() / CACHE_FILE
+    key = machine_key(device, shapes) + "|" + ",".join(map(str, candidates))
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = {}
+    if not isinstance(stored, dict):
+        stored = {}
+    entry = stored.get(key)
+    if isinstance(entry, dict):
+        try:
+            return ProbeResult(**{**entry, "cached": True})
+        except TypeError:
+            pass
+    result = measure(device, params, candidates, shapes, budget_s)
+    stored[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
+    return result

@@ -1,0 +1,150 @@
+"""compute_dtype=auto decided by measuring the run's matmul shapes in each dtype."""
+
+import json
+
+import pytest
+import torch
+
+import ardea.model.dtype_probe as dtype_probe
+from ardea.model import Precision
+from ardea.model.dtype_probe import MAX_PRODUCT_FLOPS, ProbeShapes, measure, probe
+
+CPU = torch.device("cpu")
+SHAPES = ProbeShapes(hidden=64, intermediate=192, train_tokens=512, decode_rows=32)
+
+
+class FakeClock:
+    """A clock that F.linear advances by FLOPs / rate, the rate depending on whether bf16
+    autocast is on and on the product's rows (train- or decode-sized): the probe's timings,
+    set by hand."""
+
+    def __init__(self, rates):  # {(dtype name, "train"|"decode"): GFLOP/s}
+        self.rates, self.now, self.products = rates, 0.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def linear(self, x, w):
+        bf16 = torch.is_autocast_enabled("cpu")
+        kind = "decode" if x.shape[0] == SHAPES.rows("decode") else "train"
+        name = "bfloat16" if bf16 else "float32"
+        self.products.append((name, kind))
+        self.now += 2.0 * x.shape[0] * x.shape[1] * w.shape[0] / (self.rates[name, kind] * 1e9)
+        return x.new_empty(x.shape[0], w.shape[0])  # no real product: the clock says its time
+
+
+@pytest.fixture
+def clock(monkeypatch, tmp_path):
+    monkeypatch.setenv("ARDEA_CACHE_DIR", str(tmp_path))
+
+    def install(rates):
+        fake = FakeClock(rates)
+        monkeypatch.setattr(dtype_probe.time, "perf_counter", fake.perf_counter)
+        monkeypatch.setattr(dtype_probe.F, "linear", fake.linear)
+        return fake
+
+    return install
+
+
+def _auto(shapes=SHAPES):
+    return Precision.resolve("auto", CPU, torch.float32, shapes=shapes)
+
+
+def test_auto_takes_bfloat16_where_it_measured_faster(clock):
+    clock({("float32", "train"): 100.0, ("float32", "decode"): 90.0,
+           ("bfloat16", "train"): 200.0, ("bfloat16", "decode"): 280.0})  # fmt: skip
+    precision = _auto()
+    assert precision.compute == torch.bfloat16
+    assert precision.probe.choice == "bfloat16"
+    # the rates come back from the timings: FLOPs / seconds of the best product
+    assert precision.probe.train_gflops == pytest.approx({"float32": 100.0, "bfloat16": 200.0})
+    assert precision.probe.decode_gflops == pytest.approx({"float32": 90.0, "bfloat16": 280.0})
+
+
+def test_auto_keeps_float32_where_bfloat16_measured_slower(clock):
+    clock({("float32", "train"): 100.0, ("float32", "decode"): 90.0,
+           ("bfloat16", "train"): 60.0, ("bfloat16", "decode"): 50.0})  # fmt: skip
+    assert _auto().compute == torch.float32
+
+
+def test_the_choice_weighs_both_shapes(clock):
+    """bf16 2x faster in training but 3x slower in decode: per GFLOP 1/200 + 3/90 >
+    1/100 + 1/90 seconds, so float32 (the harmonic mean of the two rates decides)."""
+    clock({("float32", "train"): 100.0, ("float32", "decode"): 90.0,
+           ("bfloat16", "train"): 200.0, ("bfloat16", "decode"): 30.0})  # fmt: skip
+    assert _auto().compute == torch.float32
+
+
+def test_a_dtype_far_slower_at_decode_is_not_timed_at_training_shapes(clock):
+    fake = clock({("float32", "train"): 100.0, ("float32", "decode"): 90.0,
+                  ("bfloat16", "train"): 1e-3, ("bfloat16", "decode"): 0.5})  # fmt: skip
+    precision = _auto()
+    assert precision.compute == torch.float32
+    assert precision.probe.train_gflops["bfloat16"] is None
+    assert ("bfloat16", "train") not in fake.products
+    assert "bfloat16 not timed / 0.5" in precision.probe.describe()
+
+
+def test_the_measurement_is_cached_per_machine_and_shapes(clock, tmp_path):
+    rates = {("float32", "train"): 100.0, ("float32", "decode"): 90.0,
+             ("bfloat16", "train"): 200.0, ("bfloat16", "decode"): 280.0}  # fmt: skip
+    fake = clock(rates)
+    first = _auto()
+    timed = len(fake.products)
+    assert not first.probe.cached and timed >= 8  # warm-up + at least 2 per shape and dtype
+    again = _auto()
+    assert again.probe.cached and len(fake.products) == timed  # nothing timed again
+    assert again.probe.train_gflops == first.probe.train_gflops
+    stored = json.loads((tmp_path / "compute_dtype_probe.json").read_text())
+    (key,) = stored
+    assert "512x64@64x192|32" in key  # the shapes are in the key
+    assert f"torch {torch.__version__}" in key and "1 threads" in key
+    _auto(ProbeShapes(64, 192, 1024, 32))  # other shapes: measured again
+    assert len(fake.products) > timed
+    (tmp_path / "compute_dtype_probe.json").write_text("not json")  # a broken cache: re-measured
+    assert not _auto().probe.cached
+
+
+def test_rows_are_cut_to_the_product_budget():
+    big = ProbeShapes(hidden=4096, intermediate=11008, train_tokens=65536, decode_rows=256)
+    per_row = 2 * 4096 * 11008
+    assert big.rows("train") == int(MAX_PRODUCT_FLOPS["train"] // per_row) == 5
+    assert big.rows("decode") == 1  # one row is more than the budget: never fewer than one
+    assert SHAPES.rows("train") == 512 and SHAPES.rows("decode") == 32
+
+
+def test_only_float32_parameters_are_probed_and_shapes_are_needed(clock):
+    fake = clock({})
+    assert Precision.resolve("auto", CPU, torch.bfloat16, shapes=SHAPES).probe is None
+    assert fake.products == []
+    with pytest.raises(ValueError, match="needs the run's matmul shapes"):
+        Precision.resolve("auto", CPU, torch.float32)
+    assert Precision.resolve("float32", CPU, torch.float32).probe is None
+
+
+def test_every_rank_takes_rank_zeros_measurement(clock):
+    clock({("float32", "train"): 100.0, ("float32", "decode"): 90.0,
+           ("bfloat16", "train"): 60.0, ("bfloat16", "decode"): 50.0})  # fmt: skip
+    rank_zero = dtype_probe.ProbeResult("bfloat16", {"bfloat16": 1.0}, {"bfloat16": 1.0})
+    precision = Precision.resolve(
+        "auto", CPU, torch.float32, shapes=SHAPES, agree=lambda mine: rank_zero
+    )
+    assert precision.compute == torch.bfloat16 and precision.probe is rank_zero
+
+
+def test_a_real_probe_is_short_and_leaves_the_seeded_streams_alone(monkeypatch, tmp_path):
+    """On this machine, unpatched: positive rates, well under a second per dtype, and the
+    global generator where it was (runs stay reproducible whether the probe ran or not)."""
+    import time
+
+    monkeypatch.setenv("ARDEA_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    start = time.perf_counter()
+    result = measure(CPU, torch.float32, [torch.float32, torch.bfloat16], SHAPES, budget_s=0.2)
+    assert time.perf_counter() - start < 3.0
+    assert torch.equal(torch.get_rng_state(), before)
+    assert result.choice in ("float32", "bfloat16")
+    assert all(rate > 0 for rate in result.decode_gflops.values())
+    assert result.train_gflops["float32"] > 0
+    assert probe(CPU, torch.float32, [torch.float32], SHAPES).choice == "float32"
