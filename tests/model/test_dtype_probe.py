@@ -142,7 +142,8 @@ def test_a_real_probe_is_short_and_leaves_the_seeded_streams_alone(monkeypatch, 
     before = torch.get_rng_state()
     start = time.perf_counter()
     result = measure(CPU, torch.float32, [torch.float32, torch.bfloat16], SHAPES, budget_s=0.2)
-    assert time.perf_counter() - start < 3.0
+    # 4 timed shapes × (warm-up + at least 2 products) of at most 64 MFLOP, plus the budget
+    assert time.perf_counter() - start < 10.0
     assert torch.equal(torch.get_rng_state(), before)
     assert result.choice in ("float32", "bfloat16")
     assert all(rate > 0 for rate in result.decode_gflops.values())

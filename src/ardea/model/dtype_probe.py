@@ -184,13 +184,7 @@ def measure(
     return ProbeResult(choice, train, decode)
 
 
-def probe(
-    device: torch.device,
-    params: torch.dtype,
-    candidates: list[torch.dtype],
-    shapes: ProbeShapes,
-    budget_s: float = 0.4,
-) -> ProbeResult:
+def probe(device, params, candidates, shapes: ProbeShapes) -> ProbeResult:
     """:func:`measure`, answered from the cache when this machine already measured these
     shapes (the cache is advisory: an unreadable or unwritable file only costs a probe)."""
     path = cache_dir() / CACHE_FILE
@@ -207,7 +201,7 @@ def probe(
             return ProbeResult(**{**entry, "cached": True})
         except TypeError:
             pass
-    result = measure(device, params, candidates, shapes, budget_s)
+    result = measure(device, params, candidates, shapes)
     stored[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ def _answer(row: dict) -> Any:
     return row["answer"]
 
 
-@register_reward("exact_match", inline=True)
+@register_reward("exact_match")
 def exact_match(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float]:
     return [float(c.strip() == str(_answer(row)).strip()) for c, row in zip(completions, rows)]
 
@@ -57,7 +57,7 @@ def _numeric(completion: str, gold: Any) -> float | None:
     return float(last_number(completion) == expected)
 
 
-@register_reward("numeric_match", inline=True)
+@register_reward("numeric_match")
 def numeric_match(
     prompts: list[str], completions: list[str], rows: list[dict]
 ) -> list[float | None]:
@@ -88,7 +88,7 @@ def has_boxed(text: str) -> bool:
     return False
 
 
-@register_reward("format_boxed", inline=True)
+@register_reward("format_boxed")
 def format_boxed(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float]:
     return [float(has_boxed(c)) for c in completions]
 
@@ -138,7 +138,7 @@ def _example(prompt: str, row: dict) -> Example:
     return Example(str(row.get("prompt", prompt)), str(_answer(row)), dict(meta))
 
 
-@register_reward("task", inline=lambda task: task.cheap_score)
+@register_reward("task")
 def task_score(
     prompts: list[str], completions: list[str], rows: list[dict], *, task: Task
 ) -> list[float]:

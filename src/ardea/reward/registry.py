@@ -14,12 +14,6 @@ binds them and rejects unknown or missing ones.
 
 An entry is named by its registered name or by a dotted path ``package.module.function``
 to user code.
-
-Built-in checks that do bounded pure-Python work on short strings (``exact_match``,
-``numeric_match``, ``format_boxed``, ``task`` for a task whose ``cheap_score`` says so) are
-registered ``inline``: the scorer calls them directly instead of in a thread of their own
-(no thread start, nothing to time out). User functions and anything that can run long
-(``math_verify``, a user's regex) keep their thread and timeout.
 """
 
 from __future__ import annotations
@@ -37,29 +31,21 @@ REWARDS: Registry[Callable[..., list]] = Registry(
     "reward function", "reward functions", check=callable_check
 )
 _CHECKS: dict[str, Callable[..., None]] = {}
-_INLINE: dict[str, Callable[..., bool]] = {}
 
 
 def register_reward(
-    name: str,
-    *,
-    check: Callable[..., None] | None = None,
-    inline: bool | Callable[..., bool] = False,
+    name: str, *, check: Callable[..., None] | None = None
 ) -> Callable[[Callable[..., list]], Callable[..., list]]:
     """Decorator: make a reward function available as ``reward.functions=[{name: <name>}]``.
 
     ``check``, if given, is called with the keyword arguments when the function is bound
     and raises :class:`ConfigError` for bad values (e.g. a regex that does not compile).
-    ``inline`` (or a predicate of the keyword arguments) marks a cheap built-in the scorer
-    calls without a thread (module docstring).
     """
 
     def decorate(fn: Callable[..., list]) -> Callable[..., list]:
         REWARDS.register(name)(fn)
         if check is not None:
             _CHECKS[name] = check
-        if inline:
-            _INLINE[name] = inline if callable(inline) else lambda **_: True
         return fn
 
     return decorate
@@ -127,5 +113,4 @@ def make_reward(name: str, **kwargs: Any) -> RewardFn:
 
     bound.__name__ = bound.__qualname__ = name.rpartition(".")[2]
     bound.__doc__ = fn.__doc__
-    bound.inline = name in _INLINE and bool(_INLINE[name](**kwargs))  # type: ignore[attr-defined]
     return bound

@@ -25,10 +25,7 @@ next ``score`` raises :class:`RewardError` whatever ``on_error`` says, because a
 that hangs every time would otherwise pile up threads. ``executor="process"`` trades the
 microseconds for a fork per call (:mod:`ardea.reward.isolation`): the call is killed at the
 timeout and nothing is abandoned. Functions run concurrently, so
-they must not share unsynchronized state with each other. Cheap built-in checks registered
-``inline`` (``exact_match``, ``numeric_match``, ``format_boxed``, a built-in task's ``task``)
-skip the thread: they run in the caller's thread while the others' threads run, with no
-timeout (their work is bounded) and the same problem handling.
+they must not share unsynchronized state with each other.
 """
 
 from __future__ import annotations
@@ -77,27 +74,18 @@ class _Problem:
 
 class _Call:
     """One reward-function call running in a daemon thread (with ``timeout_s``: the thread
-    waits for the call in a child process, killed at the timeout), or, for a cheap built-in
-    marked ``inline`` (:mod:`ardea.reward.registry`), :meth:`run_inline` in the caller's."""
+    waits for the call in a child process, killed at the timeout)."""
 
     def __init__(self, name: str, fn: RewardFn, args: tuple, timeout_s: float | None) -> None:
         self.value: object = None
         self.error: BaseException | None = None
         self.killed = False  # process executor: killed at its timeout
         self.done = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.fn, self.args = fn, args
-        if getattr(fn, "inline", False):
-            return  # run_inline, once the threaded calls are started
         run = self._run if timeout_s is None else self._run_in_process
         self.thread = threading.Thread(
             target=run, args=(fn, args, timeout_s), name=f"ardea-reward-{name}", daemon=True
         )
         self.thread.start()
-
-    def run_inline(self) -> None:
-        if self.thread is None and not self.done.is_set():
-            self._run(self.fn, self.args, None)
 
     def _run(self, fn: RewardFn, args: tuple, _: None) -> None:
         try:
@@ -269,8 +257,6 @@ class RewardScorer:
             _Call(name, fn, (list(prompts), list(completions), list(rows)), in_process)
             for name, (fn, _) in zip(self.names, self.functions)
         ]
-        for call in calls:  # the cheap built-ins, while the threads run
-            call.run_inline()
         # a child process is killed at the timeout: wait for the kill too (never abandoned)
         grace = KILL_WAIT_S + 1.0 if in_process else 0.0
         deadline = time.monotonic() + self.timeout_s + grace

@@ -47,8 +47,6 @@ class ArithmeticTask(Task):
             of the top digit (module docstring); 0 = every demonstration is correct.
     """
 
-    cheap_score = True  # a string comparison
-
     def __init__(
         self,
         digits: int = 3,

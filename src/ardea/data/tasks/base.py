@@ -43,9 +43,6 @@ class Task(ABC):
     """A source of prompts with verifiable answers."""
 
     name: str = ""
-    cheap_score: bool = False
-    """True when :meth:`score` does bounded pure-Python work (no solver, no I/O): the
-    reward scorer then calls it without a thread of its own (:mod:`ardea.reward.registry`)."""
 
     @abstractmethod
     def examples(self, split: str, n: int) -> list[Example]:

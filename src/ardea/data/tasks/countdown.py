@@ -171,8 +171,6 @@ class CountdownTask(Task):
         seed: seed of the split and of the draws.
     """
 
-    cheap_score = True  # a parse of at most MAX_EXPRESSION_CHARS characters, exact fractions
-
     def __init__(
         self,
         count: int = 4,
