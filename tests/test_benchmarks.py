@@ -62,7 +62,7 @@ def test_compute_dtype_smoke(tmp_path):
     assert row["auto"] == "torch." + row["probe"]["choice"]  # measured, not read from flags
     assert row["probe"]["decode_gflops"]["float32"] > 0
     assert len(row["probes"]) == 3  # the probe at three runs' shapes, each well under seconds
-    assert all(p["choice"] in ("float32", "bfloat16") and p["seconds"] < 5 for p in row["probes"])
+    assert all(p["choice"] in ("float32", "bfloat16") and p["seconds"] < 10 for p in row["probes"])
 
 
 def test_gae_smoke(tmp_path):
