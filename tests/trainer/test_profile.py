@@ -1,12 +1,18 @@
-"""The profile of a run's steps: seconds per phase, their shares, what no phase covers."""
+"""The profile of a run's steps: seconds per phase, their shares, what no phase covers, and
+the floor: the counted FLOPs at the measured rates."""
 
 import json
 
 import pytest
+import torch
 
 from ardea.config import load_config
+from ardea.model import Precision
+from ardea.model.dtype_probe import ProbeResult, ProbeShapes
 from ardea.trainer import Trainer
-from ardea.trainer.profile import StepProfile
+from ardea.trainer.profile import StepProfile, print_profile
+
+SHAPES = ProbeShapes(hidden=16, intermediate=32, train_tokens=64, decode_rows=4)
 
 
 def test_profile_by_hand():
@@ -19,6 +25,38 @@ def test_profile_by_hand():
     assert summary["phases"]["forward_backward"] == {"seconds_per_step": 0.4, "share": 0.4}
     assert summary["phases"]["other"] == {"seconds_per_step": 0.2, "share": 0.2}
     assert StepProfile().summary() == {}
+
+
+def test_floor_by_hand(capsys):
+    """Per step 4 GFLOP of training at 10 GFLOP/s (0.4 s) and 1 of decoding at 5 (0.2 s):
+    a 0.6 s floor in 2 s steps is 30 %; the decode floor in a 0.5 s generate phase 40 %."""
+    profile = StepProfile(SHAPES)
+    for _ in range(2):
+        profile.add({"perf/time_generate": 0.5}, 2.0, {"train": 4e9, "decode": 1e9})
+    summary = profile.summary({"train": 10.0, "decode": 5.0})
+    assert summary["floor"] == {
+        "train_gflop_per_step": 4.0,
+        "decode_gflop_per_step": 1.0,
+        "rates_gflops": {"train": 10.0, "decode": 5.0},
+        "seconds_per_step": 0.6,
+        "percent_of_step": 30.0,
+        "decode_percent_of_generate": 40.0,
+    }
+    print_profile(summary)
+    assert "floor: 0.6000 s per step = 30.0 % of the step" in capsys.readouterr().out
+    assert "floor" not in profile.summary()
+
+
+def test_floor_rates_are_the_probes_or_measured():
+    cpu, f32 = torch.device("cpu"), torch.float32
+    probed = ProbeResult("float32", {"float32": 30.0, "bfloat16": None}, {"float32": 20.0})
+    profile = StepProfile(SHAPES)
+    assert profile.rates(Precision(cpu, f32, f32, probe=probed)) is None  # no step yet
+    profile.add({}, 1.0, {"train": 1e9, "decode": 0.0})
+    assert profile.rates(Precision(cpu, f32, f32, probe=probed)) == {"train": 30.0, "decode": 20.0}
+    measured = profile.rates(Precision(cpu, f32, f32))  # compute_dtype=float32: timed now
+    assert set(measured) == {"train", "decode"} and min(measured.values()) > 0
+    assert StepProfile().rates(Precision(cpu, f32, f32)) is None  # no shapes, no floor
 
 
 def test_an_online_run_writes_its_profile(tmp_path, reward_module):
@@ -41,3 +79,7 @@ def test_an_online_run_writes_its_profile(tmp_path, reward_module):
     } <= names
     assert sum(p["share"] for p in profile["phases"].values()) == pytest.approx(1.0, abs=1e-3)
     assert profile["seconds_per_step"] == pytest.approx(trainer.train_seconds / 3, rel=1e-3)
+    floor = profile["floor"]  # counted work: rollouts decoded in process, PPO forwards
+    assert floor["decode_gflop_per_step"] > 0 and floor["train_gflop_per_step"] > 0
+    assert 0 < floor["percent_of_step"] < 100
+    assert 0 < floor["decode_percent_of_generate"] < 100

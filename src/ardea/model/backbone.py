@@ -34,6 +34,8 @@ from transformers.models.mixtral.modeling_mixtral import (
     load_balancing_loss_func as _mixtral_load_balancing_loss,
 )
 
+from ardea.model.flops import count_forward
+
 PLAIN_HEAD_MODEL_TYPES = frozenset(
     {
         "llama",
@@ -147,6 +149,7 @@ def backbone_forward(
     """The backbone's output object (``last_hidden_state`` ``(N, S, H)``, and
     ``router_logits`` when ``output_router_logits=True`` is passed to an MoE backbone);
     arguments as in :func:`last_hidden_states`, ``kwargs`` go to the backbone."""
+    count_forward(backbone, input_ids, attention_mask)
     return backbone(
         input_ids=input_ids,
         attention_mask=attention_mask,

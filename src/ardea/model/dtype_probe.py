@@ -157,6 +157,23 @@ def _gflops(device, dtype, params, kind: str, shapes: ProbeShapes, budget_s: flo
     return linear_gflops(device, dtype, params, rows, shapes.hidden, shapes.intermediate, budget_s)
 
 
+def dtype_rates(
+    device: torch.device,
+    dtype: torch.dtype,
+    params: torch.dtype,
+    shapes: ProbeShapes,
+    measured: ProbeResult | None = None,
+    budget_s: float = 0.2,
+) -> dict[str, float]:
+    """GFLOP/s of ``dtype`` at the ``train`` and ``decode`` shapes: the probe's figures when
+    ``measured`` timed both, else timed now (``budget_s`` in all)."""
+    name = str(dtype).removeprefix("torch.")
+    if measured is not None and measured.train_gflops.get(name) is not None:
+        return {"train": measured.train_gflops[name], "decode": measured.decode_gflops[name]}
+    kinds = ("train", "decode")
+    return {kind: _gflops(device, dtype, params, kind, shapes, budget_s / 2) for kind in kinds}
+
+
 def measure(
     device: torch.device,
     params: torch.dtype,

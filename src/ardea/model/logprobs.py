@@ -47,6 +47,7 @@ from ardea.model.backbone import (
     resolve_position_ids,
     split_causal_lm,
 )
+from ardea.model.flops import count_forward, count_head
 from ardea.model.truncation import truncate
 
 
@@ -222,6 +223,7 @@ def sequence_logits(
     ``router_logits``.
     """
     check_input_ids(input_ids, "logits")
+    count_forward(model, input_ids, attention_mask)
     outputs = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -289,6 +291,7 @@ def sequence_logprobs(
         aux_loss, router = _moe_outputs(model, outputs, attention_mask)
         hidden = outputs.last_hidden_state  # (N, S, H)
         inputs, to_logits = hidden[:, :-1][scored], head  # (T, H)
+        count_head(head, inputs)
     else:
         full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
         aux_loss, router = full.aux_loss, full.router_logits

@@ -52,6 +52,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from ardea.model import Precision
+from ardea.model.flops import count_generation
 from ardea.rollout.decode_batch import DecodeMasks, DecodeOutputs, Result
 from ardea.rollout.engine import (
     Completion,
@@ -187,6 +188,7 @@ class InProcessEngine(GenerationEngine):
             autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
             with _eval_mode(self._model), torch.inference_mode(), autocast:
                 results = self._generate_rows(rows, params, uniforms)
+        count_generation(self._model, prompts, rows, [len(result[0]) for result in results])
         return [Completion(p, *result, version) for p, result in zip(rows, results, strict=True)]
 
     def _generate_rows(

@@ -25,6 +25,7 @@ from ardea.config import ArdeaConfig, config_to_yaml
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
+from ardea.model.flops import COUNTER
 from ardea.model.lora import load_policy_weights
 from ardea.rollout import (
     EngineSpec,
@@ -50,6 +51,7 @@ from ardea.trainer.setup import (
     check_distributed,
     context_length,
     prepare_run_directory,
+    probe_shapes,
     resolve_device,
     resolve_precision,
     resume_checkpoint,
@@ -92,7 +94,8 @@ class Trainer:
         held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
         if self.dist.is_main:
             prepare_run_directory(config)  # only once the inputs are known to be good
-        self.precision = resolve_precision(config, policy, max_length, self.dist)
+        shapes = probe_shapes(config, policy, max_length, self.dist.world_size)
+        self.precision = resolve_precision(config, policy, shapes, self.dist)
         self.engine = self._build_engine(policy)
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = strategy_cls(
@@ -120,7 +123,7 @@ class Trainer:
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
         self.best: dict[str, Any] | None = None  # step and metric of checkpoints/best/
-        self.profile = StepProfile()  # this invocation's steps (like its wall time)
+        self.profile = StepProfile(shapes)  # this invocation's steps (like its wall time)
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -291,11 +294,11 @@ class Trainer:
     def _loop(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
         cfg = self.config
         while not self._done():
-            started = time.perf_counter()
+            started, flops = time.perf_counter(), COUNTER.totals()
             metrics = self.train_step()
             seconds = time.perf_counter() - started
             self.train_seconds += seconds
-            self.profile.add(metrics, seconds)
+            self.profile.add(metrics, seconds, COUNTER.since(flops))
             self.step += 1
             samples = self.rl.last_samples if self.rl is not None else []
             if logger is not None and (self.step % cfg.logging.log_every == 0 or self._done()):

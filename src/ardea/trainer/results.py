@@ -79,7 +79,7 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         results["best_metric"] = name
         results["best_value"] = next(v for s, v in trainer.history[name] if s == step)
     results["run_dir"] = str(trainer.run_dir)
-    results["profile"] = trainer.profile.summary()
+    results["profile"] = trainer.profile.summary(trainer.profile.rates(precision))
     write_results(trainer.run_dir, results)
     print_results({k: v for k, v in results.items() if k not in ("profile", "compute_dtype_probe")})
     print_profile(results["profile"])

@@ -169,15 +169,17 @@ def probe_shapes(
     return ProbeShapes(hidden, intermediate, max(1, sequences) * max_length, max(1, decode_rows))
 
 
-def resolve_precision(config: ArdeaConfig, policy: Any, max_length: int, dist: Any) -> Precision:
+def resolve_precision(
+    config: ArdeaConfig, policy: Any, shapes: ProbeShapes, dist: Any
+) -> Precision:
     """The run's :class:`~ardea.model.Precision` (``compute_dtype=auto`` measured at this
-    run's shapes, rank 0's measurement on every rank, its line printed once)."""
+    run's ``shapes``, rank 0's measurement on every rank, its line printed once)."""
     precision = Precision.resolve(
         config.model.compute_dtype,
         dist.device,
         next(policy.parameters()).dtype,
         config.model.attn_implementation,
-        shapes=probe_shapes(config, policy, max_length, dist.world_size),
+        shapes=shapes,
         agree=dist.broadcast,
     )
     if precision.probe is not None and dist.is_main:
