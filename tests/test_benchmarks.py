@@ -29,6 +29,7 @@ def test_every_benchmark_has_a_smoke_test():
     assert SCRIPTS == [
         "bench_agent_gae.py",
         "bench_agent_rollout.py",
+        "bench_compile.py",
         "bench_compute_dtype.py",
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
@@ -52,6 +53,21 @@ def test_agent_gae_smoke(tmp_path):
     units = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 0 |")]
     assert units == ["token", "turn"]
     assert not (tmp_path / "runs").exists()  # smoke runs leave nothing behind
+
+
+def test_compile_smoke(tmp_path):
+    out = smoke("bench_compile.py", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["workload"] == "smoke" and row["backend"] == "eager"
+    for part in ("decode", "train"):
+        figures = row[part]
+        assert f"| smoke | {part} |" in out
+        assert figures["eager_s"] > 0 and figures["compiled_s"] > 0
+        # the captured graphs run the same ops: the same samples and log-probs, bit for bit
+        assert figures["max_abs_logprob_diff"] == 0.0
+        assert figures["ratio"] == pytest.approx(
+            figures["eager_s"] / figures["compiled_s"], rel=5e-2
+        )
 
 
 def test_compute_dtype_smoke(tmp_path):
