@@ -35,20 +35,15 @@ import tempfile
 import time
 
 import torch
-from grpo_workload import SMOKE, WORKLOADS, Workload
+from grpo_workload import SMOKE, WORKLOADS, Workload, build_model
 
-from ardea.model import build_char_tokenizer, build_tiny_model, sequence_logprobs
+from ardea.model import sequence_logprobs
 from ardea.rollout.engine import SamplingParams
 from ardea.rollout.inprocess import InProcessEngine, _uniform_table
 
 
 def build(work: Workload):
-    tokenizer = build_char_tokenizer(model_max_length=128)
-    model = build_tiny_model(
-        tokenizer, hidden_size=work.hidden, num_layers=work.layers, num_heads=work.heads,
-        num_kv_heads=work.kv_heads, intermediate_size=work.intermediate,
-        max_position_embeddings=128, tie_word_embeddings=True, seed=0,
-    )  # fmt: skip
+    tokenizer, model = build_model(work)
     low = 10 ** (work.digits - 1)
     prompts = [
         tokenizer(f"{low + 7 * i}+{low + 3 * i}=", add_special_tokens=False)["input_ids"]

@@ -53,18 +53,25 @@ SMOKE = Workload(
 
 
 # ------------------------------------------------------------------ inputs
-def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
-    """The model + tokenizer directory and the prompt JSONL; returns them and the shape
-    figures the FLOP count needs."""
+def build_model(work: Workload):
+    """``(tokenizer, model)``: ardea's character tokenizer and the workload's tiny Qwen2
+    (tied embeddings, seed 0)."""
     from ardea.model import build_char_tokenizer, build_tiny_model
 
-    transformers.utils.logging.disable_progress_bar()
     tokenizer = build_char_tokenizer(model_max_length=128)
     model = build_tiny_model(
         tokenizer, hidden_size=work.hidden, num_layers=work.layers, num_heads=work.heads,
         num_kv_heads=work.kv_heads, intermediate_size=work.intermediate,
         max_position_embeddings=128, tie_word_embeddings=True, seed=0,
     )  # fmt: skip
+    return tokenizer, model
+
+
+def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
+    """The model + tokenizer directory and the prompt JSONL; returns them and the shape
+    figures the FLOP count needs."""
+    transformers.utils.logging.disable_progress_bar()
+    tokenizer, model = build_model(work)
     model_dir = root / f"model-{work.name}"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
