@@ -93,5 +93,5 @@ def test_counts_added_from_threads_all_arrive():
         thread.start()
     for thread in threads:
         thread.join()
-    COUNTER.add("train", torch.tensor(2.5, dtype=torch.float64))
+    COUNTER.add("train", torch.tensor(2.5))
     assert COUNTER.since(before) == {"train": 2.5, "decode": 4000.0}

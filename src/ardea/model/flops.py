@@ -157,7 +157,7 @@ def count_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | 
         n, s = input_ids.shape
         flops = n * sizes.forward(s)
     else:
-        lengths = attention_mask.sum(dim=-1, dtype=torch.float64)  # (N,)
+        lengths = attention_mask.sum(dim=-1, dtype=torch.float32)  # (N,) float32: any device
         flops = sizes.forward(lengths).sum()
     COUNTER.add("train", flops * _passes())
 
