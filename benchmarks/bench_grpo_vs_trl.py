@@ -45,15 +45,16 @@ alternates), never at the same time; per side the median over all measured steps
 repetitions, and per repetition the ratio TRL / ardea of the two medians, whose median is
 the reported ratio (> 1: ardea is faster).
 
-FLOPs of one step (``N`` sequences of ``P`` prompt + ``R`` completion tokens, ``M`` the matmul
-parameters per token: ``L · (2H² + 2H·H_kv + 3H·I) + V·H``, the tied LM head counted as a
-matmul; causal attention ``2·H·S·(S+1)`` per layer for a forward over ``S`` positions):
+FLOPs of one step, counted as ardea's step profile counts them (``ardea.model.flops``): for
+``N`` sequences of ``P`` prompt + ``R`` completion tokens, ``M`` the layers' matmul
+multiply-adds per token, ``A`` = layers × hidden, ``H·V`` the LM head,
 
-    F(S)  = 2·M·S + L·2·H·S·(S+1)                     forward over S positions
-    step  = N · [F(P + R − 1) + 3·F(P + R) (+ F(P + R) with the reference)]
+    F(S, h) = 2·M·S + 2·A·S·(S+1) + 2·H·V·h       a causal forward over S positions, head on h
+    step    = N · [F(P + R − 1, R) + 3·F(P + R, P + R) (+ F(P + R, P + R) with the reference)]
 
-(generation feeds P + R − 1 positions: the *decode* part; forward + backward ≈ 3 forwards,
-and the reference's forward: the *train* part). Achieved FLOP/s = step FLOPs / seconds per
+(generation feeds P + R − 1 positions and applies the head to the R it samples from, every
+row prefilling its own prompt: the *decode* part; forward + backward ≈ 3 forwards, and the
+reference's forward: the *train* part). Achieved FLOP/s = step FLOPs / seconds per
 step. The *floor* of a step is the time its FLOPs take at the matmul rates measured in the
 same run at the step's own shapes and precision: the train part at the rate of an MLP
 up-projection over all N·(P + R) tokens, the decode part at the rate of the same product

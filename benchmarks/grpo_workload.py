@@ -70,6 +70,8 @@ def build_model(work: Workload):
 def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
     """The model + tokenizer directory and the prompt JSONL; returns them and the shape
     figures the FLOP count needs."""
+    from ardea.model.flops import model_flops
+
     transformers.utils.logging.disable_progress_bar()
     tokenizer, model = build_model(work)
     model_dir = root / f"model-{work.name}"
@@ -86,6 +88,7 @@ def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
         "vocab": model.config.vocab_size,
         "prompt_tokens": len(tokenizer(f"{low}+{low}=", add_special_tokens=False)["input_ids"]),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "sizes": model_flops(model),
     }
     return model_dir, data, shape
 
@@ -126,20 +129,16 @@ def realistic_inputs(work: Workload, root: Path, threads: int, sft: Path | None,
 
 
 def step_flops(work: Workload, shape: dict, *, reference: bool) -> dict[str, float]:
-    """FLOPs of one optimizer step (module docstring), split into ``decode`` (generation) and
-    ``train`` (forward + backward, the reference's forward)."""
-    h, kv = work.hidden, work.hidden // work.heads * work.kv_heads
-    matmul = work.layers * (2 * h * h + 2 * h * kv + 3 * h * work.intermediate)
-    matmul += shape["vocab"] * h
-
-    def forward(s: int) -> float:
-        return 2.0 * matmul * s + work.layers * 2.0 * h * s * (s + 1)
-
-    seq = shape["prompt_tokens"] + work.new_tokens
+    """FLOPs of one optimizer step, counted as ardea counts its own runs
+    (:class:`ardea.model.flops.ModelFlops`), split into ``decode`` (each of the ``N`` rows'
+    ``P + R - 1`` fed positions, the head on the ``R`` sampled ones: every row prefills its own
+    prompt, as ``generate()`` does) and ``train`` (forward + backward = 3 forwards of all
+    ``P + R`` positions, and the reference's forward)."""
+    sizes, seq = shape["sizes"], shape["prompt_tokens"] + work.new_tokens
     n = work.prompts * work.group
     return {
-        "decode": n * forward(seq - 1),
-        "train": n * (4 if reference else 3) * forward(seq),
+        "decode": n * sizes.forward(seq - 1, 0, work.new_tokens),
+        "train": n * (4 if reference else 3) * sizes.forward(seq),
     }
 
 

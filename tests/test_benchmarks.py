@@ -130,13 +130,14 @@ def test_grpo_vs_trl_smoke_never_creates_the_trl_environment(tmp_path):
     assert row["ardea_s_per_step"] > 0 and "trl_s_per_step" not in row
     # by hand, smoke shape: H 32, I 64, L 2, 2 heads of 16 (one KV head: H_kv 16), V 262,
     # 2 prompts × 2 completions of P 6 + R 8 tokens, with the reference (4 forwards)
-    m = 2 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 262 * 32  # 26,816
+    m = 2 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64)  # 18,432 per token in the layers
 
-    def forward(s):
-        return 2 * m * s + 2 * 2 * 32 * s * (s + 1)
+    def forward(s, heads):  # layers, causal attention over 2 × 32 query dims, the head
+        return 2 * m * s + 2 * 2 * 32 * s * (s + 1) + 2 * 262 * 32 * heads
 
-    assert row["flops_per_step"] == 4 * (forward(13) + 4 * forward(14)) == 15_325_696
-    assert row["decode_flops"] == 4 * forward(13) and row["train_flops"] == 16 * forward(14)
+    assert row["decode_flops"] == 4 * forward(13, 8) == 2_546_688
+    assert row["train_flops"] == 16 * forward(14, 14) == 12_443_648
+    assert row["flops_per_step"] == row["decode_flops"] + row["train_flops"]
     assert row["ardea_gflops"] == pytest.approx(
         row["flops_per_step"] / row["ardea_s_per_step"] / 1e9
     )
