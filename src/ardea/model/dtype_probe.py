@@ -17,7 +17,10 @@ when it is already ``GIVE_UP_RATIO`` times slower on the decode shape (an emulat
 product at training shapes can take seconds). Each shape is timed for about
 ``budget_s / (2 · candidates)`` seconds (at least two products), so a probe costs well
 under a second; its result is cached per machine, torch version, thread count and shapes in
-``$ARDEA_CACHE_DIR`` (default ``~/.cache/ardea``) as ``compute_dtype_probe.json``.
+``$ARDEA_CACHE_DIR`` (default ``~/.cache/ardea``) as ``compute_dtype_probe.json``. A cached
+result is checked by one short timing of the chosen dtype at the decode shape (a few
+milliseconds): when that now runs ``RECHECK_RATIO`` times faster than the cache says, the
+cached figures were taken on a busy machine and everything is measured again.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ GIVE_UP_RATIO = 4.0
 timed at the training shape."""
 
 CACHE_FILE = "compute_dtype_probe.json"
+
+RECHECK_RATIO = 1.5
+"""A cached result is measured again when its chosen dtype's decode product now runs this
+many times faster than the cache says (module docstring)."""
+
+RECHECK_BUDGET_S = 0.02
 
 MAX_PRODUCT_FLOPS = {"decode": 6.4e7, "train": 5.12e8}
 """FLOPs one timed product may have: rows are cut to fit (at least one), so a large model's
@@ -212,12 +221,9 @@ def probe(device, params, candidates, shapes: ProbeShapes) -> ProbeResult:
         stored = {}
     if not isinstance(stored, dict):
         stored = {}
-    entry = stored.get(key)
-    if isinstance(entry, dict):
-        try:
-            return ProbeResult(**{**entry, "cached": True})
-        except TypeError:
-            pass
+    cached = _cached_result(stored.get(key))
+    if cached is not None and not _taken_under_load(cached, device, params, shapes):
+        return cached
     result = measure(device, params, candidates, shapes)
     stored[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
     try:
@@ -228,3 +234,21 @@ def probe(device, params, candidates, shapes: ProbeShapes) -> ProbeResult:
     except OSError:
         pass
     return result
+
+
+def _cached_result(entry) -> ProbeResult | None:
+    try:
+        return ProbeResult(**{**entry, "cached": True}) if isinstance(entry, dict) else None
+    except TypeError:
+        return None
+
+
+def _taken_under_load(cached: ProbeResult, device, params, shapes: ProbeShapes) -> bool:
+    """Whether the chosen dtype's decode product now runs :data:`RECHECK_RATIO` times faster
+    than ``cached`` says (then the cache was written while something else ran)."""
+    dtype = getattr(torch, cached.choice, None)
+    stored = cached.decode_gflops.get(cached.choice)
+    if not isinstance(dtype, torch.dtype) or not stored:
+        return True  # an entry that cannot be checked is measured again
+    now = _gflops(device, dtype, params, "decode", shapes, RECHECK_BUDGET_S)
+    return now > RECHECK_RATIO * stored
