@@ -176,7 +176,7 @@ def _until_stop(row: list[int], stops: list[int] | None) -> list[int]:
 
 HEADER = (
     "| model | params | prompts | new tokens | mode | mean length | engine fp32 tok/s | "
-    "generate() fp32 tok/s | ratio fp32 | engine auto tok/s | generate() bf16 tok/s | "
+    "generate() fp32 tok/s | ratio fp32 | engine auto tok/s | generate() auto tok/s | "
     "ratio auto |"
 )
 

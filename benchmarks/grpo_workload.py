@@ -85,7 +85,6 @@ def write_inputs(work: Workload, root: Path) -> tuple[Path, Path, dict]:
             a, b = rng.randint(low, high), rng.randint(low, high)
             handle.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
     shape = {
-        "vocab": model.config.vocab_size,
         "prompt_tokens": len(tokenizer(f"{low}+{low}=", add_special_tokens=False)["input_ids"]),
         "parameters": sum(p.numel() for p in model.parameters()),
         "sizes": model_flops(model),
