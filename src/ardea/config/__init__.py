@@ -4,11 +4,11 @@ from ardea.config.agent import AgentConfig
 from ardea.config.loader import (
     DEFAULT_RECIPE,
     config_to_yaml,
-    describe_config,
     load_config,
     stage_configs,
 )
 from ardea.config.ppo import PPOConfig
+from ardea.config.reference import config_keys, describe_config
 from ardea.config.schema import (
     AlgoConfig,
     ArdeaConfig,
@@ -30,6 +30,7 @@ __all__ = [
     "PPOConfig",
     "RolloutConfig",
     "TrainerConfig",
+    "config_keys",
     "config_to_yaml",
     "describe_config",
     "load_config",

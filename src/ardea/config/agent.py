@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ardea.config.fields import check_choice, check_range, option
+from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
 
 EXPORT_STYLES = ("conversation", "call")
@@ -32,6 +32,7 @@ class AgentConfig:
         "in_process",
         "How a workflow's client reaches the policy: in_process (no socket) or http (the "
         "recording server on 127.0.0.1). The calls and samples are the same.",
+        choices=("in_process", "http"),
     )
     max_concurrency: int = option(
         256, "Most workflow episodes running at once (each row's G episodes, row after row)."
@@ -50,6 +51,7 @@ class AgentConfig:
         "conversation",
         "How episodes become trajectories: conversation (one row per episode, every reply a "
         "turn) or call (one row per model call, with the discounted reward).",
+        choices=EXPORT_STYLES,
     )
     history: str = option(
         "error",
@@ -59,6 +61,7 @@ class AgentConfig:
         "keep_tokens (keep the tokens the model saw and generated and append only the new "
         "messages, so the conversation stays one row; the model then sees its earlier turns "
         "as generated, not as the template would re-render them).",
+        choices=HISTORY_POLICIES,
     )
     tool_parser: str = option(
         "hermes",
@@ -73,6 +76,7 @@ class AgentConfig:
         "and keeps running) or process (each call in a forked child process, killed at the "
         "timeout; a tool that ends its process fails that call only). Environment steps "
         "stay in the runner's process: they change the environment's state.",
+        choices=("thread", "process"),
     )
     eval_episodes: int = option(
         1,
@@ -87,6 +91,7 @@ class AgentConfig:
     )
 
     def __post_init__(self) -> None:
+        check_choices(self, "agent")
         if self.env is not None and (not isinstance(self.env, str) or not self.env):
             raise ConfigError(f"agent.env={self.env!r} must name an environment or be null")
         if not hasattr(self.env_args, "keys"):
@@ -97,9 +102,6 @@ class AgentConfig:
         if isinstance(self.eval_episodes, bool) or not isinstance(self.eval_episodes, int):
             raise ConfigError(f"agent.eval_episodes={self.eval_episodes!r} must be an int >= 1")
         check_range("agent.eval_episodes", self.eval_episodes, low=1)
-        check_choice("agent.export", self.export, EXPORT_STYLES)
-        check_choice("agent.history", self.history, HISTORY_POLICIES)
-        check_choice("agent.executor", self.executor, ("thread", "process"))
         if self.workflow is not None and (not isinstance(self.workflow, str) or not self.workflow):
             raise ConfigError(f"agent.workflow={self.workflow!r} must name a function or be null")
         if self.workflow is not None and self.env is not None:
@@ -112,7 +114,6 @@ class AgentConfig:
                 f"agent.env_args={dict(self.env_args)!r} configures an agent.env; a workflow "
                 "reads its options from its rows (data.path): remove env_args"
             )
-        check_choice("agent.transport", self.transport, ("in_process", "http"))
         if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
             raise ConfigError(f"agent.max_concurrency={self.max_concurrency!r} must be an int >= 1")
         check_range("agent.max_concurrency", self.max_concurrency, low=1)

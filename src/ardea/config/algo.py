@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ardea.config.fields import check_choice, check_range, option
+from ardea.config.fields import check_choices, check_range, option
 from ardea.config.mismatch import MismatchConfig
 from ardea.config.ppo import PPOConfig
 from ardea.errors import ConfigError
@@ -16,9 +16,11 @@ class AlgoConfig:
     name: str = option("sft", "Training strategy by registered name: seq, sft, dpo, grpo, ...")
     label_smoothing: float = option(0.0, "seq/sft: label smoothing of the cross-entropy.")
     beta: float = option(0.1, "dpo: inverse temperature of the implicit reward.")
-    dpo_loss: str = option("sigmoid", "dpo: sigmoid (DPO) or ipo.")
+    dpo_loss: str = option("sigmoid", "dpo: sigmoid (DPO) or ipo.", choices=("sigmoid", "ipo"))
     dpo_reduction: str = option(
-        "sum", "dpo: sequence log-prob as the sum or the mean of its token log-probs."
+        "sum",
+        "dpo: sequence log-prob as the sum or the mean of its token log-probs.",
+        choices=("sum", "mean"),
     )
     moe_aux_loss_coef: float = option(
         0.01, "Weight of a mixture-of-experts model's load-balancing loss (0 = off)."
@@ -83,6 +85,7 @@ class AlgoConfig:
     )
 
     def __post_init__(self) -> None:
+        check_choices(self, "algo")
         if not self.name:
             raise ConfigError("algo.name must name a strategy, e.g. algo.name=sft")
         if self.policy_loss is not None and (
@@ -94,8 +97,6 @@ class AlgoConfig:
             )
         check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
         check_range("algo.beta", self.beta, low=0.0, low_open=True)
-        check_choice("algo.dpo_loss", self.dpo_loss, ("sigmoid", "ipo"))
-        check_choice("algo.dpo_reduction", self.dpo_reduction, ("sum", "mean"))
         check_range("algo.moe_aux_loss_coef", self.moe_aux_loss_coef, low=0.0)
         check_range("algo.ppo_epochs", self.ppo_epochs, low=1)
         check_range("algo.ppo_mini_batches", self.ppo_mini_batches, low=1)

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import math
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Any
 
 from ardea.errors import ConfigError
 
 
-def option(default: Any = None, help: str = "", *, factory: Any = None) -> Any:
-    """A dataclass field with a help text (shown by ``ardea train --help-config``)."""
+def option(
+    default: Any = None, help: str = "", *, factory: Any = None, choices: tuple | None = None
+) -> Any:
+    """A dataclass field with a help text and, for a fixed set of values, its ``choices``
+    (shown by ``ardea train --help-config`` and the configuration reference; checked by
+    :func:`check_choices`)."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": tuple(choices)}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def check_choices(config: Any, prefix: str) -> None:
+    """Raise :class:`ConfigError` unless every field of the dataclass ``config`` declared
+    with ``choices`` holds one of them (named ``prefix.field`` in the message)."""
+    for f in fields(config):
+        if "choices" in f.metadata:
+            name = f"{prefix}.{f.name}" if prefix else f.name
+            check_choice(name, getattr(config, f.name), f.metadata["choices"])
 
 
 def check_choice(name: str, value: Any, allowed: tuple | list) -> None:

@@ -169,18 +169,3 @@ def stage_configs(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
 def config_to_yaml(config: ArdeaConfig) -> str:
     """The fully resolved config as YAML (what ``--print-config`` prints and runs save)."""
     return OmegaConf.to_yaml(OmegaConf.structured(config))
-
-
-def describe_config() -> str:
-    """Every field with its default and help text, one per line, by section."""
-    lines = []
-    for section in dataclasses.fields(ArdeaConfig):
-        instance = getattr(ArdeaConfig(), section.name)
-        if not dataclasses.is_dataclass(instance):  # a top-level field such as stages
-            lines.append(f"{section.name} = {instance!r}  # {section.metadata.get('help', '')}")
-            continue
-        lines.append(f"{section.name}:")
-        for f in dataclasses.fields(instance):
-            default = getattr(instance, f.name)
-            lines.append(f"  {f.name} = {default!r}  # {f.metadata.get('help', '')}")
-    return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ardea.config.fields import check_choice, check_range, option
+from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
 
 MISMATCH_MODES = ("none", "token_tis", "seq_tis", "token_mis", "seq_mis")
@@ -20,13 +20,14 @@ class MismatchConfig:
         "sampling: weight min(w, cap), w = pi_trainer / pi_behaviour per token or per "
         "sequence), token_mis / seq_mis (masked: weight w inside [low, high], 0 outside), "
         "none.",
+        choices=MISMATCH_MODES,
     )
     cap: float = option(2.0, "TIS: the cap C of the importance weight (>= 1).")
     low: float = option(0.5, "MIS: tokens / sequences with a weight below this are masked.")
     high: float = option(2.0, "MIS: tokens / sequences with a weight above this are masked.")
 
     def __post_init__(self) -> None:
-        check_choice("algo.mismatch.mode", self.mode, MISMATCH_MODES)
+        check_choices(self, "algo.mismatch")
         check_range("algo.mismatch.cap", self.cap, low=1.0)
         check_range("algo.mismatch.low", self.low, low=0.0, high=1.0)
         check_range("algo.mismatch.high", self.high, low=1.0)

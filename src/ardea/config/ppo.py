@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ardea.config.fields import check_choice, check_range, option
+from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
 
 TIMESTEP_UNITS = ("token", "turn")
@@ -82,6 +82,7 @@ class PPOConfig:
         "token",
         "GAE time step: 'token' (one step per generated token) or 'turn' (one step per "
         "assistant turn; needs turn_ids in the rollout data).",
+        choices=TIMESTEP_UNITS,
     )
     adv_estimator: str | None = option(
         None,
@@ -92,14 +93,20 @@ class PPOConfig:
     kl_ctl: float = option(
         0.0, "Coefficient of the per-token KL penalty folded into rewards (0 = off)."
     )
-    kl_estimator: str = option("k1", "KL estimator for the reward penalty: k1, k2, k3, low_var_kl.")
+    kl_estimator: str = option(
+        "k1", "KL estimator for the reward penalty: k1, k2, k3, low_var_kl.", choices=KL_ESTIMATORS
+    )
     reward_bias: float = option(0.0, "Added to every outcome reward before scaling.")
     reward_scaling: float = option(1.0, "Outcome rewards are multiplied by this (> 0).")
     reward_clip: float = option(20.0, "Outcome rewards are clipped to [-reward_clip, reward_clip].")
     reward_norm: str = option(
-        "none", "Normalize outcome rewards (x - mean) / (std + eps): none, batch or group."
+        "none",
+        "Normalize outcome rewards (x - mean) / (std + eps): none, batch or group.",
+        choices=NORM_MODES,
     )
-    adv_norm: str = option("none", "Whiten advantages over trained tokens: none, batch or group.")
+    adv_norm: str = option(
+        "none", "Whiten advantages over trained tokens: none, batch or group.", choices=NORM_MODES
+    )
     mask_no_eos_with_zero: bool = option(
         False, "Give truncated trajectories (no EOS) an outcome reward of 0."
     )
@@ -125,38 +132,39 @@ class PPOConfig:
         "token-mean",
         "Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean or "
         "seq-mean-token-sum-norm (Dr. GRPO).",
+        choices=LOSS_AGG_MODES,
     )
 
     def __post_init__(self) -> None:
-        _check_finite("discount", self.discount)
-        check_range("discount", self.discount, low=0.0, high=1.0)
+        check_choices(self, "algo.ppo")
+        _check_finite("algo.ppo.discount", self.discount)
+        check_range("algo.ppo.discount", self.discount, low=0.0, high=1.0)
         _check_gae_lambda(self.gae_lambda)
         if not isinstance(self.gae_lambda_kwargs, dict) and not hasattr(
             self.gae_lambda_kwargs, "keys"
         ):
             raise ConfigError(
-                f"gae_lambda_kwargs={self.gae_lambda_kwargs!r} must be a mapping of "
+                f"algo.ppo.gae_lambda_kwargs={self.gae_lambda_kwargs!r} must be a mapping of "
                 "keyword arguments"
             )
-        check_choice("gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS)
         if self.adv_estimator is not None and (
             not isinstance(self.adv_estimator, str) or not self.adv_estimator
         ):
-            raise ConfigError("adv_estimator must name an estimator, e.g. adv_estimator=gae")
-        _check_finite("kl_ctl", self.kl_ctl)
-        check_range("kl_ctl", self.kl_ctl, low=0.0)
-        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        _check_finite("reward_bias", self.reward_bias)
-        _check_finite("reward_scaling", self.reward_scaling)
-        check_range("reward_scaling", self.reward_scaling, low=0.0, low_open=True)
-        _check_finite("reward_clip", self.reward_clip)
-        check_range("reward_clip", self.reward_clip, low=0.0, low_open=True)
-        check_choice("reward_norm", self.reward_norm, NORM_MODES)
-        check_choice("adv_norm", self.adv_norm, NORM_MODES)
-        _check_finite("eps_clip", self.eps_clip)
-        check_range("eps_clip", self.eps_clip, low=0.0, high=1.0, low_open=True, high_open=True)
-        _check_optional("eps_clip_higher", self.eps_clip_higher, low=0.0, low_open=True)
-        _check_optional("c_clip", self.c_clip, low=1.0, low_open=True)
-        _check_optional("behav_imp_weight_cap", self.behav_imp_weight_cap, low=1.0)
-        _check_optional("value_eps_clip", self.value_eps_clip, low=0.0, low_open=True)
-        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+            raise ConfigError(
+                "algo.ppo.adv_estimator must name an estimator, e.g. algo.ppo.adv_estimator=gae"
+            )
+        _check_finite("algo.ppo.kl_ctl", self.kl_ctl)
+        check_range("algo.ppo.kl_ctl", self.kl_ctl, low=0.0)
+        _check_finite("algo.ppo.reward_bias", self.reward_bias)
+        _check_finite("algo.ppo.reward_scaling", self.reward_scaling)
+        check_range("algo.ppo.reward_scaling", self.reward_scaling, low=0.0, low_open=True)
+        _check_finite("algo.ppo.reward_clip", self.reward_clip)
+        check_range("algo.ppo.reward_clip", self.reward_clip, low=0.0, low_open=True)
+        _check_finite("algo.ppo.eps_clip", self.eps_clip)
+        check_range(
+            "algo.ppo.eps_clip", self.eps_clip, low=0.0, high=1.0, low_open=True, high_open=True
+        )
+        _check_optional("algo.ppo.eps_clip_higher", self.eps_clip_higher, low=0.0, low_open=True)
+        _check_optional("algo.ppo.c_clip", self.c_clip, low=1.0, low_open=True)
+        _check_optional("algo.ppo.behav_imp_weight_cap", self.behav_imp_weight_cap, low=1.0)
+        _check_optional("algo.ppo.value_eps_clip", self.value_eps_clip, low=0.0, low_open=True)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ardea.config.fields import check_choice, option
+from ardea.config.fields import check_choices, option
 from ardea.errors import ConfigError
 
 ON_ERROR = ("fail", "zero")
@@ -80,11 +80,13 @@ class RewardConfig:
         "Where reward functions run: thread (a call past timeout_s is abandoned and keeps "
         "running) or process (each call in a forked child process, killed at timeout_s; a "
         "function that ends its process fails that call only).",
+        choices=EXECUTORS,
     )
     on_error: str = option(
         "fail",
         "A reward function that raises, times out or returns NaN/a wrong length: 'fail' stops "
         "the run showing the sample; 'zero' scores it 0 and counts it in reward/* metrics.",
+        choices=ON_ERROR,
     )
 
     overlong_buffer: int = option(
@@ -98,6 +100,7 @@ class RewardConfig:
     )
 
     def __post_init__(self) -> None:
+        check_choices(self, "reward")
         if (
             isinstance(self.overlong_buffer, bool)
             or not isinstance(self.overlong_buffer, int)
@@ -136,5 +139,3 @@ class RewardConfig:
             raise ConfigError(
                 f"reward.timeout_s={self.timeout_s!r} must be a positive number of seconds"
             )
-        check_choice("reward.on_error", self.on_error, ON_ERROR)
-        check_choice("reward.executor", self.executor, EXECUTORS)

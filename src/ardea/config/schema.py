@@ -13,7 +13,7 @@ from typing import Any
 
 from ardea.config.agent import AgentConfig
 from ardea.config.algo import AlgoConfig
-from ardea.config.fields import check_choice, check_range, check_temperature, option
+from ardea.config.fields import check_choices, check_range, check_temperature, option
 from ardea.config.reward import RewardConfig
 from ardea.config.vllm import VLLMConfig
 from ardea.errors import ConfigError
@@ -31,20 +31,23 @@ class ModelConfig:
     path: str | None = option(
         None, "Local Hugging Face model directory; null builds the tiny default model in code."
     )
-    arch: str = option("qwen2", "Architecture of the tiny default model: qwen2 or llama.")
+    arch: str = option(
+        "qwen2", "Architecture of the tiny default model: qwen2 or llama.", choices=ARCHS
+    )
     hidden_size: int = option(128, "Tiny model: hidden size.")
     num_layers: int = option(4, "Tiny model: number of decoder layers.")
     num_heads: int = option(4, "Tiny model: attention heads.")
     num_kv_heads: int = option(2, "Tiny model: key/value heads (grouped-query attention).")
     intermediate_size: int = option(384, "Tiny model: MLP inner size.")
     max_position_embeddings: int = option(256, "Tiny model: longest sequence it accepts.")
-    dtype: str = option("float32", "Parameter dtype: float32, bfloat16 or float16.")
+    dtype: str = option("float32", "Parameter dtype: float32, bfloat16 or float16.", choices=DTYPES)
     compute_dtype: str = option(
         "auto",
         "The dtype matmuls run in (autocast) for training, log-probs and generation; "
         "parameters stay model.dtype. auto: with float32 parameters, the faster of float32 and "
         "bfloat16 at the run's matmul shapes, measured at start (cached in ~/.cache/ardea); "
         "else model.dtype. float32, bfloat16 or float16 to choose.",
+        choices=COMPUTE_DTYPES,
     )
     attn_implementation: str = option(
         "auto",
@@ -52,6 +55,7 @@ class ModelConfig:
         "most 128 tokens when computing in bfloat16/float16 on CPU (faster there than sdpa's "
         "kernels, measured in benchmarks/README.md), the model's own kernel otherwise; sdpa "
         "or eager to force one.",
+        choices=ATTENTIONS,
     )
     logprob_chunk_size: int = option(
         1024, "Tokens per chunk when computing log-probs (bounds the float32 logits kept at once)."
@@ -65,10 +69,7 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
-        check_choice("model.arch", self.arch, ARCHS)
-        check_choice("model.dtype", self.dtype, DTYPES)
-        check_choice("model.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        check_choice("model.attn_implementation", self.attn_implementation, ATTENTIONS)
+        check_choices(self, "model")
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
             check_range(f"model.{name}", getattr(self, name), low=1)
         check_range("model.max_position_embeddings", self.max_position_embeddings, low=8)
@@ -204,7 +205,9 @@ class TrainerConfig:
     lr: float = option(3e-3, "Peak learning rate (AdamW).")
     weight_decay: float = option(0.01, "AdamW weight decay.")
     adam_betas: list[float] = option(help="AdamW betas.", factory=lambda: [0.9, 0.98])
-    lr_schedule: str = option("cosine", "Learning-rate schedule: constant, cosine or linear.")
+    lr_schedule: str = option(
+        "cosine", "Learning-rate schedule: constant, cosine or linear.", choices=LR_SCHEDULES
+    )
     warmup_steps: int = option(100, "Linear warm-up steps from 0 to the peak learning rate.")
     min_lr_ratio: float = option(0.1, "Final learning rate as a fraction of the peak.")
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = off).")
@@ -239,6 +242,7 @@ class TrainerConfig:
         "Data parallelism under torchrun: fsdp2 (policy, critic and frozen copies sharded "
         "with fully_shard), ddp (replicated, gradients all-reduced), none (one process), or "
         "auto (none for one process, fsdp2 when torchrun starts several).",
+        choices=DISTRIBUTED,
     )
     dist_timeout_s: float = option(
         60.0,
@@ -247,6 +251,7 @@ class TrainerConfig:
     )
 
     def __post_init__(self) -> None:
+        check_choices(self, "trainer")
         check_range("trainer.max_steps", self.max_steps, low=1)
         check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, low=1)
         check_range("trainer.max_train_seconds", self.max_train_seconds, low=0.0)
@@ -264,7 +269,6 @@ class TrainerConfig:
             raise ConfigError(
                 f"trainer.adam_betas={list(self.adam_betas)} must be two numbers in [0, 1)"
             )
-        check_choice("trainer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_range("trainer.warmup_steps", self.warmup_steps, low=0)
         check_range("trainer.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_range("trainer.max_grad_norm", self.max_grad_norm, low=0.0)
@@ -272,7 +276,6 @@ class TrainerConfig:
         check_range("trainer.save_every", self.save_every, low=0)
         check_range("trainer.keep_last", self.keep_last, low=1)
         check_range("trainer.num_threads", self.num_threads, low=0)
-        check_choice("trainer.distributed", self.distributed, DISTRIBUTED)
         check_range("trainer.dist_timeout_s", self.dist_timeout_s, low=0.0, low_open=True)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(
@@ -291,11 +294,15 @@ class LoggingConfig:
     progress: bool = option(True, "Show a progress bar.")
     wandb: bool = option(False, "Log to Weights & Biases as well.")
     wandb_project: str = option("ardea", "Weights & Biases project.")
-    wandb_mode: str = option("offline", "Weights & Biases mode: offline (no network) or online.")
+    wandb_mode: str = option(
+        "offline",
+        "Weights & Biases mode: offline (no network) or online.",
+        choices=("offline", "online"),
+    )
 
     def __post_init__(self) -> None:
+        check_choices(self, "logging")
         check_range("logging.log_every", self.log_every, low=1)
-        check_choice("logging.wandb_mode", self.wandb_mode, ("offline", "online"))
 
 
 @dataclass

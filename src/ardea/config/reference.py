@@ -1,0 +1,151 @@
+"""Every config key with its type, default, choices and help text, read from the config
+dataclasses themselves: ``ardea train --help-config`` prints it as text and the
+documentation site's configuration reference is generated from it, so neither is ever
+maintained by hand.
+
+A key of a nested section is dotted (``algo.ppo.gae_lambda``); the fields of the entries of
+a list of sections are named with ``[]`` (``reward.functions[].name``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ardea.config.schema import ArdeaConfig
+
+__all__ = ["ConfigKey", "config_keys", "config_reference_markdown", "describe_config"]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One config key: where it lives and what it takes."""
+
+    section: str  # the dotted section it belongs to ("" for a top-level key such as stages)
+    key: str  # the full dotted key, e.g. "algo.ppo.gae_lambda"
+    type: str  # the annotation as written, e.g. "float | None"
+    default: Any  # the default value (a default factory's product)
+    choices: tuple | None  # the allowed values, when the field has a fixed set
+    help: str  # the field's help text
+
+
+def config_keys(cls: type = ArdeaConfig, prefix: str = "") -> Iterator[ConfigKey]:
+    """Every leaf key of the dataclass ``cls`` (nested sections recursively), in field order."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = f"{prefix}{field.name}"
+        nested = _section_type(hints[field.name])
+        if nested is not None:
+            if typing.get_origin(hints[field.name]) is list:
+                yield from config_keys(nested, f"{key}[].")
+            else:
+                yield from config_keys(nested, f"{key}.")
+            continue
+        yield ConfigKey(
+            section=prefix.rstrip("."),
+            key=key,
+            type=str(field.type),
+            default=_default(field),
+            choices=field.metadata.get("choices"),
+            help=field.metadata.get("help", ""),
+        )
+
+
+def _default(field: dataclasses.Field) -> Any:
+    """The field's default value (a default factory's product); REQUIRED when it has none."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return REQUIRED
+
+
+class _Required:
+    """The default of a key that has none: the config must set it."""
+
+    def __repr__(self) -> str:
+        return "required"
+
+
+REQUIRED = _Required()
+
+
+def _section_type(hint: Any) -> type | None:
+    """The dataclass a field holds (itself, or the item of a list of them), else None."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def yaml_value(value: Any) -> str:
+    """``value`` as it is written in a YAML config (JSON is YAML: null, true, [..], {..})."""
+    if value is REQUIRED:
+        return "(required)"
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+def describe_config() -> str:
+    """Every key with its default, choices and help, one per line, grouped by section."""
+    lines: list[str] = []
+    section = None
+    for item in config_keys():
+        if item.section != section:
+            section = item.section
+            if section:
+                lines.append(f"{section}:")
+        name = item.key[len(section) + 1 :] if section else item.key
+        choices = f" (one of: {', '.join(map(yaml_value, item.choices))})" if item.choices else ""
+        indent = "  " if section else ""
+        lines.append(f"{indent}{name} = {yaml_value(item.default)}  # {item.help}{choices}")
+    return "\n".join(lines)
+
+
+def config_reference_markdown() -> str:
+    """The configuration reference page: one table of keys per section."""
+    out = [
+        "# Configuration reference",
+        "",
+        "Every key of a run's config, generated from the config dataclasses of "
+        "`ardea.config` (their types, defaults, allowed values and help texts) when the site "
+        "is built; `ardea train --help-config` prints the same list. Set a key in the YAML "
+        "file under its section or on the command line as `section.key=value` "
+        "([how](../howto/configure.md)).",
+        "",
+    ]
+    section = None
+    for item in config_keys():
+        if item.section != section:
+            section = item.section
+            title = section or "top level"
+            out += [
+                "",
+                f"## {title}",
+                "",
+                "| key | type | default | what it is |",
+                "|---|---|---|---|",
+            ]
+        allowed = (
+            f" One of: {', '.join(f'`{yaml_value(c)}`' for c in item.choices)}."
+            if item.choices
+            else ""
+        )
+        out.append(
+            f"| `{item.key}` | `{_cell(item.type)}` | `{_cell(yaml_value(item.default))}` "
+            f"| {_cell(item.help)}{allowed} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    """``text`` safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
