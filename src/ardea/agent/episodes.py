@@ -14,7 +14,7 @@
 - :meth:`EpisodeRunner.score`: the recorded calls become trajectories
   (:func:`~ardea.agent.export_trajectories`, ``export`` style and ``history`` policy), one
   group per row (``group_ids``: the row's index in the call), with the ``agent/*`` metrics
-  of ``docs/metrics.md``.
+  of ``docs/reference/metrics.md``.
 
 Every generated span carries the engine version that produced it, so the trainer's
 staleness check sees a version per span.
@@ -107,7 +107,11 @@ class EpisodeRunner(StoredEpisodes):
         group_size: G episodes per row.
         params: sampling parameters of every call (``max_new_tokens`` per reply).
         max_turns: most replies per episode.
-        export, history, tool_parser, executor, reward_discount: see ``AgentConfig``.
+        export: see ``AgentConfig``.
+        history: see ``AgentConfig``.
+        tool_parser: see ``AgentConfig``.
+        executor: see ``AgentConfig``.
+        reward_discount: see ``AgentConfig``.
         seed: the run seed.
     """
 
@@ -237,7 +241,7 @@ def _text(message: dict[str, Any]) -> str:
 
 
 def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict[str, float]:
-    """The ``agent/*`` and ``rollout/*`` metrics of a call's episodes (``docs/metrics.md``)."""
+    """The ``agent/*`` and ``rollout/*`` metrics of a call's episodes (``docs/reference/metrics.md``)."""
     n = len(episodes)
     turns = sum(e.turns for e in episodes)
     rewards = batch.rewards.double()

@@ -120,8 +120,11 @@ class WorkflowRunner(StoredEpisodes):
         transport: ``in_process`` or ``http``; ``max_concurrency``: episodes running at once;
         timeout_s: seconds one episode may take; ``on_error``: ``zero`` counts a failed
             episode and goes on, ``fail`` raises :class:`WorkflowError`.
-        export, history, tool_parser, reward_discount: see ``AgentConfig``; ``seed``: the
-            run seed.
+        export: see ``AgentConfig``.
+        history: see ``AgentConfig``.
+        tool_parser: see ``AgentConfig``.
+        reward_discount: see ``AgentConfig``.
+        seed: the run seed.
     """
 
     def __init__(

@@ -219,7 +219,8 @@ def compute_turn_level_gae(
     ``returns = A_k + V_k``; other positions get advantage 0 and return ``values``.
 
     Args:
-        rewards, values: ``(B, T)`` float, next-token aligned.
+        rewards: ``(B, T)`` float, next-token aligned.
+        values: ``(B, T)`` float, next-token aligned.
         loss_mask: ``(B, T)`` bool or 0/1, 1 on trained tokens.
         turn_ids: ``(B, T)`` integer turn index of each trained token (other positions may
             hold anything, conventionally -1).

@@ -149,10 +149,13 @@ def ppo_policy_loss(
         old_logprobs: ``(N, S)`` log-probs of the policy that produced the data.
         advantages: ``(N, S)``.
         loss_mask: ``(N, S)`` bool or 0/1.
-        eps_clip, eps_clip_higher: ratio clip range ``[1 - eps_clip, 1 + eps_clip_higher]``
-            (``eps_clip_higher=None`` means symmetric).
+        eps_clip: the ratio clip range is ``[1 - eps_clip, 1 + eps_clip_higher]``.
+        eps_clip_higher: its upper side (``None`` means symmetric: ``eps_clip``).
         c_clip: dual-clip constant > 1, or None.
-        loss_agg_mode, global_tokens, global_seqs, horizon: see :func:`agg_loss`.
+        loss_agg_mode: the aggregation (``mode`` of :func:`agg_loss`).
+        global_tokens: see :func:`agg_loss`.
+        global_seqs: see :func:`agg_loss`.
+        horizon: see :func:`agg_loss`.
 
     Returns:
         ``(loss, metrics)``.
@@ -193,9 +196,11 @@ def decoupled_ppo_policy_loss(
         logprobs: ``(N, S)`` trained policy (with gradient).
         prox_logprobs: ``(N, S)`` proximal policy, recomputed by the trainer before the update.
         behav_logprobs: ``(N, S)`` behaviour policy that generated the tokens (rollout).
-        advantages, loss_mask: ``(N, S)``.
+        advantages: ``(N, S)``.
+        loss_mask: ``(N, S)`` bool or 0/1.
         behav_imp_weight_cap: cap >= 1 on ``w``, or None.
-        Other arguments as in :func:`ppo_policy_loss`.
+
+    The other arguments are those of :func:`ppo_policy_loss`.
 
     Returns:
         ``(loss, metrics)``, with ``loss/behav_imp_weight`` and ``loss/behav_drop_frac``.

@@ -268,8 +268,9 @@ def sequence_logprobs(
             attends within each document (the entry scoring a document's first token from
             the previous document is meaningless; the caller's loss mask drops it).
         temperature: logits are divided by it before the softmax (sampling temperature).
-        top_k, top_p: the truncation the tokens were sampled under: log-probs are those of
-            the top-k / top-p set renormalised (:func:`truncated`); 0 and 1 = none.
+        top_k: the top-k truncation the tokens were sampled under: log-probs are those of
+            the top-k / top-p set renormalised (:func:`truncated`); 0 = none.
+        top_p: the top-p (nucleus) truncation they were sampled under; 1 = none.
         chunk_size: token positions per LM-head/log-softmax chunk.
         with_entropy: also return ``entropy``.
 

@@ -110,9 +110,12 @@ def build_tiny_model(
 
     Args:
         tokenizer: gives ``vocab_size = len(tokenizer)`` and the pad/bos/eos ids.
-        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-        max_position_embeddings: the transformer's shape (head_dim = hidden / heads,
-            grouped-query attention with ``num_kv_heads`` key/value heads).
+        hidden_size: the transformer's width (head_dim = hidden / heads).
+        num_layers: decoder layers.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (grouped-query attention).
+        intermediate_size: the MLP's inner size.
+        max_position_embeddings: the longest sequence the model accepts.
         seed: weights are ``N(0, 0.02)`` draws from this seed (bit-identical per seed).
         arch: ``"qwen2"`` (q/k/v biases) or ``"llama"`` (no biases).
         tie_word_embeddings: share the input embedding with the LM head.

@@ -106,8 +106,9 @@ class RolloutRunner:
         task: when given, ``rollout/accuracy`` is the share of completions its verifier
             accepts, whatever the reward functions are (the prompts must then be its
             examples).
-        overlong_buffer, overlong_penalty: DAPO's soft overlong penalty
-            (:func:`ardea.reward.overlong_penalty`; buffer 0 = off).
+        overlong_buffer: DAPO's soft overlong penalty's buffer
+            (:func:`ardea.reward.overlong_penalty`; 0 = off).
+        overlong_penalty: that penalty's maximum.
     """
 
     def __init__(

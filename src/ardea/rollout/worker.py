@@ -62,8 +62,9 @@ class RolloutWorker:
         engine: an engine that owns its weights (not the trainer's module).
         generate: ``generate(examples, step, engine) -> Generation``.
         max_staleness: η ≥ 1.
-        start_step, start_version: ``s0`` and ``v0`` of the version schedule (a resumed run
-            passes its original ones; ``start_version`` defaults to the engine's version).
+        start_step: ``s0`` of the version schedule (a resumed run passes its original one).
+        start_version: ``v0`` of the version schedule (a resumed run passes its original
+            one; defaults to the engine's version).
         restored: completions of steps already generated (from a checkpoint), by step.
     """
 

@@ -86,7 +86,7 @@ class RLStep:
         updater: Updater,
         samples: Sequence[Example],
         sampler: EpochSampler,
-        make_worker_engine,
+        make_worker_engine: Callable[[], GenerationEngine],
         dist: Distributed,
         full_weights: Callable[[], dict[str, torch.Tensor]],
     ) -> None:
