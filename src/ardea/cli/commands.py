@@ -49,15 +49,26 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, Path | None]:
     )
 
 
-def _load_for_inference(path: str, overrides: list[str], check=None):
-    from ardea.model import Precision, load_model_and_tokenizer
-    from ardea.rollout import EngineSpec, make_engine
-    from ardea.trainer.setup import context_length, probe_shapes, resolve_device
+def quiet_transformers() -> None:
+    """transformers' logging as ardea's commands want it: no per-shard progress bars (ardea
+    draws its own progress) and errors only (ardea checks lengths itself and says so).
+    Called by each command right before it imports the model code, not at start-up."""
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _load_for_inference(path: str, overrides: list[str], check=None):
     model_dir, run_config = resolve_model_dir(path)
     config: ArdeaConfig = load_config(run_config, overrides)
     if check is not None:  # the command's own checks of the config, before any loading
         check(config)
+    quiet_transformers()  # the model code is imported only once the command line checked out
+    from ardea.model import Precision, load_model_and_tokenizer
+    from ardea.rollout import EngineSpec, make_engine
+    from ardea.trainer.setup import context_length, probe_shapes, resolve_device
+
     device = resolve_device(config.trainer.device)
     model, tokenizer = load_model_and_tokenizer(
         str(model_dir), dtype=config.model.dtype, device=str(device)
@@ -78,11 +89,6 @@ def _load_for_inference(path: str, overrides: list[str], check=None):
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from ardea.data import make_task
-    from ardea.trainer.evaluate import evaluate_task
-
     _check_eval_options(args)
 
     def needs_task(config: ArdeaConfig) -> None:
@@ -95,6 +101,11 @@ def evaluate(args: argparse.Namespace) -> int:
     config, model_dir, tokenizer, engine = _load_for_inference(
         args.path, list(args.args), check=needs_task
     )
+    from rich.table import Table
+
+    from ardea.data import make_task
+    from ardea.trainer.evaluate import evaluate_task
+
     task = make_task(config.data.task, seed=config.data.seed, **config.data.task_args)
     size = (
         config.data.eval_size
@@ -141,10 +152,10 @@ def _check_eval_options(args: argparse.Namespace) -> None:
 
 
 def generate(args: argparse.Namespace) -> int:
+    _, _, tokenizer, engine = _load_for_inference(args.path, [])
     from ardea.data import encode_prompt
     from ardea.rollout import SamplingParams
 
-    _, _, tokenizer, engine = _load_for_inference(args.path, [])
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,

@@ -107,12 +107,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local directories only
-    from transformers.utils import logging as hf_logging
-
-    from ardea.cli import commands  # imported late: `ardea --help` stays fast
-
-    hf_logging.disable_progress_bar()  # ardea draws its own progress; no per-shard bars
-    hf_logging.set_verbosity_error()  # ardea checks lengths itself and says so in one line
+    # imported late: `ardea --help` and every error found in the command line or the config
+    # answer before torch and transformers are imported (seconds)
+    from ardea.cli import commands
 
     handler = {
         "train": train,

@@ -54,12 +54,13 @@ def add_serve_parser(sub) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from ardea.agent import RecordingClient
-    from ardea.agent.server import ChatServer
     from ardea.cli.commands import _load_for_inference
 
     _check(args)
     _, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
+    from ardea.agent import RecordingClient
+    from ardea.agent.server import ChatServer
+
     parser = args.tool_parser
     if parser == "auto":
         from ardea.agent.tool_parsers import detect_tool_parser

@@ -25,6 +25,9 @@ def train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(resolved_yaml(config), end="")
         return 0
+    from ardea.cli.commands import quiet_transformers
+
+    quiet_transformers()
     from ardea.trainer import run
 
     run(config)
