@@ -265,12 +265,11 @@ def sequence_logprobs(
         position_ids: ``(N, S)``; when ``None`` and a mask is given, positions count real
             tokens (``cumsum(mask) - 1``) so left padding does not shift them. Packed rows
             pass positions restarting at 0 per document and no mask: transformers then
-            attends within each document (the entry scoring a document's first token from
-            the previous document is meaningless; the caller's loss mask drops it).
+            attends within each document (the loss mask drops each document's first entry).
         temperature: logits are divided by it before the softmax (sampling temperature).
-        top_k: the top-k truncation the tokens were sampled under: log-probs are those of
-            the top-k / top-p set renormalised (:func:`truncated`); 0 = none.
-        top_p: the top-p (nucleus) truncation they were sampled under; 1 = none.
+        top_k: the top-k the tokens were sampled under (0 = none); see ``top_p``.
+        top_p: the top-p they were sampled under (1 = none): log-probs are those of the
+            top-k / top-p set renormalised (:func:`truncated`).
         chunk_size: token positions per LM-head/log-softmax chunk.
         with_entropy: also return ``entropy``.
 
