@@ -1,7 +1,7 @@
 # The two commands of the README. Each creates .venv (torch first) when missing; the tests
 # also .venv-vllm (vLLM's CPU build, a separate environment: it pins its own transformers)
 # and Debian's Chromium (one test renders a report page in it).
-.PHONY: run test setup setup-vllm setup-browser lint
+.PHONY: run test docs setup setup-vllm setup-browser lint
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -19,6 +19,11 @@ run: setup
 
 test: setup setup-vllm setup-browser
 	.venv/bin/python -m pytest -q
+
+# The documentation site (mkdocs.yml), built offline and strictly into site/: a broken link, a
+# missing reference or any warning fails it (the suite builds it too)
+docs: setup
+	.venv/bin/mkdocs build --strict
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

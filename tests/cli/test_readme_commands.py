@@ -1,7 +1,10 @@
-"""Every example command of the README (and of the ready configs' comments) runs as
-written, shortened: through the ``ardea`` command's ``main`` (in-process, so the suite does
-not pay an interpreter start per command), in a directory that has the repository's
-``configs/`` and ``examples/`` and a shortened default-recipe run in ``runs/default``."""
+"""Every example command of the README, of the documentation pages (``docs/**/*.md``) and
+of the ready configs' comments runs as written, shortened: through the ``ardea`` command's
+``main`` (in-process, so the suite does not pay an interpreter start per command), in a
+directory that has the repository's ``configs/`` and ``examples/`` and a shortened
+default-recipe run in ``runs/default``. Every ```python block of the README and the pages
+runs there too, as a script of its own, with the checkpoint paths it names pointed at that
+run's final checkpoints."""
 
 import json
 import os
@@ -58,29 +61,64 @@ def commands_in(text: str, *, comment: bool = False) -> list[str]:
     return [line for line in lines if line.startswith("ardea ")]
 
 
+#: the documentation pages, in a fixed order
+DOC_PAGES = sorted((REPO / "docs").rglob("*.md"))
 README_COMMANDS = commands_in((REPO / "README.md").read_text(encoding="utf-8"))
-CONFIG_COMMANDS = sorted(
+DOC_COMMANDS = [c for p in DOC_PAGES for c in commands_in(p.read_text(encoding="utf-8"))]
+
+
+def unique(commands: list[str]) -> list[str]:
+    """``commands`` without repeats (the same argv, whatever the spacing and comments)."""
+    seen: dict[tuple[str, ...], str] = {}
+    for command in commands:
+        seen.setdefault(tuple(shlex.split(command, comments=True)), command)
+    return list(seen.values())
+
+
+def python_blocks(path: Path) -> list[tuple[str, str]]:
+    """``path``'s ```python blocks as (``page:line``, code)."""
+    text = path.read_text(encoding="utf-8")
+    name = path.relative_to(REPO)
+    return [
+        (f"{name}:{text.count(chr(10), 0, m.start()) + 1}", m.group(1))
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
+    ]
+
+
+#: every Python snippet of the README and the pages, named by page and line
+SNIPPETS = [b for p in [REPO / "README.md", *DOC_PAGES] for b in python_blocks(p)]
+#: the README's and the pages' commands, each once (the README's first)
+COMMANDS = unique(README_COMMANDS + DOC_COMMANDS)
+CONFIG_COMMENT_COMMANDS = sorted(
     {c for p in (REPO / "configs").glob("*.yaml") for c in commands_in(p.read_text(), comment=True)}
 )
+#: those the README and the pages do not already run
+CONFIG_COMMANDS = unique(COMMANDS + CONFIG_COMMENT_COMMANDS)[len(COMMANDS) :]
+#: `ardea train` options that print and exit: nothing is trained
+PRINT_ONLY = {"--print-config", "--help-config"}
+EVERY_COMMAND = {"train", "eval", "generate", "serve", "report", "tasks"}
+
+
+def subcommands(commands: list[str]) -> set[str]:
+    return {shlex.split(c, comments=True)[1] for c in commands}
 
 
 def test_the_readme_has_its_commands():
     assert shlex.split(README_COMMANDS[0], comments=True) == ["ardea", "train"]
-    assert {c.split()[1] for c in README_COMMANDS} == {
-        "train",
-        "eval",
-        "generate",
-        "serve",
-        "report",
-        "tasks",
-    }
-    assert len(CONFIG_COMMANDS) >= 3
+    assert subcommands(README_COMMANDS) == EVERY_COMMAND
+
+
+def test_the_docs_have_their_commands():
+    assert len(DOC_PAGES) >= 20
+    assert subcommands(DOC_COMMANDS) == EVERY_COMMAND
+    assert len(COMMANDS) > len(README_COMMANDS)  # the pages add commands of their own
+    assert len(CONFIG_COMMENT_COMMANDS) >= 3
 
 
 def test_checkpoint_paths_named_are_where_the_default_recipe_ends():
     recipe = yaml.safe_load(DEFAULT_RECIPE.read_text())["stages"]
     texts = [(REPO / "README.md").read_text()] + [
-        p.read_text() for p in (REPO / "configs").glob("*.yaml")
+        p.read_text() for p in [*DOC_PAGES, *(REPO / "configs").glob("*.yaml")]
     ]
     named = [m for text in texts for m in CHECKPOINT.finditer(text)]
     assert len(named) >= 4
@@ -182,7 +220,7 @@ def talk_then_interrupt(port: int) -> threading.Thread:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("index", "command"),
-    list(enumerate(README_COMMANDS + CONFIG_COMMANDS)),
+    list(enumerate(COMMANDS + CONFIG_COMMANDS)),
     ids=lambda v: v if isinstance(v, int) else " ".join(shlex.split(v, comments=True)),
 )
 def test_example_command_runs(index, command, workdir):
@@ -195,6 +233,21 @@ def test_example_command_runs(index, command, workdir):
         assert len((workdir / "trajectories.jsonl").read_text().splitlines()) == 1
     elif argv:
         ardea(*argv, cwd=workdir)
-    if not argv or argv[0] == "train":
+    if not argv or (argv[0] == "train" and not PRINT_ONLY & set(argv)):
         run_name = "default" if not argv or "trainer.resume=auto" in argv else f"readme{index}"
         assert set(steps_trained(workdir / "runs" / run_name)) == {2}
+
+
+def test_the_docs_have_python_snippets():
+    pages = {name.split(":")[0] for name, _ in SNIPPETS}
+    assert "README.md" in pages and len(pages) >= 8, pages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[name for name, _ in SNIPPETS])
+def test_python_snippet_runs(where, code, workdir):
+    code = CHECKPOINT.sub(lambda m: final_policy(workdir, m.group(1)), code)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        patch.setattr("sys.argv", [where])
+        exec(compile(code, where, "exec"), {"__name__": "__main__"})

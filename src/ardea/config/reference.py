@@ -140,7 +140,7 @@ def config_reference_markdown() -> str:
             else ""
         )
         out.append(
-            f"| `{item.key}` | `{_cell(item.type)}` | `{_cell(yaml_value(item.default))}` "
+            f"| `{item.key}` | `{_code_cell(item.type)}` | `{_code_cell(yaml_value(item.default))}` "
             f"| {_cell(item.help)}{allowed} |"
         )
     return "\n".join(out) + "\n"
@@ -149,3 +149,9 @@ def config_reference_markdown() -> str:
 def _cell(text: str) -> str:
     """``text`` safe inside a Markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code_cell(text: str) -> str:
+    """``text`` safe inside a code span of a table cell (a pipe inside backticks does not
+    split the cell, and a backslash there would be shown)."""
+    return text.replace("`", "'").replace("\n", " ")

@@ -21,7 +21,7 @@ class VLLMConfig:
     launch: bool = option(
         False,
         "Start a vLLM server for the run (127.0.0.1, a free port, its log in the run "
-        "directory under vllm/), stopped with the run and restarted with the current weights "
+        "directory under engine/), stopped with the run and restarted with the current weights "
         "if it dies (up to max_restarts).",
     )
     python: str = option(

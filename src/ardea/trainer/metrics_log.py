@@ -2,7 +2,7 @@
 
 Each JSONL line is one record ``{"step": int, "time": seconds since the logger started,
 name: value, ...}`` with namespaced names (``train/``, ``eval/``, ``perf/``); see
-docs/metrics.md. A resumed run first cuts the file back to the checkpoint's step, so the
+docs/reference/metrics.md. A resumed run first cuts the file back to the checkpoint's step, so the
 file of a resumed run holds the same records as that of an uninterrupted one.
 """
 
