@@ -6,6 +6,8 @@ retried is an orphan, left out of the export."""
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
 import time
 
@@ -162,56 +164,126 @@ def test_corpus_size():
     assert len(CORPUS) >= 30
 
 
+HEAD = (
+    "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    "Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+)
+
+
+def small_one_answered(url: str) -> bool:
+    """A small chat request is answered (a server that stalls it fails the test at 30 s)."""
+    return httpx.post(f"{url}/chat/completions", json=chat(), timeout=30).status_code == 200
+
+
+def reply_on(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the HTTP reply read from ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed without a reply: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed mid-reply: {head!r}"
+        body += chunk
+    return int(head.split()[1]), json.loads(body)
+
+
 def test_a_ten_megabyte_request_does_not_stall_a_small_one(tokenizer):
-    """Refused at the size limit from its Content-Length (413), and with the limit raised
-    refused by its characters before it is tokenised: either way the small request sent
-    right after it is answered within a second."""
+    """A small request is answered while a 10 MB one is in progress: its body on the way
+    (all but 64 KB unsent), and with its body read, held at the check of its characters in
+    its own worker thread. At the size limit the big one is refused from its Content-Length
+    (413) with its body still unsent; with the limit raised, by its characters (400), before
+    it is tokenised."""
     engine = Limited(tokenizer, ["ok"] * 10)
     client = RecordingClient(engine, tokenizer, max_tokens=4)
-    huge = json.dumps(chat(messages=[{"role": "user", "content": "x" * 10_000_000}]))
-    for limit, status in ((8 * 2**20, 413), (64 * 2**20, 400)):
-        with ChatServer(client, max_request_bytes=limit) as s:
-            big: dict = {}
+    huge = json.dumps(chat(messages=[{"role": "user", "content": "x" * 10_000_000}])).encode()
+    head, first = HEAD.format(length=len(huge)).encode(), 2**16
 
-            def send_big(url=s.url, big=big):
-                big["reply"] = httpx.post(f"{url}/chat/completions", content=huge,
-                                          headers={"content-type": "application/json"},
-                                          timeout=60)  # fmt: skip
+    with ChatServer(client, max_request_bytes=8 * 2**20) as s:
+        with socket.create_connection((s.host, s.port), timeout=60) as big:
+            big.sendall(head + huge[:first])
+            assert small_one_answered(s.url)
+            status, body = reply_on(big)  # the rest of its body never sent
+    assert status == 413 and body["error"]["code"] == "request_too_large", body
 
-            t = threading.Thread(target=send_big)
-            t.start()
-            time.sleep(0.2)
-            start = time.perf_counter()
-            small = httpx.post(f"{s.url}/chat/completions", json=chat(), timeout=60)
-            waited = time.perf_counter() - start
-            t.join()
-        assert small.status_code == 200 and waited < 1.0, waited
-        assert big["reply"].status_code == status, big["reply"].text
+    held, release = threading.Event(), threading.Event()
+    check = client._check_characters
+
+    def held_check(request):  # the big request waits here, in its worker thread
+        if len(request.messages[0]["content"]) > first:
+            held.set()
+            release.wait(120)  # longer than a small request waits: that one fails first
+            held.clear()
+        check(request)
+
+    client._check_characters = held_check
+    with ChatServer(client, max_request_bytes=64 * 2**20) as s:
+        try:
+            with socket.create_connection((s.host, s.port), timeout=60) as big:
+                big.sendall(head + huge[:first])
+                assert small_one_answered(s.url)  # the big one's body on the way
+                big.sendall(huge[first:])
+                assert held.wait(60), "the 10 MB request never reached its check"
+                assert small_one_answered(s.url) and held.is_set()  # answered meanwhile
+                release.set()
+                status, body = reply_on(big)
+        finally:
+            release.set()
+    assert status == 400 and "characters" in body["error"]["message"], body
+    assert len(client.interactions) == 3  # the small ones only
 
 
-class SlowFirst(ScriptedEngine):
-    """Takes ``delay`` seconds over its first call only."""
+class HeldFirst(ScriptedEngine):
+    """Holds its first call until ``release`` is set (``entered``: that call has begun)."""
 
-    delay = 0.9
+    def __init__(self, tokenizer, replies):
+        super().__init__(tokenizer, replies)
+        self.entered, self.release = threading.Event(), threading.Event()
 
     def generate(self, prompts, params):
         if self.calls == 0:
-            time.sleep(self.delay)
+            self.entered.set()
+            assert self.release.wait(120), "the test never released the first call"
         return super().generate(prompts, params)
 
 
 def test_a_retried_call_leaves_an_orphan_out_of_the_export(tokenizer):
-    """The openai client times out on the slow first call and retries; the first reply is
-    never delivered: marked an orphan, not exported, counted."""
-    engine = SlowFirst(tokenizer, ["one", "two"])
+    """The openai client times out on the first call (held in the engine) and retries; the
+    first reply, released only once the server has seen that client go, is never delivered:
+    marked an orphan, not exported, counted."""
+    engine = HeldFirst(tokenizer, ["one", "two"])
     client = RecordingClient(engine, tokenizer, max_tokens=4)
     with ChatServer(client) as s:
-        api = openai.OpenAI(base_url=s.url, api_key="-", timeout=0.5, max_retries=1)
-        reply = api.chat.completions.create(model="ardea", messages=USER)
-        deadline = time.monotonic() + 5
+        open_connections = s._server.server_state.connections  # uvicorn's own set
+        attempts = []
+
+        def on_send(request: httpx.Request) -> None:
+            attempts.append(request)
+            if len(attempts) == 2:  # the retry: the client gave the first attempt up
+                request.extensions["timeout"] = httpx.Timeout(60).as_dict()
+                if not engine.entered.wait(60):
+                    pytest.fail("the first attempt never reached the engine")
+                deadline = time.monotonic() + 60  # until the server saw its connection close
+                while open_connections and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if open_connections:
+                    pytest.fail("the server never saw the first attempt's connection close")
+                engine.release.set()
+
+        with httpx.Client(event_hooks={"request": [on_send]}) as http:
+            api = openai.OpenAI(base_url=s.url, api_key="-", http_client=http, max_retries=1,
+                                timeout=httpx.Timeout(60, read=0.5))  # fmt: skip
+            try:
+                reply = api.chat.completions.create(model="ardea", messages=USER)
+            finally:
+                engine.release.set()
+        deadline = time.monotonic() + 60
         while client.orphans < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert reply.choices[0].message.content == "two"
+            time.sleep(0.01)
+    assert len(attempts) == 2 and reply.choices[0].message.content == "two"
     orphan, delivered = client.interactions
     assert orphan.info.get("orphan") and not delivered.info.get("orphan")
     assert client.orphans == 1

@@ -227,9 +227,15 @@ def test_example_command_runs(index, command, workdir):
     argv = shortened(command, index, workdir)
     if argv and argv[0] == "serve":
         (workdir / "trajectories.jsonl").unlink(missing_ok=True)
-        client = talk_then_interrupt(int(argv[-1]))
-        ardea(*argv, cwd=workdir)
-        client.join(timeout=10)
+        # Ctrl-C raises KeyboardInterrupt here even when the suite was started with SIGINT
+        # ignored (a background job of a shell without job control), which Python keeps
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            client = talk_then_interrupt(int(argv[-1]))
+            ardea(*argv, cwd=workdir)
+            client.join(timeout=10)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         assert len((workdir / "trajectories.jsonl").read_text().splitlines()) == 1
     elif argv:
         ardea(*argv, cwd=workdir)

@@ -25,7 +25,15 @@ def test_serve_records_a_conversation_and_writes_it_on_exit(tmp_path):
     out = tmp_path / "recorded.jsonl"
     command = [sys.executable, "-m", "ardea.cli.main", "serve", str(tmp_path / "model"),
                "--port", "0", "--out", str(out), "--max-tokens", "6"]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Started with SIGINT ignored (a background job of a shell without job control runs the
+    # suite so), the server would inherit that and install no KeyboardInterrupt handler:
+    # a handled signal is reset to the default at exec, so it starts as from a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         line = proc.stdout.readline()
         url = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line).group(1)
