@@ -17,8 +17,13 @@ setup-browser:
 run: setup
 	.venv/bin/ardea train
 
+# two workers (pytest-xdist), one per core: each module (the vLLM tests together) runs on one
+# worker, so a module's fixtures are built once; the longest test starts first
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+
 test: setup setup-vllm setup-browser
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # The documentation site (mkdocs.yml), built offline and strictly into site/: a broken link, a
 # missing reference or any warning fails it (the suite builds it too)

@@ -20,6 +20,9 @@ SHORT_RUN = [
     "trainer.eval_every=200",
     "trainer.save_every=300",
     "trainer.num_threads=1",
+    # the precision is named, not measured: `ardea eval` below must decode as the run did,
+    # and compute_dtype=auto measured again on a busier moment may choose the other one
+    "model.compute_dtype=float32",
     "data.task_args.digits=2",
     "data.train_size=5000",
     "data.eval_size=200",
