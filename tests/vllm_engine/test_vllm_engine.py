@@ -14,6 +14,8 @@ from vllm_testing import TOKENIZER, engine_on, hf_greedy, recomputed, tiny
 from ardea.rollout import SamplingParams
 from ardea.rollout.vllm_server import VLLMServerError
 
+pytestmark = pytest.mark.slow  # a real vLLM server (its start alone takes ~30 s)
+
 PROMPTS = [TOKENIZER("12+34=")["input_ids"], TOKENIZER("5+6=")["input_ids"]]
 STOPS = [TOKENIZER.eos_token_id, TOKENIZER.convert_tokens_to_ids("<|im_end|>")]
 

@@ -14,6 +14,8 @@ from ardea.config import load_config
 from ardea.rollout.vllm_server import VLLMServerError
 from ardea.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # a real vLLM server (its start alone takes ~30 s)
+
 RUN = [
     *SIZE_OVERRIDES,
     "model.compute_dtype=float32",
