@@ -6,6 +6,7 @@ default-recipe run in ``runs/default``. Every ```python block of the README and 
 runs there too, as a script of its own, with the checkpoint paths it names pointed at that
 run's final checkpoints."""
 
+import ast
 import json
 import os
 import re
@@ -249,10 +250,37 @@ def test_the_docs_have_python_snippets():
     assert "README.md" in pages and len(pages) >= 8, pages
 
 
+#: ``print(EXPR)  # VALUE``: a snippet line that shows what it prints
+SHOWN = re.compile(r"^(?P<indent>\s*)print\((?P<expr>.*)\)\s+#\s+(?P<value>.+)$")
+
+
+def checked(code: str) -> str:
+    """``code`` with every ``print(EXPR)  # VALUE`` whose VALUE is a Python literal turned
+    into ``assert EXPR == VALUE``: what a page says a snippet prints is what it prints."""
+    lines = []
+    for line in code.splitlines():
+        m = SHOWN.match(line)
+        try:
+            shown = m is not None and ast.literal_eval(m.group("value"))
+        except (ValueError, SyntaxError):
+            shown = False  # a comment in words, e.g. "# two rows, rewards 1 and 0"
+        if shown is not False:
+            line = (
+                f"{m.group('indent')}assert ({m.group('expr')}) == {shown!r}, ({m.group('expr')})"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def test_a_shown_value_becomes_a_check():
+    assert checked("print(1 + 1)  # 2") == "assert (1 + 1) == 2, (1 + 1)"
+    assert checked("print(x)  # the sum") == "print(x)  # the sum"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[name for name, _ in SNIPPETS])
 def test_python_snippet_runs(where, code, workdir):
-    code = CHECKPOINT.sub(lambda m: final_policy(workdir, m.group(1)), code)
+    code = checked(CHECKPOINT.sub(lambda m: final_policy(workdir, m.group(1)), code))
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         patch.setattr("sys.argv", [where])
