@@ -21,8 +21,6 @@ from latex2mathml.converter import convert as latex_to_mathml
 from mkdocs.structure.files import File
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-#: the packages of the API reference, in the order of the layers, top down
-API_PACKAGES = ("trainer", "rollout", "agent", "data", "reward", "model", "algo", "config")
 
 
 def on_files(files, config):
@@ -33,8 +31,11 @@ def on_files(files, config):
         "reference/config.md": config_reference_markdown(),
         "reference/cli.md": cli_reference_markdown(),
     }
-    for package in API_PACKAGES:
-        pages[f"reference/api/{package}.md"] = api_page(package)
+    # every package of ardea gets a page (mkdocs.yml's nav must list it: strict mode fails
+    # on a page left out of the nav)
+    for info in pkgutil.iter_modules([str(SRC / "ardea")]):
+        if info.ispkg:
+            pages[f"reference/api/{info.name}.md"] = api_page(info.name)
     for path, content in pages.items():
         files.append(File.generated(config, path, content=content))
     return files

@@ -260,14 +260,13 @@ def checked(code: str) -> str:
     lines = []
     for line in code.splitlines():
         m = SHOWN.match(line)
-        try:
-            shown = m is not None and ast.literal_eval(m.group("value"))
-        except (ValueError, SyntaxError):
-            shown = False  # a comment in words, e.g. "# two rows, rewards 1 and 0"
-        if shown is not False:
-            line = (
-                f"{m.group('indent')}assert ({m.group('expr')}) == {shown!r}, ({m.group('expr')})"
-            )
+        if m is not None:
+            try:
+                shown = ast.literal_eval(m.group("value"))
+            except (ValueError, SyntaxError):
+                pass  # a comment in words, e.g. "# two rows, rewards 1 and 0"
+            else:
+                line = f"{m['indent']}assert ({m['expr']}) == {shown!r}, ({m['expr']})"
         lines.append(line)
     return "\n".join(lines)
 
@@ -275,6 +274,7 @@ def checked(code: str) -> str:
 def test_a_shown_value_becomes_a_check():
     assert checked("print(1 + 1)  # 2") == "assert (1 + 1) == 2, (1 + 1)"
     assert checked("print(x)  # the sum") == "print(x)  # the sum"
+    assert checked("print(x > 1)  # False") == "assert (x > 1) == False, (x > 1)"
 
 
 @pytest.mark.slow

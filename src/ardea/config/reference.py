@@ -25,12 +25,21 @@ __all__ = ["ConfigKey", "config_keys", "config_reference_markdown", "describe_co
 class ConfigKey:
     """One config key: where it lives and what it takes."""
 
-    section: str  # the dotted section it belongs to ("" for a top-level key such as stages)
     key: str  # the full dotted key, e.g. "algo.ppo.gae_lambda"
     type: str  # the annotation as written, e.g. "float | None"
     default: Any  # the default value (a default factory's product)
     choices: tuple | None  # the allowed values, when the field has a fixed set
     help: str  # the field's help text
+
+    @property
+    def section(self) -> str:
+        """The dotted section the key belongs to ("" for a top-level key such as stages)."""
+        return self.key.rpartition(".")[0]
+
+    @property
+    def name(self) -> str:
+        """The key within its section."""
+        return self.key.rpartition(".")[2]
 
 
 def config_keys(cls: type = ArdeaConfig, prefix: str = "") -> Iterator[ConfigKey]:
@@ -46,7 +55,6 @@ def config_keys(cls: type = ArdeaConfig, prefix: str = "") -> Iterator[ConfigKey
                 yield from config_keys(nested, f"{key}.")
             continue
         yield ConfigKey(
-            section=prefix.rstrip("."),
             key=key,
             type=str(field.type),
             default=_default(field),
@@ -56,22 +64,11 @@ def config_keys(cls: type = ArdeaConfig, prefix: str = "") -> Iterator[ConfigKey
 
 
 def _default(field: dataclasses.Field) -> Any:
-    """The field's default value (a default factory's product); REQUIRED when it has none."""
-    if field.default is not dataclasses.MISSING:
-        return field.default
+    """The field's default value (a default factory's product); ``dataclasses.MISSING`` for a
+    key the config must set."""
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
-    return REQUIRED
-
-
-class _Required:
-    """The default of a key that has none: the config must set it."""
-
-    def __repr__(self) -> str:
-        return "required"
-
-
-REQUIRED = _Required()
+    return field.default
 
 
 def _section_type(hint: Any) -> type | None:
@@ -86,7 +83,7 @@ def _section_type(hint: Any) -> type | None:
 
 def yaml_value(value: Any) -> str:
     """``value`` as it is written in a YAML config (JSON is YAML: null, true, [..], {..})."""
-    if value is REQUIRED:
+    if value is dataclasses.MISSING:
         return "(required)"
     try:
         return json.dumps(value)
@@ -94,19 +91,28 @@ def yaml_value(value: Any) -> str:
         return repr(value)
 
 
+def keys_by_section() -> dict[str, list[ConfigKey]]:
+    """:func:`config_keys` grouped by section, sections in the order they first appear."""
+    sections: dict[str, list[ConfigKey]] = {}
+    for item in config_keys():
+        sections.setdefault(item.section, []).append(item)
+    return sections
+
+
 def describe_config() -> str:
     """Every key with its default, choices and help, one per line, grouped by section."""
     lines: list[str] = []
-    section = None
-    for item in config_keys():
-        if item.section != section:
-            section = item.section
-            if section:
-                lines.append(f"{section}:")
-        name = item.key[len(section) + 1 :] if section else item.key
-        choices = f" (one of: {', '.join(map(yaml_value, item.choices))})" if item.choices else ""
-        indent = "  " if section else ""
-        lines.append(f"{indent}{name} = {yaml_value(item.default)}  # {item.help}{choices}")
+    for section, items in keys_by_section().items():
+        if section:
+            lines.append(f"{section}:")
+        for item in items:
+            choices = (
+                f" (one of: {', '.join(map(yaml_value, item.choices))})" if item.choices else ""
+            )
+            indent = "  " if section else ""
+            lines.append(
+                f"{indent}{item.name} = {yaml_value(item.default)}  # {item.help}{choices}"
+            )
     return "\n".join(lines)
 
 
@@ -120,29 +126,17 @@ def config_reference_markdown() -> str:
         "is built; `ardea train --help-config` prints the same list. Set a key in the YAML "
         "file under its section or on the command line as `section.key=value` "
         "([how](../howto/configure.md)).",
-        "",
     ]
-    section = None
-    for item in config_keys():
-        if item.section != section:
-            section = item.section
-            title = section or "top level"
-            out += [
-                "",
-                f"## {title}",
-                "",
-                "| key | type | default | what it is |",
-                "|---|---|---|---|",
-            ]
-        allowed = (
-            f" One of: {', '.join(f'`{yaml_value(c)}`' for c in item.choices)}."
-            if item.choices
-            else ""
-        )
-        out.append(
-            f"| `{item.key}` | `{_code_cell(item.type)}` | `{_code_cell(yaml_value(item.default))}` "
-            f"| {_cell(item.help)}{allowed} |"
-        )
+    for section, items in keys_by_section().items():
+        out += ["", f"## {section or 'top level'}", "", "| key | type | default | what it is |"]
+        out.append("|---|---|---|---|")
+        for item in items:
+            allowed = ", ".join(f"`{yaml_value(c)}`" for c in item.choices or ())
+            out.append(
+                f"| `{item.key}` | `{_code_cell(item.type)}` "
+                f"| `{_code_cell(yaml_value(item.default))}` "
+                f"| {_cell(item.help)}{f' One of: {allowed}.' if allowed else ''} |"
+            )
     return "\n".join(out) + "\n"
 
 
