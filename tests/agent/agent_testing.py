@@ -105,7 +105,7 @@ class TurnsEnv(Environment):
         self.left = int(row["turns"])
         return [{"role": "user", "content": "say something"}]
 
-    def step(self, action):
+    def step(self, reply):
         self.left -= 1
         return StepResult([{"role": "user", "content": "again"}], 0.0, self.left == 0, {})
 

@@ -27,6 +27,9 @@ CALLED = [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
 ]  # fmt: skip
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+DEEP: dict = {}
+for _ in range(70):  # a JSON schema nested 70 levels: past the 64 a request may have
+    DEEP = {"type": "object", "properties": {"x": DEEP}}
 
 
 def chat(**fields):
@@ -82,7 +85,7 @@ CORPUS = [
     ("stop empty string", "chat/completions", chat(stop=[""]), 400, "stop"),
     ("metadata a string", "chat/completions", chat(metadata="x"), 400, "metadata"),
     ("metadata value a number", "chat/completions", chat(metadata={"k": 1}), 400, "metadata.k"),
-    ("unknown parent id", "chat/completions", chat(metadata={"parent_id": "nope"}), 404,
+    ("unknown parent id", "chat/completions", chat(metadata={"parent_id": "nope"}), 400,
      "metadata.parent_id"),
     ("tool_choice unknown", "chat/completions", chat(tools=[TOOL], tool_choice="sometimes"), 400,
      "tool_choice"),
@@ -117,13 +120,187 @@ CORPUS = [
     ("responses web search tool", "responses", {"input": "hi", "tools": [
         {"type": "web_search"}]}, 400, "tools[0].type"),
     ("responses unknown previous id", "responses", {"input": "hi",
-     "previous_response_id": "resp_x"}, 404, "previous_response_id"),
+     "previous_response_id": "resp_x"}, 400, "previous_response_id"),
     ("responses max_output_tokens 0", "responses", {"input": "hi", "max_output_tokens": 0},
-     400, "max_tokens"),
+     400, "max_output_tokens"),
     ("responses function output without call", "responses", {"input": [
         {"type": "function_call_output", "call_id": "c", "output": "r"}]}, 400,
-     "messages[0].tool_call_id"),
+     "input[0].call_id"),
     ("unknown route", "completions", {"prompt": "hi"}, 404, "/v1/completions"),
+    # depth and encodings: valid JSON a tokenizer or a repr cannot take
+    ("100,000 levels deep", "chat/completions", b'{"messages": ' + b"[" * 100_000
+     + b"]" * 100_000 + b"}", 400, "nested"),
+    ("30,000 levels deep, Responses", "responses", b'{"input": ' + b"[" * 30_000
+     + b"]" * 30_000 + b"}", 400, "nested"),
+    ("just past the depth limit", "chat/completions", chat(tools=[{"type": "function",
+     "function": {"name": "f", "parameters": DEEP}}]), 400, "nested"),
+    ("tool arguments past the depth limit", "chat/completions", chat(messages=[*USER, {
+        "role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f",
+        "arguments": DEEP}}]}]), 400, "nested"),
+    ("lone surrogate in content", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content"),
+    ("lone surrogate in a key", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "x"}], "metadata": {"\\udfff": "v"}}', 400,
+     "surrogate"),
+    ("lone surrogate in stop", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "x"}], "stop": ["\\ud83d"]}', 400, "stop[0]"),
+    ("lone surrogate, Responses input", "responses", b'{"input": "\\udc00"}', 400, "input"),
+    ("lone surrogate, Responses instructions", "responses",
+     b'{"input": "hi", "instructions": "\\ud800"}', 400, "instructions"),
+    ("lone surrogate in a reward id", "rewards", b'{"completion_id": "\\ud800", "reward": 1}',
+     400, "completion_id"),
+    ("bytes not UTF-8", "chat/completions", b"\xff\xfe{}", 400, "not valid JSON"),
+    ("empty body", "chat/completions", b"", 400, "not valid JSON"),
+    ("body null", "chat/completions", b"null", 400, "JSON object"),
+    ("body a string", "chat/completions", b'"hi"', 400, "JSON object"),
+    ("an integer of 5,000 digits", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "x"}], "seed": ' + b"9" * 5000 + b"}", 400,
+     "not valid JSON"),
+    # numeric extremes and types of the chat options
+    ("seed 2**64", "chat/completions", chat(seed=2**64), 400, "seed"),
+    ("seed negative", "chat/completions", chat(seed=-1), 400, "seed"),
+    ("seed true", "chat/completions", chat(seed=True), 400, "seed"),
+    ("max_tokens 2**64", "chat/completions", chat(max_tokens=2**64), 400, "max_tokens"),
+    ("max_tokens a float", "chat/completions", chat(max_tokens=4.0), 400, "max_tokens"),
+    ("n 2**64", "chat/completions", chat(n=2**64), 400, "n"),
+    ("n a string", "chat/completions", chat(n="2"), 400, "n"),
+    ("n true", "chat/completions", chat(n=True), 400, "n"),
+    ("max_completion_tokens 0", "chat/completions", chat(max_completion_tokens=0), 400,
+     "max_completion_tokens"),
+    ("temperature 1e309", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1e309}', 400,
+     "temperature"),
+    ("temperature NaN", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, "temperature"),
+    ("temperature true", "chat/completions", chat(temperature=True), 400, "temperature"),
+    ("top_p above 1", "chat/completions", chat(top_p=1.0000001), 400, "top_p"),
+    ("top_p a string", "chat/completions", chat(top_p="1"), 400, "top_p"),
+    ("logprobs 1", "chat/completions", chat(logprobs=1), 400, "logprobs"),
+    ("frequency_penalty", "chat/completions", chat(frequency_penalty=0.5), 400,
+     "frequency_penalty"),
+    ("user a number", "chat/completions", chat(user=5), 400, "user"),
+    ("stop a number", "chat/completions", chat(stop=5), 400, "stop"),
+    ("seventeen stop sequences", "chat/completions", chat(stop=["x"] * 17), 400, "stop"),
+    ("stream_options a string", "chat/completions", chat(stream=True, stream_options="x"),
+     400, "stream_options"),
+    ("stream_options unknown key", "chat/completions",
+     chat(stream=True, stream_options={"chunks": 3}), 400, "stream_options"),
+    ("content part not an object", "chat/completions",
+     chat(messages=[{"role": "user", "content": ["hi"]}]), 400, "messages[0].content[0].type"),
+    ("role a number", "chat/completions", chat(messages=[{"role": 1, "content": "x"}]), 400,
+     "messages[0].role"),
+    ("tool_calls not a list", "chat/completions", chat(messages=[*USER, {"role": "assistant",
+     "tool_calls": {"id": "c"}}]), 400, "messages[1].tool_calls"),
+    ("tool call arguments a number", "chat/completions", chat(messages=[*USER, {
+        "role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f",
+        "arguments": 5}}]}]), 400, "messages[1].tool_calls[0].function.arguments"),
+    ("tool a string", "chat/completions", chat(tools=["f"]), 400, "tools[0].type"),
+    ("tool_choice without a function", "chat/completions",
+     chat(tools=[TOOL], tool_choice={"type": "function"}), 400, "tool_choice"),
+    # every field of the Responses API, named as that API names it
+    ("responses text a string", "responses", {"input": "hi", "text": "plain"}, 400, "text"),
+    ("responses text.format a string", "responses", {"input": "hi", "text": {"format": "json"}},
+     400, "text.format"),
+    ("responses json schema output", "responses", {"input": "hi", "text": {"format": {
+        "type": "json_schema"}}}, 400, "text.format"),
+    ("responses text verbosity", "responses", {"input": "hi", "text": {"verbosity": "high"}},
+     400, "text.verbosity"),
+    ("responses text unknown key", "responses", {"input": "hi", "text": {"style": 1}}, 400,
+     "text.style"),
+    ("responses reasoning a string", "responses", {"input": "hi", "reasoning": "high"}, 400,
+     "reasoning"),
+    ("responses reasoning effort", "responses", {"input": "hi", "reasoning": {
+        "effort": "high"}}, 400, "reasoning.effort"),
+    ("responses reasoning unknown key", "responses", {"input": "hi", "reasoning": {
+        "depth": 3}}, 400, "reasoning.depth"),
+    ("responses stream a string", "responses", {"input": "hi", "stream": "yes"}, 400,
+     "stream"),
+    ("responses store a string", "responses", {"input": "hi", "store": "no"}, 400, "store"),
+    ("responses background", "responses", {"input": "hi", "background": True}, 400,
+     "background"),
+    ("responses background a string", "responses", {"input": "hi", "background": "no"}, 400,
+     "background"),
+    ("responses instructions a number", "responses", {"input": "hi", "instructions": 5}, 400,
+     "instructions"),
+    ("responses input a number", "responses", {"input": 5}, 400, "input"),
+    ("responses input null", "responses", {"input": None}, 400, "input"),
+    ("responses input item a number", "responses", {"input": [5]}, 400, "input[0]"),
+    ("responses tool role", "responses", {"input": [{"role": "tool", "content": "x"}]}, 400,
+     "input[0].role"),
+    ("responses message without role", "responses", {"input": [{"content": "x"}]}, 400,
+     "input[0].role"),
+    ("responses content a number", "responses", {"input": [{"role": "user", "content": 5}]},
+     400, "input[0].content"),
+    ("responses image part", "responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content[0].type"),
+    ("responses function_call without call_id", "responses", {"input": [
+        {"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "input[0].call_id"),
+    ("responses function_call arguments an object", "responses", {"input": [
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, 400,
+     "input[0].arguments"),
+    ("responses function_call with an empty name", "responses", {"input": [*USER, {
+        "type": "function_call", "call_id": "c", "name": "", "arguments": "{}"}]}, 400,
+     "input[1].name"),
+    ("responses output without call_id", "responses", {"input": [
+        {"type": "function_call_output", "output": "r"}]}, 400, "input[0].call_id"),
+    ("responses max_output_tokens a string", "responses", {"input": "hi",
+     "max_output_tokens": "5"}, 400, "max_output_tokens"),
+    ("responses max_output_tokens 2**64", "responses", {"input": "hi",
+     "max_output_tokens": 2**64}, 400, "max_output_tokens"),
+    ("responses beyond the context", "responses", {"input": "hi",
+     "max_output_tokens": 100_000}, 400, "input"),
+    ("responses temperature 5", "responses", {"input": "hi", "temperature": 5}, 400,
+     "temperature"),
+    ("responses temperature a string", "responses", {"input": "hi", "temperature": "hot"}, 400,
+     "temperature"),
+    ("responses top_p 0", "responses", {"input": "hi", "top_p": 0}, 400, "top_p"),
+    ("responses tools not a list", "responses", {"input": "hi", "tools": {"type": "function"}},
+     400, "tools"),
+    ("responses tool without a name", "responses", {"input": "hi", "tools": [
+        {"type": "function", "parameters": {}}]}, 400, "tools[0].name"),
+    ("responses tool parameters a string", "responses", {"input": "hi", "tools": [
+        {"type": "function", "name": "f", "parameters": "x"}]}, 400, "tools[0].parameters"),
+    ("responses tool_choice a number", "responses", {"input": "hi", "tool_choice": 5}, 400,
+     "tool_choice"),
+    ("responses tool_choice names no tool", "responses", {"input": "hi", "tools": [
+        {"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+     400, "tool_choice"),
+    ("responses metadata a string", "responses", {"input": "hi", "metadata": "x"}, 400,
+     "metadata"),
+    ("responses metadata value a number", "responses", {"input": "hi", "metadata": {"k": 1}},
+     400, "metadata.k"),
+    ("responses unknown parent id", "responses", {"input": "hi", "metadata": {
+        "parent_id": "nope"}}, 400, "metadata.parent_id"),
+    ("responses previous id a number", "responses", {"input": "hi",
+     "previous_response_id": 5}, 400, "previous_response_id"),
+    ("responses include a string", "responses", {"input": "hi", "include": "x"}, 400,
+     "include"),
+    ("responses include unknown", "responses", {"input": "hi", "include": [
+        "file_search_call.results"]}, 400, "include[0]"),
+    ("responses truncation auto", "responses", {"input": "hi", "truncation": "auto"}, 400,
+     "truncation"),
+    ("responses top_logprobs", "responses", {"input": "hi", "top_logprobs": 3}, 400,
+     "top_logprobs"),
+    ("responses parallel_tool_calls a string", "responses", {"input": "hi",
+     "parallel_tool_calls": "yes"}, 400, "parallel_tool_calls"),
+    ("responses user a number", "responses", {"input": "hi", "user": 5}, 400, "user"),
+    ("responses model a number", "responses", {"input": "hi", "model": 5}, 400, "model"),
+    ("responses unknown option", "responses", {"input": "hi", "n": 2}, 400, "n"),
+    ("responses body a list", "responses", [1], 400, "JSON object"),
+    # rewards
+    ("reward id a number", "rewards", {"completion_id": 5, "reward": 1}, 400, "completion_id"),
+    ("reward choice a string", "rewards", {"completion_id": "x", "reward": 1, "choice": "0"},
+     400, "choice"),
+    ("reward body a list", "rewards", [1], 400, "JSON object"),
+    ("reward 10,000 levels deep", "rewards", b'{"completion_id": ' + b"[" * 10_000
+     + b"]" * 10_000 + b"}", 400, "nested"),
+    # headers: what only ardea's workflow runner sends
+    ("episode header without workflows", "chat/completions", chat(), 400, "x-ardea-episode",
+     {"x-ardea-episode": "1"}),
+    ("episode header not a number", "chat/completions", chat(), 400, "x-ardea-episode",
+     {"x-ardea-episode": "one"}),
+    ("episode header, Responses", "responses", {"input": "hi"}, 400, "x-ardea-episode",
+     {"x-ardea-episode": "0"}),
 ]  # fmt: skip
 
 
@@ -137,31 +314,57 @@ class Limited(ScriptedEngine):
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    engine = Limited(tokenizer, ["ok"] * 100)
+    engine = Limited(tokenizer, ["ok"] * 1000)
     client = RecordingClient(engine, tokenizer, max_tokens=4)
     with ChatServer(client) as s:
         yield client, s
 
 
-@pytest.mark.parametrize("what,route,body,status,names", CORPUS, ids=[c[0] for c in CORPUS])
-def test_bad_request_is_a_4xx_naming_the_problem(server, what, route, body, status, names):
+DELIVERED = {"choices": 0}  # the choices the corpus's good requests were answered with
+
+
+def _case(case):
+    what, route, body, status, names, *headers = case
+    return what, route, body, status, names, headers[0] if headers else {}
+
+
+@pytest.mark.parametrize("what,route,body,status,names,headers", [_case(c) for c in CORPUS],
+                         ids=[c[0] for c in CORPUS])  # fmt: skip
+def test_bad_request_is_a_4xx_naming_the_problem(server, what, route, body, status, names,
+                                                 headers):  # fmt: skip
+    """A 4xx with OpenAI's error body; ``names``: the field named (``param`` exactly), or,
+    for a problem of the body as a whole, a phrase of the message. Nothing is recorded."""
     client, s = server
     before = list(client.interactions)
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     reply = httpx.post(f"{s.url}/{route}", content=content,
-                       headers={"content-type": "application/json"})  # fmt: skip
+                       headers={"content-type": "application/json", **headers})  # fmt: skip
     assert reply.status_code == status, reply.text
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert names in (error["param"] or "") or names in error["message"], error
+    if " " in names or names in ("nested", "surrogate") or route == "completions":
+        assert names in error["message"], error
+    else:
+        assert error["param"] == names, error
+    assert len(error["message"]) < 600, "a value quoted in full"
+    assert client.interactions == before, "a refused request recorded a call"
     # still serving, nothing recorded lost
     ok = httpx.post(f"{s.url}/chat/completions", json=chat())
     assert ok.status_code == 200 and client.interactions[: len(before)] == before
     assert len(client.interactions) == len(before) + 1
+    DELIVERED["choices"] += len(ok.json()["choices"])
 
 
 def test_corpus_size():
-    assert len(CORPUS) >= 30
+    assert len(CORPUS) > 100
+
+
+def test_calls_recorded_equal_choices_delivered_after_the_corpus(server):
+    """Runs after the corpus (the module's tests run in order on one worker): every call
+    the server recorded is a choice it delivered."""
+    client, _ = server
+    assert DELIVERED["choices"] == len(CORPUS)
+    assert len(client.interactions) == DELIVERED["choices"]
 
 
 HEAD = (
@@ -285,7 +488,7 @@ def test_a_retried_call_leaves_an_orphan_out_of_the_export(tokenizer):
             time.sleep(0.01)
     assert len(attempts) == 2 and reply.choices[0].message.content == "two"
     orphan, delivered = client.interactions
-    assert orphan.info.get("orphan") and not delivered.info.get("orphan")
+    assert orphan.orphan and not delivered.orphan
     assert client.orphans == 1
     (row,) = client.export()
     assert list(row.segments[-1].token_ids) == delivered.output_ids

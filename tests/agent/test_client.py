@@ -207,7 +207,7 @@ def test_streaming_sends_the_recorded_reply_as_chunks(tokenizer):
     assert chunks[2].choices == [] and chunks[2].usage.completion_tokens == len(call) + 3
     assert chunks[2].usage.prompt_tokens == len(recorded.input_ids)
     assert chunks[0].usage is None and chunks[1].usage is None
-    assert recorded.info["user"] == "agent-7"
+    assert recorded.user == "agent-7"
 
 
 def test_conversations_with_equal_histories_stay_apart(tokenizer):

@@ -79,7 +79,7 @@ def test_streamed_http_calls_parse_with_the_openai_client(served, tokenizer):
     chunks = list(stream)
     (first,) = client.interactions
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == first.info["reply"]["content"]
+    assert text == first.reply.content
     logprobs = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs
                 for t in c.choices[0].logprobs.content]  # fmt: skip
     assert logprobs == first.logprobs

@@ -7,7 +7,15 @@ import time
 
 import pytest
 
-from ardea.agent import ToolBox, env_class, make_env, parse_tool_calls, tool_schema
+from ardea.agent import (
+    Reply,
+    ToolBox,
+    env_class,
+    make_env,
+    make_tool_parser,
+    parse_tool_calls,
+    tool_schema,
+)
 from ardea.agent.builtin_envs import calculate
 from ardea.errors import ConfigError
 
@@ -58,13 +66,16 @@ def test_tool_schema_from_the_signature():
     assert schema["parameters"]["required"] == ["seconds"]
 
 
+HERMES = make_tool_parser("hermes")
+
+
 def test_guess_number_feedback_and_reward():
     env = make_env("guess_number", max_turns=4, high=8)
     assert env.reset({"target": 5}) == [{"role": "user", "content": "guess 1-8"}]
-    assert env.step("3").observation == [{"role": "user", "content": "higher"}]
-    assert env.step("7")[0][0]["content"] == "lower"
-    assert env.step("no idea")[:3] == ([{"role": "user", "content": "a number"}], 0.0, False)
-    obs, reward, done, info = env.step("5")
+    assert env.step(Reply("3")).observation == [{"role": "user", "content": "higher"}]
+    assert env.step(Reply("7"))[0][0]["content"] == "lower"
+    assert env.step(Reply("no idea"))[:3] == ([{"role": "user", "content": "a number"}], 0.0, False)
+    obs, reward, done, info = env.step(Reply("5"))
     assert (obs, reward, done, info["success"]) == ([], 1.0, True, True)
     assert env_class("guess_number").rows(20, 0, split="eval", high=8) == [
         {"target": t} for t in range(1, 9)
@@ -101,16 +112,21 @@ def test_calculator_runs_the_tool_and_scores_the_answer():
     a, op, b = row["question"].removeprefix("what is ").removesuffix("?").split()
     expression = f"{a}{ {'plus': '+', 'minus': '-', 'times': '*'}[op] }{b}".replace(" ", "")
     call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
-    obs, reward, done, info = env.step(call)
+    obs, reward, done, info = env.step(Reply.parse(call, HERMES))
     assert obs == [{"role": "tool", "content": str(row["answer"])}] and not done
     assert info == {"tool_calls": 1, "tool_errors": 0}
-    bad = env.step(
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**9"}}</tool_call>'
-    )
+    bad = env.step(Reply.parse(
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**9"}}</tool_call>', HERMES
+    ))  # fmt: skip
     assert (
         bad.info["tool_errors"] == 1 and "unsupported expression" in bad.observation[0]["content"]
     )
-    assert env.step(f"it is {row['answer']}")[1:3] == (1.0, True)
+    malformed = env.step(Reply.parse("<tool_call>{not json}</tool_call>", HERMES))
+    assert malformed.info == {"tool_calls": 1, "tool_errors": 1}
+    assert "malformed tool call" in malformed.observation[0]["content"]
+    assert env.step(Reply.parse(f"it is {row['answer']}", HERMES))[1:3] == (1.0, True)
+    with pytest.raises(TypeError, match="run_tools takes the Reply"):
+        env.run_tools(call)  # text would need a second parse: refused
 
 
 def test_environment_names_and_options_are_checked():

@@ -37,7 +37,7 @@ def by_episode(calls):
     """Each episode's calls (output ids, log-probs), in episode order."""
     out: dict[int, list] = {}
     for c in calls:
-        out.setdefault(c.info["episode"], []).append((c.output_ids, c.logprobs))
+        out.setdefault(c.episode, []).append((c.output_ids, c.logprobs))
     return [out[k] for k in sorted(out)]
 
 

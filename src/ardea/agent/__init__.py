@@ -27,6 +27,7 @@ from ardea.agent.interaction import (
     discount_rewards,
     export_trajectories,
 )
+from ardea.agent.reply import Reply
 from ardea.agent.tool_parsers import TOOL_PARSERS, ToolParser, make_tool_parser
 from ardea.agent.tools import ToolBox, ToolCall, ToolResult, parse_tool_calls, tool_schema
 
@@ -41,6 +42,7 @@ __all__ = [
     "ToolParser",
     "Interaction",
     "RecordingClient",
+    "Reply",
     "StepResult",
     "ToolBox",
     "ToolCall",

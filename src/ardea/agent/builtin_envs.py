@@ -24,7 +24,8 @@ import re
 from typing import Any
 
 from ardea.agent.env import Environment, Message, StepResult, register_env
-from ardea.agent.tools import ToolBox
+from ardea.agent.reply import Reply
+from ardea.agent.tools import ToolBox, ToolCall
 from ardea.errors import ConfigError
 
 _INT = re.compile(r"-?\d+")
@@ -72,10 +73,10 @@ class GuessNumber(Environment):
         self.target = int(row["target"])
         return [{"role": "user", "content": f"guess 1-{self.high}"}]
 
-    def step(self, action: str) -> StepResult:
+    def step(self, reply: Reply) -> StepResult:
         if self.toolbox is not None:
-            return self._tool_step(action)
-        guess = first_int(action)
+            return self._tool_step(reply)
+        guess = first_int(reply)
         if guess is None:
             return StepResult([{"role": "user", "content": "a number"}], 0.0, False, {})
         if guess == self.target:
@@ -83,8 +84,8 @@ class GuessNumber(Environment):
         hint = "higher" if guess < self.target else "lower"
         return StepResult([{"role": "user", "content": hint}], 0.0, False, {})
 
-    def _tool_step(self, action: str) -> StepResult:
-        called = self.run_tools(action)  # (a tool may run in another process: its reply says)
+    def _tool_step(self, reply: Reply) -> StepResult:
+        called = self.run_tools(reply)  # (a tool may run in another process: its reply says)
         if called is None:
             return StepResult([{"role": "user", "content": "call guess"}], 0.0, False, {})
         if any(m["content"] == "correct" for m in called.observation):
@@ -102,13 +103,13 @@ class GuessNumber(Environment):
         low, high = 1, self.high
         for turn in range(self.max_turns):
             guess = (low + high) // 2 if rng.random() < 0.5 else low
-            action = str(guess)
+            action = Reply(str(guess))
             if self.toolbox is None:
-                messages.append({"role": "assistant", "content": action})
+                messages.append({"role": "assistant", "content": action.text})
             else:  # the same guess as a call of the guess tool
                 call = {"name": "guess", "arguments": {"number": guess}}
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-                action = _tool_text(call)
+                action = _tool_reply(call)
             observation, _, done, _ = self.step(action)
             if done or turn == self.max_turns - 1:
                 break
@@ -161,11 +162,11 @@ class Calculator(Environment):
         self.answer = int(row["answer"])
         return [{"role": "user", "content": str(row["question"])}]
 
-    def step(self, action: str) -> StepResult:
-        tools = self.run_tools(action)
+    def step(self, reply: Reply) -> StepResult:
+        tools = self.run_tools(reply)
         if tools is not None:
             return tools
-        correct = first_int(action) == self.answer
+        correct = first_int(reply) == self.answer
         return StepResult([], float(correct), True, {"success": correct})
 
     def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
@@ -175,10 +176,12 @@ class Calculator(Environment):
         symbol = {w: s for s, w in _WORDS.items()}[word]
         call = {"name": "calculator", "arguments": {"expression": f"{a}{symbol}{b}"}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        messages += self.run_tools(_tool_text(call)).observation
+        messages += self.run_tools(_tool_reply(call)).observation
         messages.append({"role": "assistant", "content": str(self.answer)})
         return messages
 
 
-def _tool_text(call: dict[str, Any]) -> str:
-    return f"<tool_call>{json.dumps(call)}</tool_call>"
+def _tool_reply(call: dict[str, Any]) -> Reply:
+    """A scripted player's tool call as the reply a model writing it would give."""
+    text = f"<tool_call>{json.dumps(call)}</tool_call>"
+    return Reply(text, [ToolCall(call["name"], call["arguments"])], "")

@@ -27,7 +27,8 @@ from openai.types.chat.chat_completion_message_tool_call import (
 )
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
-from ardea.agent.conversation import generated_text, normalize, reply_of, stop_at
+from ardea.agent.conversation import ChatTemplate, generated_text, stop_at
+from ardea.agent.reply import Reply
 from ardea.agent.tool_parsers import ToolParser
 from ardea.rollout.engine import Completion
 
@@ -35,23 +36,23 @@ from ardea.rollout.engine import Completion
 @dataclass(frozen=True)
 class RecordedReply:
     """One choice: the ``completion`` as recorded (cut where the request said), its
-    ``text``, the OpenAI ``chat_message``, its normalised ``message``, the tool-call ids and
-    whether a required tool call is missing (``unmet``)."""
+    ``reply`` (parsed once; tool calls with the ids the API gives them), the OpenAI
+    ``chat_message``, whether a required tool call is missing (``unmet``) and the finish
+    reason."""
 
     completion: Completion
-    text: str
+    reply: Reply
     chat_message: ChatCompletionMessage
-    message: dict[str, Any]
-    call_ids: list[str]
     unmet: bool
     finish_reason: str
 
 
 def recorded_reply(
-    tokenizer: Any, completion: Completion, stop_ids: set[int], request, parser: ToolParser
+    template: ChatTemplate, completion: Completion, request, parser: ToolParser
 ) -> RecordedReply:
     """The reply ``request`` (a ``ChatRequest``) gets for ``completion``, its tool calls
     found by ``parser`` (module docstring)."""
+    tokenizer, stop_ids = template.tokenizer, template.stop_ids
     c, text = completion, None
     if request.stop:
         cut = stop_at(tokenizer, c, stop_ids, request.stop, keep=False)
@@ -60,11 +61,11 @@ def recorded_reply(
     if text is None:
         text = generated_text(tokenizer, c, stop_ids)
     parser = parser if request.tool_choice != "none" else None
-    reply = reply_of(text, parser)
-    if parser and parser.end and not request.parallel_tool_calls and len(reply.tool_calls) > 1:
+    reply = Reply.parse(text, parser)
+    if parser and parser.end and not request.parallel_tool_calls and len(reply.calls) > 1:
         c, text = stop_at(tokenizer, c, stop_ids, [parser.end], keep=True)
-        reply = reply_of(text, parser)
-    names = [call.name for call in reply.tool_calls]
+        reply = Reply.parse(text, parser)
+    names = [call.name for call in reply.calls]
     unmet = (request.tool_choice == "required" and not names) or (
         request.tool_choice not in ("auto", "none", "required") and request.tool_choice not in names
     )
@@ -76,13 +77,13 @@ def recorded_reply(
                 name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)
             ),
         )
-        for call in reply.tool_calls
+        for call in reply.calls
     ]
     message = ChatCompletionMessage(
-        role="assistant", content=reply.message["content"], tool_calls=tool_calls or None
+        role="assistant", content=reply.content, tool_calls=tool_calls or None
     )
     return RecordedReply(
-        c, text, message, normalize(message), [t.id for t in tool_calls], bool(unmet),
+        c, reply.with_call_ids([t.id for t in tool_calls]), message, bool(unmet),
         "tool_calls" if tool_calls else c.finish_reason,
     )  # fmt: skip
 

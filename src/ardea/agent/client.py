@@ -59,7 +59,7 @@ from typing import Any
 from openai.types.chat import ChatCompletion
 
 from ardea.agent.chat_reply import chat_completion, recorded_reply
-from ardea.agent.conversation import normalize
+from ardea.agent.conversation import ChatTemplate, normalize
 from ardea.agent.interaction import HISTORY_POLICIES, Interaction, export_trajectories
 from ardea.agent.lineage import Lineage
 from ardea.agent.request_checks import RequestError, check_chat_request, fail
@@ -101,6 +101,8 @@ class ChatRequest:
     max_tokens_given: bool = True  # False: the client's default, cut to the context left
     episode: int | None = None  # the agent episode making it (:mod:`ardea.agent.lockstep`)
     group_id: int = 0  # the rollout row its episode plays
+    rendered: str | None = None  # the template's text its input ids came from (if kept)
+    rewritten: bool = False  # it replaced its parent's reply (keep_tokens: lineage case 3)
 
 
 class RecordingClient:
@@ -138,8 +140,7 @@ class RecordingClient:
         self.history = history
         self.batch_window = batch_window
         self.max_positions = engine.max_context
-        self.stop_ids = set(engine.stop_token_ids)
-        self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
+        self.template = ChatTemplate(tokenizer, engine.stop_token_ids)
         self._lineages: dict[int | None, Lineage] = {}  # per episode (None: no episode)
         self.tool_parser = make_tool_parser(tool_parser, tokenizer)
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
@@ -153,6 +154,7 @@ class RecordingClient:
         self._longest_token: int | None = None
         self.engine_calls = 0
         self.tool_choice_unmet = 0  # replies without the call tool_choice required
+        self.rewritten_turns_kept = 0  # requests that replaced a reply (keep_tokens kept it)
         self.lockstep = None  # set while agent workflows run (:mod:`ardea.agent.lockstep`)
 
     # ------------------------------------------------------------------ the API
@@ -267,18 +269,18 @@ class RecordingClient:
         with self._lock:
             for call in self.interactions:
                 if call.id == completion_id or call.id.startswith(f"{completion_id}:"):
-                    call.info["orphan"] = True
+                    call.orphan = True
 
     @property
     def orphans(self) -> int:
         """Calls whose reply was never delivered (left out of :meth:`export`)."""
-        return sum(bool(c.info.get("orphan")) for c in self.interactions)
+        return sum(c.orphan for c in self.interactions)
 
     def export(self, *, style: str = "conversation"):
         """The recorded calls as trajectories (:func:`~ardea.agent.export_trajectories`),
         orphans left out."""
         with self._lock:
-            calls = [c for c in self.interactions if not c.info.get("orphan")]
+            calls = [c for c in self.interactions if not c.orphan]
         return export_trajectories(calls, style=style, history=self.history)
 
     # ------------------------------------------------------------------ serving
@@ -288,8 +290,9 @@ class RecordingClient:
         if r.prepared:
             return
         self._check_characters(r)
-        lineage = self.lineage(r.episode)
-        r.input_ids, r.parent = lineage.input_ids(r.messages, r.tools, r.parent)
+        placed = self.lineage(r.episode).place(r.messages, r.tools, r.parent)
+        r.input_ids, r.rendered = placed.prompt.input_ids, placed.prompt.rendered
+        r.parent, r.rewritten = placed.parent, placed.rewritten
         room = self.max_positions
         if room is not None and not r.max_tokens_given and len(r.input_ids) < room:
             # no max_tokens asked: the default, or what the context has left (as vLLM does)
@@ -323,7 +326,7 @@ class RecordingClient:
         row make equal requests; each continues its own calls)."""
         with self._lock:
             if episode not in self._lineages:
-                self._lineages[episode] = Lineage(self.tokenizer, self.history, self.stop_texts)
+                self._lineages[episode] = Lineage(self.template, self.history)
             return self._lineages[episode]
 
     def serve_batch(self, batch: list[ChatRequest]) -> None:
@@ -352,41 +355,30 @@ class RecordingClient:
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         choices = []
         for k, c in enumerate(completions):
-            reply = recorded_reply(self.tokenizer, c, self.stop_ids, r, self.tool_parser)
+            recorded = recorded_reply(self.template, c, r, self.tool_parser)
+            kept = recorded.completion
             call = Interaction(
-                list(r.input_ids),
-                list(reply.completion.token_ids),
-                list(reply.completion.logprobs),
-                c.version,
-                stop_reason=reply.completion.finish_reason,
-                parent=r.parent,
-                id=completion_id if r.n == 1 else f"{completion_id}:{k}",
-                group_id=r.group_id,
-                info={
-                    "messages": r.messages,
-                    "reply": reply.message,
-                    "text": reply.text,
-                    "continued": False,
-                    "user": r.user,
-                    "call_ids": reply.call_ids,
-                    "tool_choice_unmet": reply.unmet,
-                    "episode": r.episode,
-                },  # fmt: skip
-            )
+                list(r.input_ids), list(kept.token_ids), list(kept.logprobs), c.version,
+                stop_reason=kept.finish_reason, parent=r.parent,
+                id=completion_id if r.n == 1 else f"{completion_id}:{k}", group_id=r.group_id,
+                messages=r.messages, reply=recorded.reply, episode=r.episode, user=r.user,
+                rendered=r.rendered, rewritten=r.rewritten,
+            )  # fmt: skip
             with self._lock:
                 self.interactions.append(call)
                 self._by_id[call.id] = call
-                self.tool_choice_unmet += reply.unmet
+                self.tool_choice_unmet += recorded.unmet
             self.lineage(r.episode).add(call)
-            choices.append(reply)
+            choices.append(recorded)
+        self.rewritten_turns_kept += r.rewritten
         self._choices[completion_id] = r.n
         return chat_completion(completion_id, r, choices, self.tokenizer)
 
     def _named(self, completion_id: str) -> Interaction:
         try:
             return self.get(completion_id)
-        except RequestError as exc:
-            raise fail(f"metadata.{PARENT_KEY}", str(exc), status=exc.status) from None
+        except RequestError as exc:  # a field of the request names nothing: a 400
+            raise fail(f"metadata.{PARENT_KEY}", exc.detail, code="parent_not_found") from None
 
 
 def _given(value, default):

@@ -5,24 +5,31 @@ parent's messages followed by the reply the parent returned. The child's input i
 the parent's input + output tokens (never re-tokenized), followed by the tokens of the text
 the chat template adds after the reply: the end of the assistant turn the model did not
 generate itself (e.g. the ``\\n`` after ``<|im_end|>``, or the whole end marker when the
-reply stopped at the length limit or at another stop token), the new messages and the
-generation prompt. That text is found by rendering the template: with
-``A = render(parent messages + reply)`` and ``C = render(child messages, generation
-prompt)``, the template kept history iff ``C`` starts with ``A``, and the new text is
-``C[len(A):]``. A template that rewrote history (``C`` does not start with ``A``, e.g. it
-dropped a ``<think>`` block of the earlier reply) or an agent that changed the reply
-before sending it back is a :class:`~ardea.agent.interaction.HistoryRewriteError` under
-``history="error"``; under ``new_trajectory`` the call is tokenized from scratch and the
-export starts a new trajectory there.
+reply stopped at the length limit or at a stop sequence), the new messages and the
+generation prompt.
+
+One rendering per turn. The template renders the child's whole conversation once,
+``C = render(parent messages + reply + new messages, generation prompt)``, and each call
+keeps its own rendering ``P`` (:attr:`~ardea.agent.interaction.Interaction.rendered`). The
+template kept history when ``C`` starts with ``P`` followed by the reply's content and the
+end of the assistant turn (a stop token's text); the new text is what follows. Only when
+that comparison fails (a reply with tool calls, which templates format their own way, or a
+template that changed something) is the exact, template-agnostic test made, with a second
+rendering: ``A = render(parent messages + reply)``, history kept iff ``C`` starts with
+``A``, new text ``C[len(A):]``. A template that rewrote history (e.g. it dropped a
+``<think>`` block of the earlier reply) or an agent that changed the reply before sending it
+back is a :class:`~ardea.agent.interaction.HistoryRewriteError` under ``history="error"``;
+under ``new_trajectory`` the call is tokenized from ``C`` and the export starts a new
+trajectory there.
 
 ``history="keep_tokens"`` keeps the tokens the engine saw and produced whatever the template
 does with earlier turns: the child's input is the parent's input + output tokens followed by
 only the text the template adds *after an assistant turn* for the new messages
-(:func:`appended_ids`: rendered after a placeholder assistant turn, the placeholder's own
-rendering dropped). The engine then sees exactly what is trained and the conversation stays
-one row; the trade-off is that at rollout the model sees its earlier turns as it generated
-them, not as the template would re-render them (AReaL's and verl's token-in-token-out agent
-loops do the same).
+(:meth:`ChatTemplate.keep`: one rendering with a placeholder assistant turn, the
+placeholder's own rendering dropped). The engine then sees exactly what is trained and the
+conversation stays one row; the trade-off is that at rollout the model sees its earlier
+turns as it generated them, not as the template would re-render them (AReaL's and verl's
+token-in-token-out agent loops do the same).
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ardea.agent.interaction import Interaction, rewrite_error
+from ardea.agent.reply import Reply
 from ardea.agent.stop_strings import cut_at
 from ardea.agent.tool_parsers import Hermes, ToolParser
-from ardea.agent.tools import ToolCall
 from ardea.rollout.engine import Completion
 
 Message = dict[str, Any]
@@ -65,97 +72,114 @@ def normalize(message: Any) -> Message:
     return out
 
 
-def message_key(messages: Sequence[Message]) -> str:
-    """A hashable key of normalized messages."""
-    return json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
-
-
-def render(tokenizer: Any, messages: Sequence[Message], tools, *, generation: bool) -> str:
-    """The chat template's text of ``messages`` (with ``tools``)."""
-    return tokenizer.apply_chat_template(
-        list(messages), tools=tools, tokenize=False, add_generation_prompt=generation
-    )
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def continuation_ids(
-    tokenizer: Any,
-    parent: Interaction,
-    new_messages: Sequence[Message],
-    tools,
-    stop_texts: Sequence[str],
-) -> list[int] | None:
-    """The child's input ids appended to ``parent`` (module docstring), or None when the
-    template rewrote history. ``parent.info`` holds its ``messages`` and ``reply``."""
-    before = [*parent.info["messages"], parent.info["reply"]]
-    rendered_parent = render(tokenizer, before, tools, generation=False)
-    rendered_child = render(tokenizer, [*before, *new_messages], tools, generation=True)
-    if not rendered_child.startswith(rendered_parent):
-        return None
-    glue = _turn_end(tokenizer, rendered_parent, parent, stop_texts)
-    return parent.tokens + encode(tokenizer, glue + rendered_child[len(rendered_parent) :])
-
-
 PLACEHOLDER = "ARDEA-KEPT-TURN-7f3a"  # stands for the parent's reply, whose tokens are kept
 
 
-def appended_ids(
-    tokenizer: Any,
-    parent: Interaction,
-    new_messages: Sequence[Message],
-    tools,
-    stop_texts: Sequence[str],
-) -> list[int]:
-    """``keep_tokens``: the parent's input + output tokens followed by the text the template
-    adds after an assistant turn for ``new_messages`` (module docstring). The template
-    renders a placeholder reply; what follows the placeholder is the end of the assistant
-    turn (minus the stop token when the model generated it), the new messages and the
-    generation prompt."""
-    placeholder = {"role": "assistant", "content": PLACEHOLDER}
-    context = [*parent.info["messages"], placeholder, *new_messages]
-    rendered = render(tokenizer, context, tools, generation=True)
-    after = rendered[rendered.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
-    found = [(after.find(t), t) for t in stop_texts if after.find(t) >= 0]
-    if not found:
-        return parent.tokens + encode(tokenizer, after)
-    at, marker = min(found)
-    last = tokenizer.convert_ids_to_tokens(parent.output_ids[-1:]) if parent.output_ids else []
-    generated_marker = parent.stop_reason == "stop" and last == [marker]
-    glue = after[at + len(marker) :] if generated_marker else after[at:]
-    return parent.tokens + encode(tokenizer, glue)
-
-
-def _turn_end(tokenizer: Any, rendered: str, parent: Interaction, stop_texts) -> str:
-    """The text after the reply's last generated token up to the end of ``rendered``: the
-    template's turn end, minus the stop token when the model generated that one."""
-    at, marker = max(((rendered.rfind(t), t) for t in stop_texts), default=(-1, ""))
-    if at < 0:
-        return ""
-    last = tokenizer.convert_ids_to_tokens(parent.output_ids[-1:]) if parent.output_ids else []
-    generated_marker = parent.stop_reason == "stop" and last == [marker]
-    return rendered[at + len(marker) :] if generated_marker else rendered[at:]
-
-
 @dataclass(frozen=True)
-class Reply:
-    """What a completion says as an assistant message: the decoded ``text`` (up to the stop
-    token; tool-call blocks included), the normalized ``message`` (content without the
-    well-formed tool-call blocks, which become ``tool_calls``) and those ``tool_calls``."""
+class Prompt:
+    """A call's input ids and the template's rendering they came from (None: not kept)."""
 
-    text: str
-    message: Message
-    tool_calls: list[ToolCall]
+    input_ids: list[int]
+    rendered: str | None
 
 
-def assistant_reply(
-    tokenizer: Any, completion: Completion, stop_ids: set[int], parser: ToolParser | None = None
-) -> Reply:
-    """The reply of ``completion`` (a stop token it ended with is not part of the text);
-    tool calls found by ``parser`` (default ``hermes``)."""
-    return reply_of(generated_text(tokenizer, completion, stop_ids), parser or Hermes())
+class ChatTemplate:
+    """A tokenizer's chat template, rendering conversations and appending to a call's tokens
+    (module docstring). ``renders`` counts the renderings (the cost per turn).
+
+    Args:
+        tokenizer: its chat template renders the messages.
+        stop_ids: the engine's stop token ids (their text ends an assistant turn).
+    """
+
+    def __init__(self, tokenizer: Any, stop_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_ids = set(stop_ids)
+        self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
+        self.renders = 0
+
+    def render(self, messages: Sequence[Message], tools, *, generation: bool) -> str:
+        """The chat template's text of ``messages`` (with ``tools``)."""
+        self.renders += 1
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=tools, tokenize=False, add_generation_prompt=generation
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def start(self, messages: Sequence[Message], tools) -> Prompt:
+        """A new conversation: the rendering of ``messages`` with the generation prompt."""
+        rendered = self.render(messages, tools, generation=True)
+        return Prompt(self.encode(rendered), rendered)
+
+    def extend(self, parent: Interaction, new: Sequence[Message], tools, history: str) -> Prompt:
+        """The child of ``parent`` whose messages add ``new`` after its reply (module
+        docstring), under the ``history`` policy."""
+        if history == "keep_tokens":
+            return self.keep(parent, new, tools)
+        rendered = self.render([*parent.messages, parent.reply.message, *new], tools,
+                               generation=True)  # fmt: skip
+        glue = self._glue(parent, rendered, tools)
+        if glue is not None:
+            return Prompt(parent.tokens + self.encode(glue), rendered)
+        if history == "error":
+            raise rewrite_error(parent, "the chat template rewrote that call's turn")
+        return Prompt(self.encode(rendered), rendered)  # new_trajectory: a new row starts here
+
+    def keep(self, parent: Interaction, new: Sequence[Message], tools) -> Prompt:
+        """``keep_tokens``: the parent's input + output tokens followed by the text the
+        template adds after an assistant turn for ``new`` (module docstring): the end of
+        the turn (minus the stop token when the model generated it), the new messages and
+        the generation prompt."""
+        placeholder = {"role": "assistant", "content": PLACEHOLDER}
+        rendered = self.render([*parent.messages, placeholder, *new], tools, generation=True)
+        after = rendered[rendered.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
+        found = [(after.find(t), t) for t in self.stop_texts if after.find(t) >= 0]
+        if not found:
+            return Prompt(parent.tokens + self.encode(after), None)
+        at, marker = min(found)
+        glue = after[at + len(marker) :] if self._generated(parent, marker) else after[at:]
+        return Prompt(parent.tokens + self.encode(glue), None)
+
+    def _glue(self, parent: Interaction, rendered: str, tools) -> str | None:
+        """The text ``rendered`` (the child's conversation) adds after the parent's last
+        generated token, or None when the template rewrote history."""
+        before, content = parent.rendered, parent.reply.content
+        if (
+            before is not None
+            and not parent.reply.calls
+            and rendered.startswith(before)
+            and rendered.startswith(content, len(before))
+        ):
+            after = rendered[len(before) + len(content) :]
+            marker = next((t for t in self.stop_texts if after.startswith(t)), None)
+            if marker is not None:  # the one rendering agrees: no second one needed
+                return after[len(marker) :] if self._generated(parent, marker) else after
+        answered = self.render([*parent.messages, parent.reply.message], tools, generation=False)
+        if not rendered.startswith(answered):
+            return None
+        return self._turn_end(answered, parent) + rendered[len(answered) :]
+
+    def _turn_end(self, answered: str, parent: Interaction) -> str:
+        """The text after the reply's last generated token up to the end of ``answered``:
+        the template's turn end, minus the stop token when the model generated that one."""
+        at, marker = max(((answered.rfind(t), t) for t in self.stop_texts), default=(-1, ""))
+        if at < 0:
+            return ""
+        return answered[at + len(marker) :] if self._generated(parent, marker) else answered[at:]
+
+    def _generated(self, parent: Interaction, marker: str) -> bool:
+        """Whether the parent's last generated token is the stop token ``marker``."""
+        last = parent.output_ids[-1:]
+        tokens = self.tokenizer.convert_ids_to_tokens(last) if last else []
+        return parent.stop_reason == "stop" and tokens == [marker]
+
+
+def reply_to(template: ChatTemplate, completion: Completion, parser: ToolParser | None) -> Reply:
+    """The reply of ``completion`` (a stop token it ended with is not part of the text),
+    its tool calls found by ``parser`` (None: none looked for)."""
+    return Reply.parse(generated_text(template.tokenizer, completion, template.stop_ids), parser)
 
 
 def generated_text(tokenizer: Any, completion: Completion, stop_ids: set[int]) -> str:
@@ -202,59 +226,51 @@ class Conversation:
     tokens followed by the template's continuation (module docstring).
 
     Args:
-        tokenizer: its chat template renders the messages.
+        template: renders the messages (:class:`ChatTemplate`).
         messages: the first messages; ``tools``: the tools' schemas (or None).
         history: ``error`` (a template that rewrote history raises
             :class:`~ardea.agent.interaction.HistoryRewriteError`), ``new_trajectory``
             (that call is tokenized from scratch; the export starts a new row there) or
-            ``keep_tokens`` (the earlier tokens are kept: :func:`appended_ids`).
-        stop_ids: the engine's stop token ids; ``group_id``: the row it answers.
+            ``keep_tokens`` (the earlier tokens are kept: :meth:`ChatTemplate.keep`).
+        group_id: the row it answers.
         tool_parser: finds the tool calls of each reply (default ``hermes``).
     """
 
     def __init__(
         self,
-        tokenizer: Any,
+        template: ChatTemplate,
         messages: Sequence[Message],
         tools: list[dict[str, Any]] | None,
         *,
         history: str,
-        stop_ids: Sequence[int],
         group_id: int = 0,
         tool_parser: ToolParser | None = None,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.template = template
         self.messages = [normalize(m) for m in messages]
         self.tools = tools
         self.history = history
-        self.stop_ids = set(stop_ids)
-        self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(sorted(self.stop_ids)) if t]
         self.group_id = group_id
         self.tool_parser = tool_parser or Hermes()
         self.calls: list[Interaction] = []
         self._parent: Interaction | None = None  # what the next call continues
+        self._rendered: str | None = None  # the next call's rendering
 
     def next_input(self) -> list[int]:
         """The input ids of the next call."""
         last = self._parent = self.calls[-1] if self.calls else None
-        if last is not None:
-            answered = len(last.info["messages"]) + 1  # its messages and its reply
-            new = self.messages[answered:]
-            ids = continuation_ids(self.tokenizer, last, new, self.tools, self.stop_texts)
-            if ids is not None:
-                return ids
-            if self.history == "keep_tokens":
-                return appended_ids(self.tokenizer, last, new, self.tools, self.stop_texts)
-            if self.history == "error":
-                raise rewrite_error(last, "the chat template rewrote that call's turn")
-        # the first call, or a rewritten history: the export starts a new row at this call
-        text = render(self.tokenizer, self.messages, self.tools, generation=True)
-        return encode(self.tokenizer, text)
+        if last is None:
+            prompt = self.template.start(self.messages, self.tools)
+        else:
+            new = self.messages[len(last.messages) + 1 :]  # after its messages and its reply
+            prompt = self.template.extend(last, new, self.tools, self.history)
+        self._rendered = prompt.rendered
+        return prompt.input_ids
 
-    def record(self, input_ids: list[int], completion: Completion) -> tuple[Interaction, Reply]:
+    def record(self, input_ids: list[int], completion: Completion) -> Interaction:
         """Record the call that generated ``completion`` from ``input_ids``; its reply
-        joins the messages."""
-        reply = assistant_reply(self.tokenizer, completion, self.stop_ids, self.tool_parser)
+        (:attr:`Interaction.reply`) joins the messages."""
+        reply = reply_to(self.template, completion, self.tool_parser)
         call = Interaction(
             list(input_ids),
             list(completion.token_ids),
@@ -263,8 +279,10 @@ class Conversation:
             stop_reason=completion.finish_reason,
             parent=self._parent,
             group_id=self.group_id,
-            info={"messages": list(self.messages), "reply": reply.message, "text": reply.text},
+            messages=list(self.messages),
+            reply=reply,
+            rendered=self._rendered,
         )
         self.calls.append(call)
         self.messages.append(reply.message)
-        return call, reply
+        return call

@@ -3,11 +3,14 @@
 An environment plays one episode at a time against the model:
 
     messages = env.reset(row)                      # the conversation's first messages
-    observation, reward, done, info = env.step(action_text)
+    observation, reward, done, info = env.step(reply)
 
 ``row`` is one item of the environment's data (:meth:`Environment.rows`: a dict, e.g. the
-number to guess); ``action_text`` is the model's reply as it generated it (tool calls
-included); ``observation`` is the list of messages to append after the reply (an
+number to guess); ``reply`` is the model's reply, a :class:`~ardea.agent.reply.Reply`: the
+text as generated (it is a ``str``, tool calls included, so code written against text keeps
+working) with the tool calls the run's ``agent.tool_parser`` found in it (``reply.calls``;
+:meth:`Environment.run_tools` runs them). Nothing re-parses the text, so an environment
+sees the calls the client and the export see, in any model family's format. ``observation`` is the list of messages to append after the reply (an
 environment reply as a ``user`` message, tool results as ``tool`` messages); ``info`` may
 count ``tool_calls`` and ``tool_errors`` and says ``success``. The episode ends when
 ``done`` or after ``max_turns`` replies (the runner enforces the limit; the environment may
@@ -26,7 +29,8 @@ import random
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ardea.agent.tools import ToolBox, parse_tool_calls
+from ardea.agent.reply import Reply
+from ardea.agent.tools import ToolBox
 from ardea.errors import ConfigError
 from ardea.registry import Registry, subclass_check
 
@@ -64,8 +68,9 @@ class Environment(abc.ABC):
         """Start the episode of ``row``: the first messages of the conversation."""
 
     @abc.abstractmethod
-    def step(self, action: str) -> StepResult:
-        """The model replied ``action``: what it sees next, the reward, whether it is over."""
+    def step(self, reply: Reply) -> StepResult:
+        """The model replied ``reply`` (its text, with its parsed tool calls): what it sees
+        next, the reward, whether it is over."""
 
     def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
         """A demonstration episode of ``row`` (its whole conversation, for SFT before RL);
@@ -80,10 +85,16 @@ class Environment(abc.ABC):
         """The tools' schemas for ``tools=`` of the chat completion (None: no tools)."""
         return self.toolbox.schemas if self.toolbox is not None else None
 
-    def run_tools(self, action: str) -> StepResult | None:
-        """If ``action`` calls tools: run each (errors become the tool's reply) and return
-        the ``tool`` messages as a not-done step; None when it calls none."""
-        calls = parse_tool_calls(action)
+    def run_tools(self, reply: Reply) -> StepResult | None:
+        """If ``reply`` calls tools: run each call its parser found (a malformed one, an
+        unknown tool, a failure become the tool's reply) and return the ``tool`` messages as
+        a not-done step; None when it calls none."""
+        if not isinstance(reply, Reply):
+            raise TypeError(
+                f"run_tools takes the Reply that step() was given (its calls are parsed "
+                f"once, by agent.tool_parser), got {type(reply).__name__}"
+            )
+        calls = reply.tool_calls
         if not calls:
             return None
         box = self.toolbox or ToolBox({})

@@ -27,9 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ardea.agent.conversation import Conversation, normalize
+from ardea.agent.conversation import ChatTemplate, Conversation, normalize
 from ardea.agent.env import Environment, make_env
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
+from ardea.agent.reply import Reply
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
@@ -55,6 +56,7 @@ class Episode:
     truncated: bool = False
     row_id: int = 0  # its row of each turn's random numbers (module docstring)
     error: str | None = None  # an agent workflow that failed: why (its calls are not trained)
+    rewritten_turns: int = 0  # a workflow's turns whose text its code replaced (keep_tokens)
     info: dict[str, float] = dataclasses.field(default_factory=dict)  # a workflow's numbers
 
 
@@ -161,6 +163,7 @@ class EpisodeRunner(StoredEpisodes):
         start = time.perf_counter()
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         engine = engine or self.engine
+        self.template = ChatTemplate(self.tokenizer, engine.stop_token_ids)
         episodes, calls = [], []
         for group, row in enumerate(examples):
             for _ in range(self.group_size):
@@ -168,8 +171,8 @@ class EpisodeRunner(StoredEpisodes):
                 if env.toolbox is not None:
                     env.toolbox.executor = self.executor
                 conversation = Conversation(
-                    self.tokenizer, env.reset(row), env.tools, history=self.history,
-                    stop_ids=engine.stop_token_ids, group_id=group, tool_parser=self.tool_parser,
+                    self.template, env.reset(row), env.tools, history=self.history,
+                    group_id=group, tool_parser=self.tool_parser,
                 )  # fmt: skip
                 row_id = first_prompt * self.group_size + len(episodes)
                 messages = conversation.messages
@@ -204,10 +207,10 @@ class EpisodeRunner(StoredEpisodes):
 
     @staticmethod
     def _advance(episode: Episode, input_ids: list[int], completion: Completion) -> Interaction:
-        """Record the reply and hand it to the environment, whose observation joins the
-        conversation."""
-        call, reply = episode.conversation.record(input_ids, completion)
-        observation, reward, done, info = episode.env.step(reply.text)
+        """Record the reply and hand it, parsed (:class:`~ardea.agent.reply.Reply`), to the
+        environment, whose observation joins the conversation."""
+        call = episode.conversation.record(input_ids, completion)
+        observation, reward, done, info = episode.env.step(call.reply)
         call.reward = float(reward)
         episode.conversation.messages += [normalize(m) for m in observation]
         episode.reward += reward
@@ -266,7 +269,7 @@ def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict
 
 _CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
 _EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
-                   "success", "done", "truncated", "row_id", "error", "info")  # fmt: skip
+                   "success", "done", "truncated", "row_id", "error", "rewritten_turns", "info")  # fmt: skip
 
 
 def episodes_state(played: Episodes) -> dict[str, Any]:
@@ -281,8 +284,11 @@ def episodes_state(played: Episodes) -> dict[str, Any]:
             {
                 **{f: getattr(c, f) for f in _CALL_FIELDS},
                 "group_id": c.group_id,
+                "episode": c.episode,
                 "parent": index[id(c.parent)] if c.parent is not None else -1,
-                "info": c.info,
+                "messages": c.messages,
+                "reply": c.reply.state(),
+                "flags": [c.continued, c.orphan, c.rewritten],
             }
             for c in calls
         ],
@@ -302,8 +308,11 @@ def restore_episodes(state: dict[str, Any], examples: list[Any]) -> Episodes:
     for stored in state["calls"]:
         fields = {f: stored[f] for f in _CALL_FIELDS}
         parent = calls[stored["parent"]] if stored["parent"] >= 0 else None
-        call = Interaction(**fields, parent=parent, group_id=stored["group_id"])
-        call.info = dict(stored["info"])
+        call = Interaction(
+            **fields, parent=parent, group_id=stored["group_id"], episode=stored["episode"],
+            messages=stored["messages"], reply=Reply.from_state(stored["reply"]),
+        )  # fmt: skip
+        call.continued, call.orphan, call.rewritten = stored["flags"]
         calls.append(call)
     episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
     return Episodes(list(examples), episodes, calls, float(state["seconds"]))

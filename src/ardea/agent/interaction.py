@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ardea.agent.reply import Reply
 from ardea.config.agent import EXPORT_STYLES, HISTORY_POLICIES
 from ardea.data import Segment, Trajectory
 from ardea.errors import ArdeaError
@@ -53,7 +54,16 @@ class HistoryRewriteError(ArdeaError):
 @dataclass(eq=False)
 class Interaction:
     """One model call (module docstring). ``version``: the policy version that generated
-    it; ``group_id`` says which environment row or prompt the conversation answers."""
+    it; ``group_id`` says which environment row or prompt the conversation answers.
+
+    What the conversation layer reads: ``messages`` (the request's messages, normalised),
+    ``reply`` (what it answered, parsed once), ``episode`` (the agent episode that made it,
+    None outside workflows), ``user`` (the request's ``user``), ``rendered`` (the chat
+    template's text of ``messages`` with the generation prompt, which the next turn's
+    rendering must start with; None when not kept). Flags: ``continued`` (a later request
+    continues it), ``orphan`` (its reply never reached the client: not continued, not
+    exported), ``rewritten`` (under ``keep_tokens``, its request replaced the parent's reply
+    with other text and the parent's generated tokens were kept instead)."""
 
     input_ids: list[int]
     output_ids: list[int]
@@ -64,7 +74,14 @@ class Interaction:
     parent: Interaction | None = None
     id: str = field(default_factory=lambda: f"call-{next(_ids)}")
     group_id: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reply: Reply = field(default_factory=lambda: Reply(""))
+    episode: int | None = None
+    user: str | None = None
+    rendered: str | None = None
+    continued: bool = False
+    orphan: bool = False
+    rewritten: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -149,6 +166,7 @@ def conversation_trajectory(chain: Sequence[Interaction]) -> Trajectory:
         reward=float(sum(c.reward for c in chain)),
         group_id=last.group_id,
         no_eos=last.stop_reason == "length",
+        rewritten_turns=sum(c.rewritten for c in chain[1:]),
     )
 
 

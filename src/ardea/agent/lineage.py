@@ -8,9 +8,14 @@ and then:
    calls: clients such as the OpenAI Agents SDK drop an empty reply from their history);
 3. under ``keep_tokens``, *another* assistant message: agent code that rewrites its own
    turns (smolagents sends its tool calls back as text and tool results as user
-   ``Observation:`` messages). Among calls made with the same messages (the G conversations
-   of a group) the one meant is the one whose tool-call ids or reply text the request
-   carries; when none can be told apart the request names it with ``metadata.parent_id``.
+   ``Observation:`` messages). The rewritten turn must be one the model generated in this
+   conversation: the request carries that call's tool-call ids or its reply's text, or
+   names it with ``metadata.parent_id``. Without such evidence the assistant message is the
+   agent's own (a few-shot example that happens to follow a prompt asked before) and the
+   request starts a new conversation. A request that does continue with a rewritten turn
+   is marked (``rewritten``: counted by the client, ``rewritten_turns`` of its exported
+   row); among several calls with the same messages (the G conversations of a group) that
+   the evidence cannot tell apart, ``metadata.parent_id`` must name one.
 
 The input ids then extend the parent's tokens (:mod:`ardea.agent.conversation`). Calls are
 indexed by a running hash of their messages, so finding the parent of a conversation of
@@ -24,9 +29,10 @@ import hashlib
 import json
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ardea.agent.conversation import appended_ids, continuation_ids, encode, render
+from ardea.agent.conversation import ChatTemplate, Prompt
 from ardea.agent.interaction import Interaction, rewrite_error
 from ardea.agent.request_checks import RequestError
 
@@ -43,38 +49,43 @@ def prefix_keys(messages: Sequence[Message]) -> list[str]:
 
 
 def empty_reply(call: Interaction) -> bool:
-    reply = call.info["reply"]
-    return not reply.get("content") and not reply.get("tool_calls")
+    return not call.reply.content and not call.reply.calls
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a request goes: its ``prompt``, the ``parent`` it continues (None: a new
+    conversation) and whether it replaced that call's reply (``rewritten``)."""
+
+    prompt: Prompt
+    parent: Interaction | None
+    rewritten: bool = False
 
 
 class Lineage:
     """The recorded calls indexed by their messages (module docstring).
 
     Args:
-        tokenizer: its chat template renders continuations.
+        template: renders continuations (:class:`~ardea.agent.conversation.ChatTemplate`).
         history: ``error``, ``new_trajectory`` or ``keep_tokens``.
-        stop_texts: the engine's stop tokens as text (the end of an assistant turn).
     """
 
-    def __init__(self, tokenizer: Any, history: str, stop_texts: Sequence[str]) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, template: ChatTemplate, history: str) -> None:
+        self.template = template
         self.history = history
-        self.stop_texts = list(stop_texts)
         self._prompts: dict[str, list[Interaction]] = {}  # hash(messages) → calls
         self._replies: dict[str, list[Interaction]] = {}  # hash(messages + reply) → calls
         self._lock = threading.Lock()
 
     def add(self, call: Interaction) -> None:
-        """Index ``call`` (its ``info`` holds ``messages`` and ``reply``)."""
-        keys = prefix_keys([*call.info["messages"], call.info["reply"]])
+        """Index ``call`` by its messages and by its messages and reply."""
+        keys = prefix_keys([*call.messages, call.reply.message])
         with self._lock:
             self._prompts.setdefault(keys[-2], []).append(call)
             self._replies.setdefault(keys[-1], []).append(call)
 
-    def input_ids(
-        self, messages: list[Message], tools, named: Interaction | None = None
-    ) -> tuple[list[int], Interaction | None]:
-        """The request's input ids and the call it continues (None: a new conversation)."""
+    def place(self, messages: list[Message], tools, named: Interaction | None = None) -> Placed:
+        """The request's prompt and the call it continues (module docstring)."""
         if named is not None:
             return self._named(named, messages, tools)
         keys = prefix_keys(messages)
@@ -82,63 +93,52 @@ class Lineage:
         if last >= 0:
             parent = self._take(self._replies.get(keys[last + 1], []))
             if parent is not None:
-                return self._continue(parent, messages[last + 1 :], tools), parent
+                return Placed(self._continue(parent, messages[last + 1 :], tools), parent)
         for k in range(len(messages) - 1, last, -1):  # 2. an empty reply left out
             calls = [c for c in self._prompts.get(keys[k], []) if empty_reply(c)]
             parent = self._take(calls)
             if parent is not None:
-                return self._continue(parent, messages[k:], tools), parent
+                return Placed(self._continue(parent, messages[k:], tools), parent)
         asked = self._prompts.get(keys[last], []) if last >= 0 else []
         if asked and self.history == "keep_tokens":  # 3. the agent rewrote its turn
             parent = self._take(self._meant(asked, messages[last:], last))
-            ids = appended_ids(self.tokenizer, parent, messages[last + 1 :], tools, self.stop_texts)
-            return ids, parent
-        if asked and self.history == "error":
+            if parent is not None:
+                prompt = self.template.keep(parent, messages[last + 1 :], tools)
+                return Placed(prompt, parent, rewritten=True)
+        elif asked and self.history == "error":
             raise rewrite_error(
                 asked[0], f"its assistant message {last} differs from that call's reply"
             )
-        return self._scratch(messages, tools), None
+        return Placed(self.template.start(messages, tools), None)
 
-    def _named(self, parent: Interaction, messages, tools):
+    def _named(self, parent: Interaction, messages, tools) -> Placed:
         """``metadata.parent_id`` named the call: the messages must continue it."""
-        before = parent.info["messages"]
+        before = parent.messages
         rest = messages[len(before) :]
         if messages[: len(before)] != before:
             raise rewrite_error(parent, "its messages do not start with that call's messages")
-        if rest and rest[0] == parent.info["reply"]:
-            return self._continue(parent, rest[1:], tools), parent
+        if rest and rest[0] == parent.reply.message:
+            return Placed(self._continue(parent, rest[1:], tools), parent)
         if empty_reply(parent) and not (rest and rest[0]["role"] == "assistant"):
-            return self._continue(parent, rest, tools), parent
+            return Placed(self._continue(parent, rest, tools), parent)
         if rest and rest[0]["role"] == "assistant" and self.history == "keep_tokens":
-            return appended_ids(self.tokenizer, parent, rest[1:], tools, self.stop_texts), parent
+            return Placed(self.template.keep(parent, rest[1:], tools), parent, rewritten=True)
         raise rewrite_error(parent, "its messages do not continue with that call's reply")
 
-    def _continue(self, parent: Interaction, new: list[Message], tools) -> list[int]:
-        ids = continuation_ids(self.tokenizer, parent, new, tools, self.stop_texts)
-        if ids is not None:
-            return ids
-        if self.history == "keep_tokens":
-            return appended_ids(self.tokenizer, parent, new, tools, self.stop_texts)
-        if self.history == "error":
-            raise rewrite_error(parent, "the chat template rewrote that call's turn")
-        return self._scratch([*parent.info["messages"], parent.info["reply"], *new], tools)
-
-    def _scratch(self, messages: list[Message], tools) -> list[int]:
-        return encode(self.tokenizer, render(self.tokenizer, messages, tools, generation=True))
+    def _continue(self, parent: Interaction, new: list[Message], tools) -> Prompt:
+        return self.template.extend(parent, new, tools, self.history)
 
     def _meant(self, calls: list[Interaction], rest: list[Message], at: int) -> list[Interaction]:
         """The calls among ``calls`` (same messages) that the rewritten turn ``rest[0]`` and
-        what follows it point to: by tool-call ids, then by reply text."""
-        live = [c for c in calls if not c.info.get("orphan")]
+        what follows it point to: by tool-call ids, then by reply text; none when nothing
+        the request carries comes from any of them."""
+        live = [c for c in calls if not c.orphan]
         carried = json.dumps(rest, ensure_ascii=False)
-        by_id = [c for c in live if any(i in carried for i in c.info.get("call_ids", []))]
+        by_id = [c for c in live if any(i in carried for i in c.reply.call_ids)]
         if by_id:
             return by_id
         said = rest[0].get("content") or ""
-        by_text = [
-            c for c in live if c.info["reply"]["content"] and c.info["reply"]["content"] in said
-        ]
-        chosen = by_text or live
+        chosen = [c for c in live if c.reply.content and c.reply.content in said]
         if len({tuple(c.output_ids) for c in chosen}) > 1:
             raise RequestError(
                 f"messages[{at}]: the assistant message differs from the replies of the "
@@ -151,9 +151,9 @@ class Lineage:
     def _take(self, calls: list[Interaction]) -> Interaction | None:
         """The first call not yet continued (else the latest), marked continued."""
         with self._lock:
-            live = [c for c in calls if not c.info.get("orphan")]
-            fresh = [c for c in live if not c.info["continued"]]
+            live = [c for c in calls if not c.orphan]
+            fresh = [c for c in live if not c.continued]
             parent = (fresh or live[-1:] or [None])[0]
             if parent is not None:
-                parent.info["continued"] = True
+                parent.continued = True
             return parent

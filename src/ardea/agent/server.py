@@ -45,7 +45,7 @@ from starlette.exceptions import HTTPException
 from ardea.agent.client import RecordingClient
 from ardea.agent.interaction import HistoryRewriteError
 from ardea.agent.lockstep import CALL_HEADER, EPISODE_HEADER
-from ardea.agent.request_checks import RequestError, check_reward, fail
+from ardea.agent.request_checks import MAX_DEPTH, RequestError, check_reward, fail, shown
 from ardea.agent.responses_api import chat_request, output_messages, response_events, response_of
 from ardea.agent.streaming import ChunkStream, server_sent_events
 from ardea.errors import ArdeaError
@@ -83,15 +83,20 @@ def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_B
     async def responses(request: Request):
         try:
             body = await read_json(request)
-            options = chat_request(body, lambda rid: _earlier(stored, rid))
-            stream = bool(options.pop("stream", False))
-            completion = await serve(request, options)
+            converted = chat_request(body, lambda rid: _earlier(stored, rid))
+        except Exception as exc:
+            return _refusal(exc)
+        try:
+            completion = await serve(request, converted.options)
+        except RequestError as exc:  # checked as a chat request: name the Responses field
+            return _refusal(converted.renamed(exc))
         except Exception as exc:
             return _refusal(exc)
         rid = f"resp_{uuid.uuid4().hex[:24]}"
         response = response_of(completion, rid, body)
         client.alias(rid, completion.id)
-        stored[rid] = [*options["messages"], *output_messages(response)]
+        stored[rid] = [*converted.options["messages"], *output_messages(response)]
+        stream = converted.stream
         payload = response_events(response) if stream else response.model_dump(mode="json")
         return await _deliver(request, client, completion.id, payload)
 
@@ -146,6 +151,8 @@ async def _read_json(request: Request, limit: int) -> Any:
         return await run_in_threadpool(json.loads, bytes(body))
     except (ValueError, UnicodeDecodeError) as exc:
         raise fail(None, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # deeper than the decoder's recursion limit
+        raise fail(None, f"the request body is nested more than {MAX_DEPTH} levels deep") from None
 
 
 async def _deliver(request: Request, client: RecordingClient, completion_id: str, payload):
@@ -172,12 +179,13 @@ async def _serve(client: RecordingClient, request: Request, options: Any):
     """A chat request's completion: in lockstep for an agent workflow's call (the episode
     header set), else batched with concurrent calls in a worker thread."""
     if not isinstance(options, dict):
-        raise fail(None, f"the request body must be a JSON object, got {options!r:.80}")
+        raise fail(None, f"the request body must be a JSON object, got {shown(options)}")
     episode = request.headers.get(EPISODE_HEADER)
     if episode is not None:
+        episode = _episode(episode, client)  # checked before the lockstep is looked at
         number = request.headers.get(CALL_HEADER)
-        number = int(number) if number is not None and number.isdigit() else None
-        return await client.lockstep.create(_episode(episode, client), options, number)
+        number = _header_number(CALL_HEADER, number) if number is not None else None
+        return await client.lockstep.create(episode, options, number)
     return await run_in_threadpool(lambda: client.create(**options))
 
 
@@ -187,17 +195,20 @@ def _episode(value: str, client: RecordingClient) -> int:
             f"{EPISODE_HEADER}: this server runs no agent workflows (the header is set by "
             "ardea's workflow runner only)", param=EPISODE_HEADER,
         )  # fmt: skip
-    if not value.isdigit():
-        raise RequestError(f"{EPISODE_HEADER}={value!r} is not an episode number")
+    return _header_number(EPISODE_HEADER, value)
+
+
+def _header_number(name: str, value: str) -> int:
+    """A header's non-negative integer (ASCII digits, at most 18 of them)."""
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise RequestError(f"{name}={shown(value)} is not a number", param=name)
     return int(value)
 
 
 def _earlier(stored: dict[str, list[dict[str, Any]]], response_id: str) -> list[dict[str, Any]]:
     if response_id not in stored:
-        raise RequestError(
-            f"previous_response_id: no response {response_id!r} on this server",
-            param="previous_response_id", status=404, kind="not_found_error",
-        )  # fmt: skip
+        raise fail("previous_response_id", f"no response {shown(response_id)} on this server",
+                   code="previous_response_not_found")  # fmt: skip
     return stored[response_id]
 
 

@@ -3,9 +3,10 @@ OpenAI-compatible server streams.
 
 The engine generates a batch of replies together, so a reply is complete before its first
 chunk goes out: streaming here is the protocol (what agent frameworks that always stream
-expect), not token-by-token latency. A reply becomes three chunks with the completion's
-id: the assistant's ``delta`` (role, content, tool calls, log-probs when asked), then the
-``finish_reason``, then — with ``stream_options={"include_usage": True}`` — a chunk with no
+expect), not token-by-token latency. A completion becomes chunks with its id: each
+choice's ``delta`` (role, content, tool calls, log-probs when asked; ``index`` names the
+choice, so ``n`` > 1 streams as OpenAI streams it), then each choice's ``finish_reason``,
+then — with ``stream_options={"include_usage": True}`` — a chunk with no
 choices and the token ``usage``. Over HTTP each chunk is one server-sent event
 ``data: {json}``, and ``data: [DONE]`` ends the stream.
 """
@@ -24,7 +25,7 @@ from openai.types.chat.chat_completion_chunk import (
     ChoiceLogprobs,
 )
 
-from ardea.agent.request_checks import RequestError
+from ardea.agent.request_checks import RequestError, shown
 
 STREAM_OPTIONS = ("include_usage",)
 
@@ -35,7 +36,7 @@ def check_stream_options(stream_options: Any) -> bool:
         return False
     if not isinstance(stream_options, dict):
         raise RequestError(
-            f"stream_options must be an object, got {stream_options!r}", param="stream_options"
+            f"stream_options must be an object, got {shown(stream_options)}", param="stream_options"
         )
     unknown = sorted(set(stream_options) - set(STREAM_OPTIONS))
     if unknown:
@@ -49,26 +50,30 @@ def check_stream_options(stream_options: Any) -> bool:
 def completion_chunks(
     completion: ChatCompletion, *, include_usage: bool
 ) -> list[ChatCompletionChunk]:
-    """The chunks streaming ``completion`` (one choice) sends (module docstring)."""
-    (choice,) = completion.choices
-    message = choice.message
-    tool_calls = [
-        ChoiceDeltaToolCall(
-            index=i,
-            id=call.id,
-            type="function",
-            function=ChoiceDeltaToolCallFunction(
-                name=call.function.name, arguments=call.function.arguments
-            ),
+    """The chunks streaming ``completion`` sends (module docstring): per choice ``k`` its
+    delta, then per choice its finish reason, each chunk naming its choice by ``index``."""
+    deltas, finishes = [], []
+    for choice in completion.choices:
+        message = choice.message
+        tool_calls = [
+            ChoiceDeltaToolCall(
+                index=i,
+                id=call.id,
+                type="function",
+                function=ChoiceDeltaToolCallFunction(
+                    name=call.function.name, arguments=call.function.arguments
+                ),
+            )
+            for i, call in enumerate(message.tool_calls or [])
+        ]
+        delta = ChoiceDelta(
+            role="assistant", content=message.content, tool_calls=tool_calls or None
         )
-        for i, call in enumerate(message.tool_calls or [])
-    ]
-    delta = ChoiceDelta(role="assistant", content=message.content, tool_calls=tool_calls or None)
-    logprobs = ChoiceLogprobs(content=choice.logprobs.content) if choice.logprobs else None
-    choices = [
-        [Choice(index=0, delta=delta, logprobs=logprobs, finish_reason=None)],
-        [Choice(index=0, delta=ChoiceDelta(), finish_reason=choice.finish_reason)],
-    ]
+        logprobs = ChoiceLogprobs(content=choice.logprobs.content) if choice.logprobs else None
+        k = choice.index
+        deltas.append([Choice(index=k, delta=delta, logprobs=logprobs, finish_reason=None)])
+        finishes.append([Choice(index=k, delta=ChoiceDelta(), finish_reason=choice.finish_reason)])
+    choices = [*deltas, *finishes]
     if include_usage:
         choices.append([])
 

@@ -255,13 +255,14 @@ class WorkflowRunner(StoredEpisodes):
         parents = {id(c.parent) for c in calls if c.parent is not None}
         kept = []
         for call in calls:
-            episode = episodes[call.info["episode"]]
-            if episode.error is not None or call.info.get("orphan"):
+            episode = episodes[call.episode]
+            if episode.error is not None or call.orphan:
                 continue
             kept.append(call)
             episode.turns += 1
-            episode.tool_calls += len(call.info["reply"].get("tool_calls") or [])
-            episode.messages = [*call.info["messages"], call.info["reply"]]
+            episode.tool_calls += len(call.reply.calls)
+            episode.rewritten_turns += call.rewritten
+            episode.messages = [*call.messages, call.reply.message]
             call.reward = episode.reward if id(call) not in parents else 0.0
             episode.truncated |= call.stop_reason == "length" and id(call) not in parents
         for episode in episodes:
@@ -340,6 +341,8 @@ def workflow_metrics(played: Episodes, batch: TrajectoryBatch) -> dict[str, floa
     metrics["agent/workflow_failures"] = (len(episodes) - len(good)) / len(episodes)
     timeouts = sum(bool(e.error and "agent.workflow_timeout_s" in e.error) for e in episodes)
     metrics["agent/workflow_timeouts"] = timeouts / len(episodes)
+    rewritten = sum(e.rewritten_turns for e in good)
+    metrics["agent/rewritten_turns_kept"] = rewritten / max(len(good), 1)
     for key in sorted({k for e in good for k in e.info if k != "success"}):
         values = [e.info[key] for e in good if key in e.info]
         metrics[f"agent/info/{key}"] = sum(values) / len(values)

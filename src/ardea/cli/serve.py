@@ -6,7 +6,8 @@ The server binds 127.0.0.1 unless ``--host`` says otherwise. History defaults to
 keeps every conversation one row of exactly the tokens the model saw and produced. On
 Ctrl-C (or SIGTERM) the server stops and writes one JSON object per trajectory: its
 segments (kind, token ids, text; generated ones with log-probs, version and turn), reward,
-group id, ``no_eos``.
+group id, ``no_eos`` and ``rewritten_turns`` (turns whose text the agent replaced before
+sending them back, trained as the model generated them).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def serve(args: argparse.Namespace) -> int:
         _write(out, rows, tokenizer)
         print(f"ardea serve: wrote {len(rows)} trajectories of {len(client.interactions)} "
               f"calls to {out} ({client.orphans} undelivered calls left out, "
-              f"{client.tool_choice_unmet} replies without a required tool call)", flush=True)  # fmt: skip
+              f"{client.tool_choice_unmet} replies without a required tool call, "
+              f"{client.rewritten_turns_kept} rewritten turns kept as generated)", flush=True)  # fmt: skip
     return 0
 
 
@@ -121,7 +123,7 @@ def trajectory_record(row, tokenizer) -> dict[str, Any]:
             seg.update(logprobs=list(s.logprobs or []), version=s.version, turn=s.turn)
         segments.append(seg)
     return {"segments": segments, "reward": row.reward, "group_id": row.group_id,
-            "no_eos": row.no_eos}  # fmt: skip
+            "no_eos": row.no_eos, "rewritten_turns": row.rewritten_turns}  # fmt: skip
 
 
 def _write(out: Path, rows, tokenizer) -> None:

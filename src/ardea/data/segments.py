@@ -59,12 +59,15 @@ class Segment:
 @dataclass(frozen=True)
 class Trajectory:
     """One row before collation: its segments, outcome ``reward``, ``group_id`` (which prompt
-    or environment row it answers) and ``no_eos`` (it ended at the length limit)."""
+    or environment row it answers), ``no_eos`` (it ended at the length limit) and
+    ``rewritten_turns`` (agent rows: turns whose text the agent replaced, trained as the
+    model generated them; :mod:`ardea.agent.lineage`)."""
 
     segments: tuple[Segment, ...]
     reward: float = 0.0
     group_id: int = 0
     no_eos: bool = False
+    rewritten_turns: int = 0
 
 
 def row_lists(trajectory: Trajectory, index: int) -> dict[str, list | None | bool]:
