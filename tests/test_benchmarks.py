@@ -29,6 +29,7 @@ def test_every_benchmark_has_a_smoke_test():
     assert SCRIPTS == [
         "bench_agent_gae.py",
         "bench_agent_rollout.py",
+        "bench_agent_turns.py",
         "bench_compile.py",
         "bench_compute_dtype.py",
         "bench_gae.py",
@@ -46,6 +47,13 @@ def test_agent_rollout_smoke(tmp_path):
     out = smoke("bench_agent_rollout.py", cwd=tmp_path)
     [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["episodes"] == 8 and row["batched"] > 0 and row["sequential"] > 0
+
+
+def test_agent_turns_smoke(tmp_path):
+    out = smoke("bench_agent_turns.py", cwd=tmp_path)
+    rows = [line.split(" | ")[:3] for line in out.splitlines() if line.startswith("| t")]
+    assert rows == [["| text", "2", "ardea"], ["| text", "4", "ardea"],
+                    ["| tool", "2", "ardea"], ["| tool", "4", "ardea"]]  # fmt: skip
 
 
 def test_agent_gae_smoke(tmp_path):

@@ -9,6 +9,7 @@ import json
 
 import httpx
 import openai
+import pytest
 
 from ardea.agent import RecordingClient
 from ardea.agent.episodes import EpisodeRunner
@@ -143,3 +144,45 @@ def test_n_choices_stream_over_http(tokenizer):
     events = [json.loads(e[6:]) for e in raw.text.split("\n\n") if e.startswith("data: {")]
     assert sorted(c["choices"][0]["index"] for c in events if c["choices"]) == [0, 0, 1, 1]
     assert len(client.interactions) == 4  # two requests, two choices each
+
+
+ASK = "<|im_start|>user\nguess 1-8<|im_end|>\n<|im_start|>assistant\n"
+
+
+def cut_where(tokenizer, ids, stop):
+    """The tokens through the one completing ``stop`` (the shortest prefix whose text
+    holds it; all of them when none does): a plain loop, independent of the engine."""
+    for k in range(1, len(ids) + 1):
+        if stop in tokenizer.decode(ids[:k], skip_special_tokens=False):
+            return ids[:k]
+    return ids
+
+
+def test_the_engine_ends_a_row_at_a_stop_string(engine, tokenizer):
+    """Greedy on the tiny model: with stop=["-o-"] each completion is the one without it
+    cut after the token completing "-o-" (finish reason stop, the same log-probs); a row
+    whose text never holds it runs to max_new_tokens; before min_new_tokens none ends."""
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in (ASK, "17 + 25")]
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    free = engine.generate(prompts, greedy)
+    cut = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=24, stop=["-o-"]))
+    expected = [cut_where(tokenizer, c.token_ids, "-o-") for c in free]
+    assert [len(e) for e in expected] == [6, 24]  # the first row's text holds it early
+    assert [c.token_ids for c in cut] == expected
+    assert [c.finish_reason for c in cut] == ["stop", free[1].finish_reason]
+    for c, f in zip(cut, free):
+        assert c.logprobs == pytest.approx(f.logprobs[: len(c.logprobs)], abs=1e-6)
+    late = SamplingParams(temperature=0, max_new_tokens=24, min_new_tokens=10, stop=["-o-"])
+    assert len(engine.generate(prompts[:1], late)[0].token_ids) == 10
+
+
+def test_a_stop_sequence_stops_the_engine_not_only_the_reply(engine, tokenizer):
+    """Through the client on the real engine: the reply stopped at "-o-" is generated only
+    that far (6 tokens of the 24 asked), and its text ends before the stop sequence."""
+    client = RecordingClient(engine, tokenizer, max_tokens=24, temperature=0)
+    reply = client.chat.completions.create(messages=[{"role": "user", "content": "guess 1-8"}],
+                                           stop=["-o-"])  # fmt: skip
+    (call,) = client.interactions
+    assert reply.usage.completion_tokens == len(call.output_ids) == 6
+    assert not reply.choices[0].message.content.endswith("-o-")
+    assert reply.choices[0].finish_reason == "stop"

@@ -60,6 +60,31 @@ def test_a_workflow_samples_what_the_environment_runner_samples(engine, tokenize
     assert len(played.calls) == len(expected.calls) > len(ROWS) * 2  # several turns each
 
 
+def test_a_runner_builds_its_app_and_server_once(engine, tokenizer, monkeypatch):
+    """Two rollout calls of one runner over HTTP: one FastAPI app (built with the runner),
+    one server (started by the first call, stopped by close), and one serving thread per
+    call however many batches it serves (none per batch)."""
+    import ardea.agent.scheduler as scheduler
+    import ardea.agent.workflows as workflows
+
+    apps, servers, serving = [], [], []
+    build, start, run = (
+        workflows.build_app,
+        workflows.ChatServer.start,
+        scheduler.CallScheduler._run,
+    )
+    monkeypatch.setattr(workflows, "build_app", lambda *a, **k: apps.append(1) or build(*a, **k))
+    monkeypatch.setattr(workflows.ChatServer, "start", lambda s: servers.append(s) or start(s))
+    monkeypatch.setattr(scheduler.CallScheduler, "_run", lambda s: serving.append(s) or run(s))
+    w = runner(engine, tokenizer, "guess_number", transport="http")
+    played = [w.generate(ROWS, seed_index=k) for k in (0, 1)]
+    assert len(apps) == 1 and len(servers) == 1 and servers[0]._thread.is_alive()
+    w.close()
+    assert not servers[0]._thread.is_alive()
+    assert len(serving) == 2 and all(s.batches >= 3 for s in serving)  # a batch per turn
+    assert all(len(p.calls) > len(ROWS) * 2 for p in played)
+
+
 def test_concurrency_changes_the_batches_not_the_samples(engine, tokenizer):
     """One episode at a time (a batch of one call each) samples the tokens of all at once;
     log-probs agree to float32 rounding: a batch of one may sum its matmuls in another

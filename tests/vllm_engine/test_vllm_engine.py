@@ -56,6 +56,28 @@ def test_a_split_call_samples_what_one_call_would(vllm_url, tmp_path):
         engine.close()
 
 
+def test_a_stop_string_ends_a_vllm_completion_where_the_text_completes_it(vllm_url, tmp_path):
+    """Greedy with a stop string taken from the free completion's text: vLLM returns the
+    tokens through the one completing it (the shortest prefix whose text holds it, found
+    by a plain loop here), finish reason stop, as ardea's in-process engine does."""
+    engine = engine_on(vllm_url, tiny(seed=1), tmp_path)
+    try:
+        greedy = dict(temperature=0.0, max_new_tokens=12)
+        free = engine.generate(PROMPTS[:1], SamplingParams(**greedy))[0]
+        text = TOKENIZER.decode(free.token_ids, skip_special_tokens=False)
+        assert len(free.token_ids) >= 6, text
+        stop = TOKENIZER.decode(free.token_ids[3:5], skip_special_tokens=False)
+        want = next(
+            free.token_ids[:k]
+            for k in range(1, len(free.token_ids) + 1)
+            if stop in TOKENIZER.decode(free.token_ids[:k], skip_special_tokens=False)
+        )
+        (cut,) = engine.generate(PROMPTS[:1], SamplingParams(**greedy, stop=[stop]))
+        assert cut.token_ids == want and cut.finish_reason == "stop", (text, stop)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_a_weight_update_changes_greedy_output_as_transformers_predicts(vllm_url, tmp_path, tied):
     """After update_weights the server's greedy completions are plain argmax decoding of the

@@ -39,20 +39,19 @@ parts other than text and unknown options are errors naming them. A reply that w
 delivered (the HTTP client went away or retried) is marked an orphan
 (:meth:`RecordingClient.mark_orphan`): not continued, not exported, counted.
 
-Batching. Calls made concurrently (threads, the HTTP server's worker threads) are generated
-together: a call waits ``batch_window`` seconds for others, then every waiting call with the
-same sampling options goes to the engine in one ``generate``; calls arriving meanwhile form
-the next batch. :meth:`RecordingClient.create_many` serves a list of requests as one batch
-directly (the episode runner does).
+Batching. Calls wait in the client's :class:`~ardea.agent.scheduler.CallScheduler`. By
+default its policy is a time window: calls made concurrently (threads, the HTTP server's
+worker threads) are generated together: the first waits ``batch_window`` seconds for
+others, then every waiting call with the same sampling options goes to the engine in one
+``generate``; calls arriving meanwhile form the next batch. While agent workflows run, the
+policy is their :class:`~ardea.agent.lockstep.Lockstep`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 import uuid
-from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -63,6 +62,7 @@ from ardea.agent.conversation import ChatTemplate, normalize
 from ardea.agent.interaction import HISTORY_POLICIES, Interaction, export_trajectories
 from ardea.agent.lineage import Lineage
 from ardea.agent.request_checks import RequestError, check_chat_request, fail
+from ardea.agent.scheduler import CallScheduler, EngineRequest, TimeWindow, generate_together
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
@@ -77,30 +77,26 @@ class ContextLengthError(RequestError):
         super().__init__(message, param="messages", code="context_length_exceeded")
 
 
-@dataclasses.dataclass
-class ChatRequest:
-    """One chat-completions request after checking (module docstring)."""
+@dataclasses.dataclass(eq=False, kw_only=True)
+class ChatRequest(EngineRequest):
+    """One chat-completions request after checking (module docstring): an
+    :class:`~ardea.agent.scheduler.EngineRequest` (input ids, sampling options, ``n``, row
+    id, episode) with what the reply and the record need."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
-    params: SamplingParams
     logprobs: bool = False
     model: str = "ardea"
     stream: bool = False
     include_usage: bool = False  # stream_options={"include_usage": True}
     user: str | None = None
-    input_ids: list[int] = dataclasses.field(default_factory=list)
     parent: Interaction | None = None
     result: ChatCompletion | BaseException | None = None
-    row_id: int | None = None  # its row of the engine call's random numbers (None: any)
     stop: list[str] = dataclasses.field(default_factory=list)
     tool_choice: str = "auto"  # auto | none | required | a function's name
     parallel_tool_calls: bool = True
-    n: int = 1
     prepared: bool = False
     max_tokens_given: bool = True  # False: the client's default, cut to the context left
-    episode: int | None = None  # the agent episode making it (:mod:`ardea.agent.lockstep`)
-    group_id: int = 0  # the rollout row its episode plays
     rendered: str | None = None  # the template's text its input ids came from (if kept)
     rewritten: bool = False  # it replaced its parent's reply (keep_tokens: lineage case 3)
 
@@ -138,7 +134,6 @@ class RecordingClient:
         self.tokenizer = tokenizer
         self.defaults = SamplingParams(temperature=temperature, max_new_tokens=max_tokens)
         self.history = history
-        self.batch_window = batch_window
         self.max_positions = engine.max_context
         self.template = ChatTemplate(tokenizer, engine.stop_token_ids)
         self._lineages: dict[int | None, Lineage] = {}  # per episode (None: no episode)
@@ -148,14 +143,12 @@ class RecordingClient:
         self._by_id: dict[str, Interaction] = {}
         self._choices: dict[str, int] = {}  # completion id → its number of choices
         self._lock = threading.Lock()
-        self._cond = threading.Condition()
-        self._waiting: list[ChatRequest] = []
-        self._busy = False
+        self.scheduler = CallScheduler(self.serve_batch, TimeWindow(batch_window))
         self._longest_token: int | None = None
         self.engine_calls = 0
         self.tool_choice_unmet = 0  # replies without the call tool_choice required
         self.rewritten_turns_kept = 0  # requests that replaced a reply (keep_tokens kept it)
-        self.lockstep = None  # set while agent workflows run (:mod:`ardea.agent.lockstep`)
+        self.lockstep = None  # its policy while agent workflows run (:mod:`ardea.agent.lockstep`)
 
     # ------------------------------------------------------------------ the API
     def create(self, **options: Any) -> ChatCompletion | ChunkStream:
@@ -163,23 +156,7 @@ class RecordingClient:
         with ``stream=True`` the completion comes as chunks (:mod:`ardea.agent.streaming`)."""
         request = self.request(**options)
         self.prepare(request)  # tokenised here, in the caller's thread: not in the batch
-        with self._cond:
-            self._waiting.append(request)
-            while request.result is None:
-                if self._busy:
-                    self._cond.wait()
-                    continue
-                self._busy = True
-                self._cond.release()
-                try:
-                    time.sleep(self.batch_window)  # let concurrent calls join this batch
-                    with self._cond:
-                        batch, self._waiting = self._waiting, []
-                    self.serve_batch(batch)
-                finally:
-                    self._cond.acquire()
-                    self._busy = False
-                    self._cond.notify_all()
+        self.scheduler.wait(request)
         return self.result(request)
 
     def result(self, request: ChatRequest) -> ChatCompletion | ChunkStream:
@@ -191,17 +168,6 @@ class RecordingClient:
             chunks = completion_chunks(request.result, include_usage=request.include_usage)
             return ChunkStream(chunks)
         return request.result
-
-    def create_many(self, requests: Sequence[ChatRequest]) -> list[ChatCompletion | BaseException]:
-        """Serve ``requests`` (from :meth:`request`) as one batch: each one's completion, or
-        the exception that request failed with (e.g. :class:`ContextLengthError`)."""
-        for r in requests:
-            try:
-                self.prepare(r)
-            except Exception as exc:  # a bad request fails alone, not its batch
-                r.result = exc
-        self.serve_batch([r for r in requests if r.result is None])
-        return [r.result for r in requests]
 
     def request(self, **options: Any) -> ChatRequest:
         """Check a request (:mod:`ardea.agent.request_checks`): a RequestError naming the
@@ -220,12 +186,14 @@ class RecordingClient:
             top_p=_given(o.get("top_p"), self.defaults.top_p),
             max_new_tokens=max_tokens or self.defaults.max_new_tokens,
             seed=o.get("seed"),
+            stop=o["stop"],  # the engine ends a row there instead of generating to max_tokens
         )
         parent_id = (o.get("metadata") or {}).get(PARENT_KEY)
         return ChatRequest(
-            [normalize(m) for m in o["messages"]],
-            o["tools"],
-            params,
+            input_ids=[],
+            params=params,
+            messages=[normalize(m) for m in o["messages"]],
+            tools=o["tools"],
             logprobs=bool(o.get("logprobs")),
             model=str(o.get("model") or "ardea"),
             stream=stream,
@@ -330,25 +298,12 @@ class RecordingClient:
             return self._lineages[episode]
 
     def serve_batch(self, batch: list[ChatRequest]) -> None:
-        """Serve prepared requests: one engine call per distinct sampling options (``n``
-        rows per request); each request's ``result`` is set (its completion or error)."""
-        groups: dict[str, list[ChatRequest]] = {}
+        """Serve prepared requests (the scheduler calls this with each batch): generated
+        together (:func:`~ardea.agent.scheduler.generate_together`), then recorded in the
+        batch's order; each request's ``result`` is its completion or error."""
+        self.engine_calls += generate_together(self.engine, batch)
         for r in batch:
-            groups.setdefault(repr(dataclasses.astuple(r.params)), []).append(r)
-        for group in groups.values():
-            params = group[0].params
-            if all(r.row_id is not None and r.n == 1 for r in group):
-                params = dataclasses.replace(params, row_ids=[r.row_id for r in group])
-            prompts = [r.input_ids for r in group for _ in range(r.n)]
-            try:
-                completions = iter(self.engine.generate(prompts, params))
-                self.engine_calls += 1
-            except Exception as exc:
-                for r in group:
-                    r.result = exc
-                continue
-            for r in group:
-                r.result = self._record(r, [next(completions) for _ in range(r.n)])
+            r.result = r.error if r.error is not None else self._record(r, r.completions)
 
     def _record(self, r: ChatRequest, completions: list[Completion]) -> ChatCompletion:
         """Record each choice as a call; the completion returned to the client."""

@@ -4,8 +4,11 @@
 
 - :meth:`EpisodeRunner.generate`: every episode of the call starts (``env.reset(row)``)
   a :class:`~ardea.agent.conversation.Conversation`; then, turn after turn, **all episodes
-  waiting for the model are generated together** (one engine call on the conversations'
-  next input ids), each reply goes to its environment (``env.step``), whose observation
+  waiting for the model are generated together**: each sends its next call to the call
+  scheduler (:mod:`ardea.agent.scheduler`) under the lockstep policy that serves agent
+  workflows (:mod:`ardea.agent.lockstep`), which makes one engine call of them once every
+  playing episode's call is there; each reply goes to its environment (``env.step``), whose
+  observation
   joins the conversation, until every episode is done, hit ``max_turns`` or no longer fits
   the engine's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
   k)`` and each episode with its own row of that turn's random numbers (its row id
@@ -30,11 +33,13 @@ from typing import Any
 from ardea.agent.conversation import ChatTemplate, Conversation, normalize
 from ardea.agent.env import Environment, make_env
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
+from ardea.agent.lockstep import Lockstep
 from ardea.agent.reply import Reply
+from ardea.agent.scheduler import CallScheduler, EngineRequest, generate_together
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
-from ardea.rollout import Completion, GenerationEngine, Rollout, SamplingParams, sampling_seed
+from ardea.rollout import Completion, GenerationEngine, Rollout, SamplingParams
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
 
@@ -85,6 +90,9 @@ class StoredEpisodes:
     def restore_generation(self, state: dict[str, Any], examples: list[Any]) -> Episodes:
         """Stored episodes, for the rows the sampler gives their step again."""
         return restore_episodes(state, examples)
+
+    def close(self) -> None:
+        """Nothing held between calls (a workflow runner's HTTP server: its own close)."""
 
     def _samples(self, played: Episodes) -> list[tuple[str, str, float]]:
         """The first episode of the first few rows: its first message and the rest (an
@@ -145,6 +153,7 @@ class EpisodeRunner(StoredEpisodes):
         self.export = export
         self.history = history
         self.tool_parser = make_tool_parser(tool_parser, tokenizer)
+        self.template = ChatTemplate(tokenizer, engine.stop_token_ids)  # renders = its cost
         self.executor = executor
         self.reward_discount = reward_discount
         self.seed = seed
@@ -163,7 +172,9 @@ class EpisodeRunner(StoredEpisodes):
         start = time.perf_counter()
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         engine = engine or self.engine
-        self.template = ChatTemplate(self.tokenizer, engine.stop_token_ids)
+        template = self.template
+        if set(engine.stop_token_ids) != template.stop_ids:  # another engine's stop tokens
+            template = ChatTemplate(self.tokenizer, engine.stop_token_ids)
         episodes, calls = [], []
         for group, row in enumerate(examples):
             for _ in range(self.group_size):
@@ -171,29 +182,57 @@ class EpisodeRunner(StoredEpisodes):
                 if env.toolbox is not None:
                     env.toolbox.executor = self.executor
                 conversation = Conversation(
-                    self.template, env.reset(row), env.tools, history=self.history,
+                    template, env.reset(row), env.tools, history=self.history,
                     group_id=group, tool_parser=self.tool_parser,
                 )  # fmt: skip
                 row_id = first_prompt * self.group_size + len(episodes)
                 messages = conversation.messages
                 episodes.append(Episode(env, group, conversation, messages, row_id=row_id))
-        for turn in range(self.max_turns):
-            waiting = [e for e in episodes if not e.done]
-            inputs = [self._next_input(e, engine) for e in waiting]
-            ready = [(e, ids) for e, ids in zip(waiting, inputs) if ids is not None]
-            if not ready:
-                break
-            params = dataclasses.replace(
-                self.params,
-                seed=sampling_seed(self.seed, *indices, turn),
-                row_ids=[e.row_id for e, _ in ready],
-            )
-            completions = engine.generate([ids for _, ids in ready], params)
-            for (episode, ids), completion in zip(ready, completions):
-                calls.append(self._advance(episode, ids, completion))
+        lockstep = Lockstep(
+            seed=self.seed, index=indices, sampling=self.params, locked=False,
+            rows={i: e.row_id for i, e in enumerate(episodes)},
+            groups={i: e.group for i, e in enumerate(episodes)},
+        )  # fmt: skip
+        scheduler = CallScheduler(lambda batch: generate_together(engine, batch), lockstep)
+        lockstep.drive(scheduler)
+        for i in range(len(episodes)):
+            lockstep.start(i)
+        try:
+            for turn in range(self.max_turns):
+                calls += self._turn(episodes, turn, engine, lockstep, scheduler)
+        finally:
+            scheduler.close()
         for episode in episodes:
             episode.truncated |= not episode.done
         return Episodes(list(examples), episodes, calls, time.perf_counter() - start)
+
+    def _turn(
+        self,
+        episodes: list[Episode],
+        turn: int,
+        engine: GenerationEngine,
+        lockstep: Lockstep,
+        scheduler: CallScheduler,
+    ) -> list[Interaction]:
+        """One turn: the next call of every episode still playing, served together by the
+        lockstep policy (call ``turn`` of each: its seed and row of random numbers), each
+        reply handed to its environment; an episode that ends leaves the lockstep."""
+        sent = []
+        for i, episode in enumerate(episodes):
+            ids = None if episode.done else self._next_input(episode, engine)
+            if ids is None:
+                lockstep.finish(i)
+                continue
+            request = EngineRequest(ids, self.params)
+            lockstep.tag(request, i, turn)
+            sent.append((episode, request, scheduler.enqueue(request).event))
+        calls = []
+        for episode, request, served in sent:
+            served.wait()
+            if request.error is not None:
+                raise request.error
+            calls.append(self._advance(episode, request.input_ids, request.completions[0]))
+        return calls
 
     def _next_input(self, episode: Episode, engine: GenerationEngine) -> list[int] | None:
         """The episode's next input ids, or None when they no longer fit the engine's

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -55,8 +55,36 @@ MAX_REQUEST_BYTES = 8 * 2**20
 INLINE_JSON_BYTES = 64 * 2**10  # larger bodies are parsed in a worker thread
 
 
-def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
-    """The FastAPI app serving ``client`` (module docstring)."""
+class Clients(Protocol):
+    """Which recording client serves a request: ``client(episode)``, the episode its
+    ``x-ardea-episode`` header names (None without one), or a RequestError."""
+
+    def client(self, episode: int | None) -> RecordingClient: ...
+
+
+class OneClient:
+    """Every request to one client (``ardea serve``, :class:`ChatServer`); an episode header
+    only when the client is running agent workflows."""
+
+    def __init__(self, client: RecordingClient) -> None:
+        self.one = client
+
+    def client(self, episode: int | None) -> RecordingClient:
+        if episode is not None and self.one.lockstep is None:
+            raise RequestError(
+                f"{EPISODE_HEADER}: this server runs no agent workflows (the header is set by "
+                "ardea's workflow runner only)", param=EPISODE_HEADER,
+            )  # fmt: skip
+        return self.one
+
+
+def build_app(
+    clients: RecordingClient | Clients, *, max_request_bytes: int = MAX_REQUEST_BYTES
+) -> FastAPI:
+    """The FastAPI app serving ``clients`` (one client, or a :class:`Clients` choosing by
+    episode: module docstring)."""
+    if isinstance(clients, RecordingClient):
+        clients = OneClient(clients)
     app = FastAPI(title="ardea recording client")
     _install_error_handlers(app)
     stored: dict[str, list[dict[str, Any]]] = {}  # response id → its conversation's messages
@@ -65,12 +93,12 @@ def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_B
         return await _read_json(request, max_request_bytes)
 
     async def serve(request: Request, options: Any):
-        return await _serve(client, request, options)
+        return await _serve(clients, request, options)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         try:
-            result = await serve(request, await read_json(request))
+            client, result = await serve(request, await read_json(request))
         except Exception as exc:
             return _refusal(exc)
         if isinstance(result, ChunkStream):
@@ -83,22 +111,9 @@ def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_B
     async def responses(request: Request):
         try:
             body = await read_json(request)
-            converted = chat_request(body, lambda rid: _earlier(stored, rid))
         except Exception as exc:
             return _refusal(exc)
-        try:
-            completion = await serve(request, converted.options)
-        except RequestError as exc:  # checked as a chat request: name the Responses field
-            return _refusal(converted.renamed(exc))
-        except Exception as exc:
-            return _refusal(exc)
-        rid = f"resp_{uuid.uuid4().hex[:24]}"
-        response = response_of(completion, rid, body)
-        client.alias(rid, completion.id)
-        stored[rid] = [*converted.options["messages"], *output_messages(response)]
-        stream = converted.stream
-        payload = response_events(response) if stream else response.model_dump(mode="json")
-        return await _deliver(request, client, completion.id, payload)
+        return await _respond(clients, stored, request, body)
 
     @app.get("/v1/models")
     def models():
@@ -108,12 +123,34 @@ def build_app(client: RecordingClient, *, max_request_bytes: int = MAX_REQUEST_B
     async def rewards(request: Request):
         try:
             completion_id, reward, choice = check_reward(await read_json(request))
-            client.set_reward(completion_id, reward, choice)
+            clients.client(_episode(request)).set_reward(completion_id, reward, choice)
         except Exception as exc:
             return _refusal(exc)
         return {"ok": True}
 
     return app
+
+
+async def _respond(clients: Clients, stored: dict[str, list[dict[str, Any]]], request, body):
+    """A Responses API request (:mod:`ardea.agent.responses_api`) served as a chat request;
+    ``stored``: each response's conversation, for ``previous_response_id``."""
+    try:
+        converted = chat_request(body, lambda rid: _earlier(stored, rid))
+    except Exception as exc:
+        return _refusal(exc)
+    try:
+        client, completion = await _serve(clients, request, converted.options)
+    except RequestError as exc:  # checked as a chat request: name the Responses field
+        return _refusal(converted.renamed(exc))
+    except Exception as exc:
+        return _refusal(exc)
+    rid = f"resp_{uuid.uuid4().hex[:24]}"
+    response = response_of(completion, rid, body)
+    client.alias(rid, completion.id)
+    stored[rid] = [*converted.options["messages"], *output_messages(response)]
+    stream = converted.stream
+    payload = response_events(response) if stream else response.model_dump(mode="json")
+    return await _deliver(request, client, completion.id, payload)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -175,27 +212,25 @@ async def _deliver(request: Request, client: RecordingClient, completion_id: str
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-async def _serve(client: RecordingClient, request: Request, options: Any):
-    """A chat request's completion: in lockstep for an agent workflow's call (the episode
-    header set), else batched with concurrent calls in a worker thread."""
+async def _serve(clients: Clients, request: Request, options: Any):
+    """The client serving a chat request and its completion: in lockstep for an agent
+    workflow's call (the episode header set), else batched with concurrent calls in a
+    worker thread."""
     if not isinstance(options, dict):
         raise fail(None, f"the request body must be a JSON object, got {shown(options)}")
-    episode = request.headers.get(EPISODE_HEADER)
+    episode = _episode(request)
+    client = clients.client(episode)  # checked before the lockstep is looked at
     if episode is not None:
-        episode = _episode(episode, client)  # checked before the lockstep is looked at
         number = request.headers.get(CALL_HEADER)
         number = _header_number(CALL_HEADER, number) if number is not None else None
-        return await client.lockstep.create(episode, options, number)
-    return await run_in_threadpool(lambda: client.create(**options))
+        return client, await client.lockstep.create(client, episode, options, number)
+    return client, await run_in_threadpool(lambda: client.create(**options))
 
 
-def _episode(value: str, client: RecordingClient) -> int:
-    if client.lockstep is None:
-        raise RequestError(
-            f"{EPISODE_HEADER}: this server runs no agent workflows (the header is set by "
-            "ardea's workflow runner only)", param=EPISODE_HEADER,
-        )  # fmt: skip
-    return _header_number(EPISODE_HEADER, value)
+def _episode(request: Request) -> int | None:
+    """The episode a request's header names (None: no header)."""
+    value = request.headers.get(EPISODE_HEADER)
+    return None if value is None else _header_number(EPISODE_HEADER, value)
 
 
 def _header_number(name: str, value: str) -> int:
@@ -238,7 +273,8 @@ def _error(exc: RequestError) -> JSONResponse:
 
 
 class ChatServer:
-    """Serve ``client`` on ``host:port`` in a background thread (``port=0``: a free port).
+    """Serve ``client`` (one client, or :class:`Clients` choosing by episode) on
+    ``host:port`` in a background thread (``port=0``: a free port).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`; :attr:`url` is the
     ``base_url`` for an OpenAI client. ``max_request_bytes``: the largest body accepted.
@@ -246,7 +282,7 @@ class ChatServer:
 
     def __init__(
         self,
-        client: RecordingClient,
+        client: RecordingClient | Clients,
         *,
         host: str = "127.0.0.1",
         port: int = 0,

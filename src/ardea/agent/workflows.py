@@ -33,6 +33,7 @@ import copy
 import dataclasses
 import importlib.util
 import inspect
+import itertools
 import math
 import sys
 import threading
@@ -48,8 +49,9 @@ import openai
 from ardea.agent.client import RecordingClient
 from ardea.agent.episodes import Episode, Episodes, StoredEpisodes, episode_metrics
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
-from ardea.agent.lockstep import CALL_HEADER, EPISODE_HEADER, Lockstep
-from ardea.agent.server import ChatServer, build_app
+from ardea.agent.lockstep import EPISODE_HEADER, Lockstep
+from ardea.agent.server import MAX_REQUEST_BYTES, ChatServer, build_app
+from ardea.agent.workflow_transport import NumberedTransport, Sessions
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
 from ardea.registry import import_dotted
@@ -165,6 +167,10 @@ class WorkflowRunner(StoredEpisodes):
         self.seed = seed
         self.locked = locked
         self._reported: set[str] = set()  # failure messages already written to stderr
+        self._episode_ids = itertools.count()
+        self._sessions = Sessions()
+        self._app = build_app(self._sessions, max_request_bytes=MAX_REQUEST_BYTES)  # once
+        self._server: ChatServer | None = None  # transport http: started by the first call
 
     # ------------------------------------------------------------------ generate
     def generate(
@@ -184,41 +190,55 @@ class WorkflowRunner(StoredEpisodes):
             tool_parser=self.tool_parser,
         )  # fmt: skip
         client.defaults = dataclasses.replace(self.params, seed=None, row_ids=None)
-        episodes = [
-            Episode(None, group, None, [], row_id=first_prompt * self.group_size + i)
-            for i, group in enumerate(
-                g for g in range(len(examples)) for _ in range(self.group_size)
+        groups = [g for g in range(len(examples)) for _ in range(self.group_size)]
+        episodes = {  # by episode id, unique over the runner's calls (they may overlap)
+            next(self._episode_ids): Episode(
+                None, group, None, [], row_id=first_prompt * self.group_size + i
             )
-        ]
+            for i, group in enumerate(groups)
+        }
         lockstep = Lockstep(
-            client, seed=self.seed, index=index, sampling=self.params, locked=self.locked,
-            rows={i: e.row_id for i, e in enumerate(episodes)},
-            groups={i: e.group for i, e in enumerate(episodes)},
+            seed=self.seed, index=index, sampling=self.params, locked=self.locked,
+            rows={n: e.row_id for n, e in episodes.items()},
+            groups={n: e.group for n, e in episodes.items()},
         )  # fmt: skip
         client.lockstep = lockstep
-        server = ChatServer(client).start() if self.transport == "http" else None
+        lockstep.drive(client.scheduler)
+        self._sessions.open(client, list(episodes))
         try:
-            url = server.url if server else IN_PROCESS_URL
-            app = None if server else build_app(client)
+            url = self._serving().url if self.transport == "http" else IN_PROCESS_URL
             rounds = math.ceil(len(episodes) / self.max_concurrency)
-            drive = self._drive(list(examples), episodes, lockstep, url, app)
+            drive = self._drive(list(examples), episodes, lockstep, url)
             if not _run_in_thread(drive, rounds * self.timeout_s + GRACE_S):
                 lockstep.close()
-                for e in episodes:
+                for e in episodes.values():
                     if not e.done:
                         e.error = "its event loop was blocked past agent.workflow_timeout_s (a "
                         e.error += "synchronous call in async code?); the episodes were given up"
         finally:
-            if server is not None:
-                server.stop()
+            self._sessions.close(list(episodes))
+            client.scheduler.close()
         calls = self._kept_calls(client.interactions, episodes)
-        self._check_failures(list(examples), episodes)
-        return Episodes(list(examples), episodes, calls, time.perf_counter() - start)
+        played = list(episodes.values())
+        self._check_failures(list(examples), played)
+        return Episodes(list(examples), played, calls, time.perf_counter() - start)
 
-    async def _drive(self, rows, episodes, lockstep, url, app) -> None:
+    def _serving(self) -> ChatServer:
+        """The runner's HTTP server (``transport: http``), started by its first call."""
+        if self._server is None:
+            self._server = ChatServer(self._sessions).start()
+        return self._server
+
+    def close(self) -> None:
+        """Stop the runner's HTTP server, if it started one."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    async def _drive(self, rows, episodes: dict[int, Episode], lockstep, url) -> None:
         """Run every episode, ``max_concurrency`` at a time (in order, as slots free)."""
-        if app is not None:
-            inner = httpx.ASGITransport(app=app)
+        if self.transport == "in_process":
+            inner = httpx.ASGITransport(app=self._app)
         else:  # no pool limit: every running episode's call must reach the server at once
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
             inner = httpx.AsyncHTTPTransport(limits=limits)
@@ -247,9 +267,11 @@ class WorkflowRunner(StoredEpisodes):
                         episode.done = True
                         lockstep.finish(number)
 
-            await asyncio.gather(*(play(i, e) for i, e in enumerate(episodes)))
+            await asyncio.gather(*(play(n, e) for n, e in episodes.items()))
 
-    def _kept_calls(self, calls: list[Interaction], episodes: list[Episode]) -> list[Interaction]:
+    def _kept_calls(
+        self, calls: list[Interaction], episodes: dict[int, Episode]
+    ) -> list[Interaction]:
         """The calls of episodes that ended well (not orphans), the last call of each
         conversation carrying its episode's reward; the episodes' counts filled in."""
         parents = {id(c.parent) for c in calls if c.parent is not None}
@@ -265,7 +287,7 @@ class WorkflowRunner(StoredEpisodes):
             episode.messages = [*call.messages, call.reply.message]
             call.reward = episode.reward if id(call) not in parents else 0.0
             episode.truncated |= call.stop_reason == "length" and id(call) not in parents
-        for episode in episodes:
+        for episode in episodes.values():
             episode.success = bool(episode.info.get("success", 0.0))
         return kept
 
@@ -304,30 +326,6 @@ class WorkflowRunner(StoredEpisodes):
             rows, pad_token_id=self.tokenizer.pad_token_id, **self.params.logprob_sampling
         )
         return Rollout(batch, workflow_metrics(played, batch), self._samples(played))
-
-
-class NumberedTransport(httpx.AsyncBaseTransport):
-    """Numbers each call of an episode as its code sends it (:meth:`Lockstep.issue`), in
-    the ``x-ardea-call`` header, then sends it with ``inner``."""
-
-    def __init__(self, inner: httpx.AsyncBaseTransport, lockstep: Lockstep) -> None:
-        self.inner = inner
-        self.lockstep = lockstep
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        episode = request.headers.get(EPISODE_HEADER)
-        if episode is None or not request.url.path.endswith(("/chat/completions", "/responses")):
-            return await self.inner.handle_async_request(request)
-        number = self.lockstep.issue(int(episode))
-        request.headers[CALL_HEADER] = str(number)
-        try:
-            return await self.inner.handle_async_request(request)
-        except BaseException:
-            self.lockstep.lost(int(episode), number)  # unless it arrived (then a no-op)
-            raise
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def workflow_metrics(played: Episodes, batch: TrajectoryBatch) -> dict[str, float]:

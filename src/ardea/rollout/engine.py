@@ -58,6 +58,13 @@ class SamplingParams:
         default_factory=list,
         metadata={"help": "Extra stop tokens; the engine's eos ids always stop too."},
     )
+    stop: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Stop strings: a completion ends at the token that completes one in its "
+            "text (kept, finish reason stop)."
+        },
+    )
     seed: int | None = field(
         default=None,
         metadata={"help": "Seed for a reproducible call, independent of the global RNG state."},
@@ -119,6 +126,12 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         for i, tok in enumerate(self.stop_token_ids):
             _check_int(f"stop_token_ids[{i}]", tok, 0)
+        if isinstance(self.stop, str | bytes) or not isinstance(self.stop, Sequence):
+            raise ValueError(f"stop must be a list of strings, got {self.stop!r}")
+        self.stop = list(self.stop)
+        for i, text in enumerate(self.stop):
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"stop[{i}] must be a non-empty string, got {text!r}")
 
     def rows(self, n_rows: int) -> list[int]:
         """The row ids of a call with ``n_rows`` rows (prompts × n); ValueError when

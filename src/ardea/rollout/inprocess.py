@@ -13,7 +13,9 @@ How a batch is decoded:
    positions, and with 4D attention masks prepared once per batch.
 3. Each step samples every row from its last logits (see :mod:`ardea.rollout.sampling`); for
    the first ``params.min_new_tokens`` steps the stop tokens are suppressed first. A row
-   that emits a stop token is finished: later outputs are padding, and once half of the rows
+   that emits a stop token, or a token that completes one of ``params.stop`` in its text
+   (:mod:`ardea.rollout.stop_watch`), is finished: later outputs are padding, and once half
+   of the rows
    are finished they are dropped from the batch and the cache. Decoding stops when every row
    is finished or after ``T`` tokens.
 
@@ -47,6 +49,7 @@ import inspect
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -69,6 +72,7 @@ from ardea.rollout.engine import (
 from ardea.rollout.fast_decode import fast_decoder
 from ardea.rollout.kv_cache import new_cache
 from ardea.rollout.sampling import next_tokens, suppress_tokens
+from ardea.rollout.stop_watch import StopWatch
 
 _COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
 
@@ -88,6 +92,8 @@ class InProcessEngine(GenerationEngine):
         version: policy version of the initial weights.
         precision: forwards run under its autocast (:class:`ardea.model.Precision`); None
             computes in the parameters' dtype.
+        tokenizer: decodes rows for stop strings (``SamplingParams.stop``:
+            :mod:`ardea.rollout.stop_watch`); None refuses calls that give them.
     """
 
     def __init__(
@@ -99,8 +105,10 @@ class InProcessEngine(GenerationEngine):
         max_batch_size: int | None = None,
         version: int = 0,
         precision: Precision | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self._model = model
+        self.tokenizer = tokenizer
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
         eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
@@ -219,6 +227,7 @@ class InProcessEngine(GenerationEngine):
             uniforms = uniforms.to(device)
         logits, cache, masks = self._prefill(rows, steps, device)  # (N, V)
         out = DecodeOutputs(n, steps, pad, device)
+        watch = StopWatch(self.tokenizer, params.stop, n) if params.stop else None
         done = torch.zeros(n, dtype=torch.bool, device=device)  # (N_cur,) finished rows
         n_done = 0
         for t in range(steps):
@@ -233,6 +242,12 @@ class InProcessEngine(GenerationEngine):
             if n_done:
                 tok, lp = tok.masked_fill(done, pad), lp.masked_fill(done, 0.0)
                 stopped &= ~done
+            if watch is not None:  # a stop string completed by this token ends its row
+                rows_now = out.index()
+                rows_now = range(n) if isinstance(rows_now, slice) else rows_now.tolist()
+                hits = watch.step(rows_now, tok.tolist(), (~done).tolist())
+                if t + 1 >= params.min_new_tokens:  # as vLLM: not before min_new_tokens
+                    stopped |= torch.tensor(hits, dtype=torch.bool, device=device)
             out.write(t, tok, lp, stopped)
             done |= stopped
             n_done = int(done.sum())
@@ -356,4 +371,5 @@ def in_process_engine(
         eos_token_ids=list(spec.stop_token_ids),
         version=version,
         precision=spec.precision,
+        tokenizer=spec.tokenizer,
     )

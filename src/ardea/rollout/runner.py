@@ -222,6 +222,9 @@ class RolloutRunner:
         completions = [Completion(**c) for c in state["completions"]]
         return Generation(list(examples), encoded, completions, float(state["seconds"]))
 
+    def close(self) -> None:
+        """Nothing held between calls."""
+
     def _metrics(self, rewards, lengths, completions, texts, groups, per_function) -> dict:
         values = torch.tensor(rewards, dtype=torch.float64)
         metrics = {

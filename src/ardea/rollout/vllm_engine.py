@@ -4,7 +4,7 @@ Token ids in, token ids and behaviour log-probs out, over HTTP (``POST /v1/compl
 with ``prompt`` as token ids, ``logprobs: 0`` and ``return_token_ids``): one request per
 prompt (its ``n`` samples), sent concurrently and spread over the servers in turn; vLLM
 batches them. Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
-min new tokens, stop ids (the model's eos ids always stop), and the seed: a seeded call
+min new tokens, stop ids (the model's eos ids always stop), stop strings, and the seed: a seeded call
 gives each prompt the seed ``hash(seed, row id of its first sample)``, so a rollout split
 over calls or processes samples what one call would (``SamplingParams.row_ids``).
 
@@ -176,6 +176,8 @@ class VLLMEngine(GenerationEngine):
             "top_p": float(params.top_p),
             "top_k": int(params.top_k) if params.top_k else -1,
             "stop_token_ids": sorted(set(self.stop_token_ids) | set(params.stop_token_ids)),
+            "stop": list(params.stop),  # the tokens through the one completing it are kept
+            "include_stop_str_in_output": True,
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,

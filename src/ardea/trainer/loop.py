@@ -348,6 +348,8 @@ class Trainer:
         finally:
             if self.rl is not None:
                 self.rl.close()
+            if self.evaluator.agent is not None:
+                self.evaluator.agent.runner.close()
             self.engine.close()
             self.dist.close()
             if logger is not None:

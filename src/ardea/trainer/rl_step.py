@@ -5,8 +5,7 @@
    ``rollout.max_staleness = 0`` the live policy's engine generates them now; with η ≥ 1 a
    :class:`~ardea.rollout.RolloutWorker` generated them ahead, on its own engine, from the
    policy exactly ``min(η, steps so far)`` versions old, and this phase waits for them.
-2. **score** (``perf/time_score``): the reward functions score the completions, which
-   become one :class:`~ardea.data.TrajectoryBatch`.
+2. **score** (``perf/time_score``): the rewards, and one :class:`~ardea.data.TrajectoryBatch`.
 3. **filter** (``perf/time_filter``), only with ``algo.dynamic_sampling``: groups without a
    reward spread are dropped and refilled from fresh prompts generated and scored on the
    live policy (those rounds count in generate and score), :mod:`ardea.trainer.dynamic_sampling`.
@@ -282,6 +281,7 @@ class RLStep:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        self.runner.close()
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
