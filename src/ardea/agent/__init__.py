@@ -2,8 +2,10 @@
 recording client and the episode runner (``interaction`` for calls and their export into
 trajectories, ``conversation`` for appending a call to its parent's tokens, ``tools`` for
 tool calls, ``env`` for the environment protocol and registry, ``builtin_envs`` for
-``guess_number`` and ``calculator``, ``client`` and ``server`` for the chat-completions
-interface in process and over HTTP, ``episodes`` for G episodes per environment row).
+``guess_number`` and ``calculator``, ``reply`` for a reply parsed once, ``scheduler`` and
+``lockstep`` for when waiting calls go to the engine, ``client`` and ``server`` for the
+chat-completions interface in process and over HTTP, ``episodes`` for G episodes per
+environment row, ``workflows`` for the user's own agent code).
 
 Beside ``rollout`` in the layers: imports rollout, data, reward, model, algo and config.
 """

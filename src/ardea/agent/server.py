@@ -13,7 +13,9 @@ in-process ones. Routes:
 - ``GET /v1/models``: the one model served (any ``model`` name is accepted);
 - a request with the header ``x-ardea-episode: <n>`` is a call of agent workflow episode
   ``n`` (:mod:`ardea.agent.workflows` sets it on the client it gives the workflow), served
-  in lockstep with the other episodes' calls (:mod:`ardea.agent.lockstep`);
+  in lockstep with the other episodes' calls (:mod:`ardea.agent.lockstep`); which recording
+  client serves it is the app's :class:`Clients`' choice (a workflow runner's one app serves
+  all its rollout calls); to a server without workflows the header is a 400;
 - ``POST /v1/rewards`` with ``{"completion_id": ..., "reward": ..., "choice"?: k}``: attach
   a finite reward to a completion (or a response id).
 
