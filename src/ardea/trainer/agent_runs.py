@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ardea.agent import env_class, make_env
-from ardea.agent.episodes import EpisodeRunner
-from ardea.agent.workflows import WorkflowRunner
 from ardea.config import ArdeaConfig
 from ardea.data.chat import tokenize_chat
 from ardea.data.records import Record, read_records
 from ardea.errors import ConfigError
 from ardea.rollout import GenerationEngine, SamplingParams
+
+if TYPE_CHECKING:  # the agent layer (openai, fastapi) is imported by agent runs only
+    from ardea.agent.episodes import EpisodeRunner
+    from ardea.agent.workflows import WorkflowRunner
 
 DEMO_SEED_STREAM = 11  # demonstrations' random stream, apart from the rows'
 
@@ -43,6 +44,8 @@ def agent_rows(config: ArdeaConfig, split: str) -> list[dict[str, Any]]:
         rows = [r.data for r in read_records(path)] if path else []
         return rows if split == "train" else rows[: data.eval_size]
     count = data.train_size if split == "train" else data.eval_size
+    from ardea.agent import env_class
+
     return env_class(agent.env).rows(count, data.seed, split=split, **agent.env_args)
 
 
@@ -62,6 +65,8 @@ def agent_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length:
             f"algo.name={config.algo.name} trains on {kind!r} samples; an agent.env provides "
             "episodes (online strategies) and demonstrations (sft)"
         )
+    from ardea.agent import make_env
+
     agent = config.agent
     env = make_env(agent.env, max_turns=agent.max_turns, **agent.env_args)
     rng = random.Random(config.data.seed * 1_000_003 + DEMO_SEED_STREAM)
@@ -81,6 +86,9 @@ def episode_runner(
     greedy = evaluation and agent.eval_episodes == 1
     group = agent.eval_episodes if evaluation else rollout.group_size
     params = SamplingParams.of(rollout, greedy=greedy)
+    from ardea.agent.episodes import EpisodeRunner
+    from ardea.agent.workflows import WorkflowRunner
+
     if agent.workflow is not None:
         return WorkflowRunner(
             engine,

@@ -11,8 +11,6 @@ for every stage of a staged run before the first one starts.
 
 from __future__ import annotations
 
-from ardea.agent import check_env_args
-from ardea.agent.workflows import load_workflow
 from ardea.config import ArdeaConfig
 from ardea.data import make_task
 from ardea.model import check_model_dir
@@ -37,9 +35,13 @@ def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
     data = config.data
     task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
     if config.agent.env is not None:  # the environment rewards the episodes
+        from ardea.agent import check_env_args  # the agent layer: agent runs only
+
         check_env_args(config.agent.env, dict(config.agent.env_args))
         check_reward_names(config.reward)
     elif config.agent.workflow is not None:  # the workflow rewards them
+        from ardea.agent.workflows import load_workflow
+
         load_workflow(config.agent.workflow)
         check_reward_names(config.reward)
     elif strategy.sample_kind == "prompt":  # online strategies score their rollouts
