@@ -8,13 +8,14 @@ tokenising what it adds, recording), at 2, 8 and 32 turns.
 
 Workload: ``RecordingClient`` (default history policy) on the character tokenizer and the
 tiny chat template, an engine that answers at once with a canned reply (so only the
-client's own work is timed; no batching window), one conversation of ``T`` turns: user message, reply, user
-message, ... Each turn's request carries the whole conversation, as agent code sends it.
-Two kinds of reply: ``text`` (40 characters) and ``tool`` (a tool call, which templates
-format their own way). Per turn: the mean over the conversation and the last turn's time,
-best of ``--repeats`` runs, each in a fresh process (``--baseline-src``: the same runs with
-that ``src`` directory's ardea, interleaved, and the ratio). The floor column is one
-rendering of the last turn's whole conversation plus its tokenisation, timed alone.
+client's own work is timed; no batching window), one conversation of ``T`` turns: user
+message, reply, user message, ... Each turn's request carries the whole conversation, as
+agent code sends it. Two kinds of reply: ``text`` (40 characters) and ``tool`` (a tool
+call, which templates format their own way). Per turn: the mean over the conversation and
+the last turn's time, best of ``--repeats`` runs; a run measures every case in one fresh
+process after a warm-up conversation (``--baseline-src``: the same runs with that ``src``
+directory's ardea, interleaved, and the ratio). The floor column is one rendering of the
+last turn's whole conversation plus its tokenisation, timed alone.
 """
 
 from __future__ import annotations
@@ -78,12 +79,13 @@ def measure(turns: int, kind: str) -> dict[str, float]:
     return {"mean": sum(times) / len(times), "last": times[-1], "floor": floor}
 
 
-def run(src: str | None, turns: int, kind: str) -> dict[str, float]:
-    """``measure`` in a fresh process, importing ardea from ``src`` (None: installed)."""
+def run(src: str | None, cases: list[tuple[int, str]]) -> list[dict[str, float]]:
+    """``measure`` of each case in one fresh process, importing ardea from ``src`` (None:
+    installed); a first throw-away conversation warms the template and the imports."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(Path(src).resolve())
-    args = [sys.executable, __file__, "--worker", str(turns), kind]
+    args = [sys.executable, __file__, "--worker", json.dumps(cases)]
     out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -93,28 +95,31 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline-src", help="another checkout's src directory")
-    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(measure(int(args.worker[0]), args.worker[1])))
+        measure(2, "tool")  # warm-up, not reported
+        print(json.dumps([measure(turns, kind) for turns, kind in json.loads(args.worker)]))
         return 0
     turn_counts, repeats = ([2, 4], 1) if args.smoke else ([2, 8, 32], args.repeats)
     sides = {"ardea": None} | ({"baseline": args.baseline_src} if args.baseline_src else {})
+    cases = [(turns, kind) for kind in ("text", "tool") for turns in turn_counts]
+    best: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeats):  # interleaved: both sides see the same machine state
+        for side, src in sides.items():
+            got = run(src, cases)
+            old = best.get(side, got)
+            best[side] = [{k: min(v, o[k]) for k, v in g.items()} for g, o in zip(got, old)]
     print("| reply | turns | side | per turn (mean) | last turn | floor (last turn) |")
     print("|---|---:|---|---:|---:|---:|")
-    for kind in ("text", "tool"):
-        for turns in turn_counts:
-            best: dict[str, dict[str, float]] = {}
-            for _ in range(repeats):  # interleaved: both sides see the same machine state
-                for side, src in sides.items():
-                    got = run(src, turns, kind)
-                    best[side] = {k: min(v, best.get(side, got)[k]) for k, v in got.items()}
-            for side, b in best.items():
-                print(f"| {kind} | {turns} | {side} | {b['mean'] * 1e3:.2f} ms | "
-                      f"{b['last'] * 1e3:.2f} ms | {b['floor'] * 1e3:.2f} ms |")  # fmt: skip
-            if "baseline" in best:
-                ratio = best["baseline"]["last"] / best["ardea"]["last"]
-                print(f"| {kind} | {turns} | baseline / ardea (last turn) | | {ratio:.2f}× | |")
+    for i, (turns, kind) in enumerate(cases):
+        for side in best:
+            b = best[side][i]
+            print(f"| {kind} | {turns} | {side} | {b['mean'] * 1e3:.2f} ms | "
+                  f"{b['last'] * 1e3:.2f} ms | {b['floor'] * 1e3:.2f} ms |")  # fmt: skip
+        if "baseline" in best:
+            ratio = best["baseline"][i]["last"] / best["ardea"][i]["last"]
+            print(f"| {kind} | {turns} | baseline / ardea (last turn) | | {ratio:.2f}× | |")
     return 0
 
 
