@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from ardea.config import load_config
 from ardea.model.precision import EAGER_MAX_TOKENS
 from ardea.trainer import Trainer
-from ardea.trainer.updates import PhaseTimer
+from ardea.trainer.step.updates import PhaseTimer
 
 # case: (model.compute_dtype, model.attn_implementation)
 CASES = {"fp32": ("float32", "auto"), "bf16": ("auto", "auto"), "bf16+sdpa": ("auto", "sdpa")}

@@ -11,10 +11,19 @@ head dim 32 or 64: vLLM's CPU attention has no kernel for 16):
 Per size: ``--prompts`` prompts of 6-12 tokens, ``--group`` samples each at T = 1, exactly
 ``--new-tokens`` new tokens (no stop ids), the same seeded call on both engines; tokens/s is
 generated tokens over the call's wall time, best of ``--repeats`` after one warm-up call, and
-the ratio vLLM / in-process is taken over adjacent pairs (median). Weight sync: seconds of
-``update_weights`` with a new state dict (the trainer's step: write safetensors, reload on the
-server, reset its prefix cache, check the probe), median of ``--repeats``. The server is
-launched by the engine (``rollout.vllm.launch``) and its start-up time reported.
+the ratio vLLM / in-process is taken over adjacent pairs (median). The server is launched by
+the engine (``rollout.vllm.launch``) and its start-up time reported.
+
+Weight sync: seconds of ``update_weights`` with a new state dict, the sync probe off, median
+of ``--repeats`` per transport, the transports alternating:
+
+- ``state dict``: the in-process engine on its own copy of the model (the trainer's tensors
+  copied in, as a background worker's or a torchrun owner's engine gets them);
+- ``file`` (``rollout.vllm.weight_transport=file``): one safetensors file written to the
+  run directory, reloaded by the server from that path, its prefix cache reset;
+- ``http`` (``weight_transport=http``): the same file's bytes sent in the reload request
+  (base64 in JSON), loaded from memory by ardea's worker extension (the server is launched
+  with it; the ``file`` transport does not use it).
 
     python benchmarks/bench_vllm.py                  # the table in benchmarks/README.md
     python benchmarks/bench_vllm.py --smoke          # one size, a few tokens (starts a server)
@@ -33,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ardea.model import build_char_tokenizer, build_tiny_model
-from ardea.rollout import EngineSpec, SamplingParams, make_engine
+from ardea.rollout import EngineSpec, SamplingParams, make_engine, own_copy
 
 SIZES = {
     "0.1M": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1),
@@ -67,10 +76,10 @@ def bench(size: str, args, work: Path) -> dict:
     )  # fmt: skip
     batch = prompts(tokenizer, args.prompts)
     tokens = len(batch) * args.group * args.new_tokens
-    local = make_engine("in_process", EngineSpec.of(model, tokenizer), module=model)
+    local = make_engine("in_process", EngineSpec.of(model, tokenizer), module=own_copy(model))
     # no sync probe: the update times below are the reload alone (runs add one probe)
     options = {"launch": True, "python": str(PYTHON), "max_model_len": 256, "timeout_s": 600.0,
-               "sync_tolerance": 0.0}  # fmt: skip
+               "sync_tolerance": 0.0, "weight_transport": "http"}  # fmt: skip
     spec = EngineSpec.of(model, tokenizer, options=options, work_dir=work / size)
     start = time.perf_counter()
     server = make_engine("vllm", spec, module=model)
@@ -83,12 +92,7 @@ def bench(size: str, args, work: Path) -> dict:
              tokens / timed(lambda: server.generate(batch, params)))
             for _ in range(args.repeats)
         ]  # fmt: skip
-        syncs = []
-        for version in range(1, args.repeats + 1):
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.mul_(1.001)
-            syncs.append(timed(lambda v=version: server.update_weights(model.state_dict(), v)))
+        syncs = sync_times(model, local, server, args.repeats)
     finally:
         server.close()
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
@@ -100,9 +104,26 @@ def bench(size: str, args, work: Path) -> dict:
         "in_process_tok_s": max(p[0] for p in pairs),
         "vllm_tok_s": max(p[1] for p in pairs),
         "ratio_vllm_over_in_process": statistics.median(p[1] / p[0] for p in pairs),
-        "weight_sync_s": statistics.median(syncs),
         "server_startup_s": startup,
-    }
+    } | {f"sync_{t}_s": statistics.median(v) for t, v in syncs.items()}
+
+
+def sync_times(model, local, server, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each ``update_weights`` per transport (module docstring), alternating."""
+    times: dict[str, list[float]] = {"state_dict": [], "file": [], "http": []}
+    for _ in range(repeats):
+        for transport, seconds in times.items():
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1.001)
+            state = model.state_dict()
+            engine = local if transport == "state_dict" else server
+            if engine is server:
+                server.options.weight_transport = transport  # the server has the extension
+            start = time.perf_counter()
+            engine.update_weights(state, engine.version + 1)
+            seconds.append(time.perf_counter() - start)
+    return times
 
 
 def main() -> None:
@@ -128,13 +149,19 @@ def main() -> None:
             print(json.dumps(row))
             rows.append(row)
     print("| model | rows x new tokens | in-process tok/s | vLLM tok/s | vLLM / in-process | "
-          "weight sync s | server start s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "server start s |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} ({r['parameters_m']}M) | {r['rows']} x {r['new_tokens']} | "
               f"{r['in_process_tok_s']:.0f} | {r['vllm_tok_s']:.0f} | "
-              f"{r['ratio_vllm_over_in_process']:.2f}x | {r['weight_sync_s']:.2f} | "
-              f"{r['server_startup_s']:.0f} |")  # fmt: skip
+              f"{r['ratio_vllm_over_in_process']:.2f}x | {r['server_startup_s']:.0f} |")  # fmt: skip
+    print("\n| model | sync: state dict (in process) s | file (vLLM) s | http (vLLM) s | "
+          "http / file |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['size']} ({r['parameters_m']}M) | {r['sync_state_dict_s']:.4f} | "
+              f"{r['sync_file_s']:.3f} | {r['sync_http_s']:.3f} | "
+              f"{r['sync_http_s'] / r['sync_file_s']:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_mismatch.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
+        "bench_torchrun.py",
         "bench_train_pass.py",
         "bench_vllm.py",
     ]
@@ -196,7 +197,7 @@ def test_vllm_smoke(tmp_path):
     out = smoke("bench_vllm.py", cwd=tmp_path)
     [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["rows"] == 8 and row["vllm_tok_s"] > 0 and row["in_process_tok_s"] > 0
-    assert row["weight_sync_s"] > 0
+    assert all(row[f"sync_{t}_s"] > 0 for t in ("state_dict", "file", "http"))
 
 
 def test_mismatch_smoke(tmp_path):
@@ -204,3 +205,12 @@ def test_mismatch_smoke(tmp_path):
     [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["noise"] == 1.0 and row["mismatch/abs_diff_mean"] > 0.01
     assert all(-1.0 <= row[f"{m}_cos"] <= 1.0 for m in ("on-policy", "uncorrected", "token_tis"))
+
+
+def test_torchrun_smoke(tmp_path):
+    out = smoke("bench_torchrun.py", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["workload"] for r in rows] == ["sft", "online_grpo"]
+    for r in rows:
+        assert r["two_over_one"] == r["two"]["seconds_per_step"] / r["one"]["seconds_per_step"]
+    assert rows[1]["two"]["phases"]["generate"] > 0

@@ -128,17 +128,20 @@ def grad_norm(run_dir: Path, module: str, step: int) -> float:
     return norm
 
 
-def assert_same_gradients(expected: Path, got: Path, module: str, step: int) -> None:
+def assert_same_gradients(
+    expected: Path, got: Path, module: str, step: int, rtol: float = GRADIENT_RTOL
+) -> None:
     """``module``'s gradients at ``step`` of two runs from the same parameters, equal up to
-    float32 summation order (module docstring): the gradients the optimizer stepped with
-    (after clipping) tensor by tensor, and the global norm before clipping."""
+    float32 summation order (module docstring; ``rtol`` for other batches than these runs'):
+    the gradients the optimizer stepped with (after clipping) tensor by tensor, and the
+    global norm before clipping."""
     first, second = steps(expected, module)[step], steps(got, module)[step]
     assert_same(first["params"], second["params"], "params")
     differences = gradient_differences(first["grads"], second["grads"])
     worst = max(differences, key=differences.get)
-    assert differences[worst] <= GRADIENT_RTOL, (worst, differences[worst])
+    assert differences[worst] <= rtol, (worst, differences[worst])
     norms = grad_norm(expected, module, step), grad_norm(got, module, step)
-    assert norms[1] == pytest.approx(norms[0], rel=GRADIENT_RTOL, abs=0), norms
+    assert norms[1] == pytest.approx(norms[0], rel=rtol, abs=0), norms
 
 
 def replay(records: list[dict]) -> dict[str, torch.Tensor]:

@@ -51,7 +51,7 @@ def record_rollouts(trainer, change=None) -> list:
     (first rounds and refills, in order) is appended to the returned list, after
     ``change(rollout)`` when given (which may replace its batch)."""
     seen = []
-    score = trainer.rl.runner.score
+    score = trainer.service.runner.score
 
     def recording(generation):
         result = score(generation)
@@ -60,7 +60,7 @@ def record_rollouts(trainer, change=None) -> list:
         seen.append(result)
         return result
 
-    trainer.rl.runner.score = recording
+    trainer.service.runner.score = recording
     return seen
 
 

@@ -60,7 +60,7 @@ def test_episodes_train_through_the_rl_step(tmp_path, algo):
         assert 1.0 <= r["agent/turns_per_episode"] <= 3.0
         assert r["agent/generated_tokens"] > 0 and r["agent/context_tokens"] > 0
         assert r["rollout/staleness"] == 0.0
-    assert trainer.engine.version == 3
+    assert trainer.service.engine.version == 3
 
 
 def test_background_episodes_are_checkpointed_and_resumed_exactly(tmp_path):

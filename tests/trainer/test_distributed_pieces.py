@@ -49,16 +49,12 @@ def overrides(*extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["model.lora_r=4"], r"model.lora_r > 0 \(LoRA\) is not supported with trainer.distributed=fsdp2"),
-        (["algo.name=online_grpo", "rollout.max_staleness=1"], "rollout.max_staleness > 0"),
-        (["algo.name=online_grpo", "algo.dynamic_sampling=true"], "algo.dynamic_sampling=true"),
-        (["algo.name=online_dpo"], "algo.name=online_dpo is not supported"),
         (["trainer.batch_size=6"], "batch_size=6 does not split over 4 processes"),
         (["trainer.grad_accum_steps=4"], "a multiple of trainer.grad_accum_steps = 4"),
         (["algo.name=online_grpo", "algo.ppo_mini_batches=4"], "at least algo.ppo_mini_batches"),
     ],
 )  # fmt: skip
-def test_what_several_processes_cannot_run_is_a_config_error(extra, message):
+def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error(extra, message):
     config = load_config(None, overrides(*extra))
     with pytest.raises(ConfigError, match=message):
         check_distributed(config, FakeRanks(0, 4))
@@ -89,7 +85,7 @@ def test_under_torchrun_a_micro_batch_is_one_forward_whatever_its_lengths():
     collective under DDP/FSDP2): with ``by_length=False`` a micro-batch stays one forward.
     Here 8 short groups and one long group, where buckets pay (the first split is checked)."""
     from ardea.data import TrajectoryBatch
-    from ardea.trainer.rl_step import split_updates
+    from ardea.trainer.step.split import split_updates
 
     lengths = [4] * 64 + [200] * 8  # 9 groups of 8 rows: padding dominates one forward
     mask = torch.tensor([[1] * n + [0] * (200 - n) for n in lengths])
@@ -103,3 +99,22 @@ def test_under_torchrun_a_micro_batch_is_one_forward_whatever_its_lengths():
     assert len(split_updates(batch, **split)[0]) > 1  # one process: buckets
     (update,) = split_updates(batch, **split, by_length=False)
     assert len(update) == 1 and update[0].rows == 72
+
+
+def test_each_rank_takes_a_contiguous_share_of_every_micro_batchs_groups():
+    """5 groups of 2, 1, 2, 2 and 1 rows: 2 ranks take groups 0-2 and 3-4, in batch order,
+    and together every row once; with 4 ranks and a micro-batch of 3 groups the fourth
+    rank's share is empty, and it gets a filler of the micro-batch's first group."""
+    from ardea.data import TrajectoryBatch
+    from ardea.trainer.step.split import Filler, shard_updates
+
+    groups = torch.tensor([0, 0, 1, 2, 2, 3, 3, 4])
+    ids = torch.arange(8)[:, None].repeat(1, 3)  # row i holds token i
+    batch = TrajectoryBatch.from_tensors(ids, torch.ones_like(ids), ids > -1, group_ids=groups)
+    shares = [shard_updates([[batch]], rank, 2)[0][0] for rank in range(2)]
+    assert [s.input_ids[:, 0].tolist() for s in shares] == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    three = batch.select(torch.arange(5))  # groups 0, 1, 2
+    shares = [shard_updates([[three]], rank, 4)[0][0] for rank in range(4)]
+    assert [s.group_ids.tolist() for s in shares[:3]] == [[0, 0], [1], [2, 2]]
+    assert isinstance(shares[3], Filler) and shares[3].batch.group_ids.tolist() == [0, 0]
+    assert shard_updates([[batch]], 0, 1) == [[batch]]  # one process: as it is

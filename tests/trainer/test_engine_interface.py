@@ -27,7 +27,7 @@ def run(tmp_path, *overrides):
 def test_online_grpo_on_an_engine_without_a_model(tmp_path):
     trainer, engine, _ = run(tmp_path, SEVENS)
     assert not hasattr(engine, "model")
-    tensors = len(trainer.full_weights())
+    tensors = len(trainer.policy.state_dict())
     assert engine.updates == [(1, tensors), (2, tensors)]  # each step, the whole policy
     assert engine.closed
     # the first evaluation's 8 greedy rows, then step 1's 8 prompts x 8 samples (rows

@@ -52,6 +52,6 @@ def test_the_live_engine_follows_the_policy_version(tmp_path, reward_module):
         load_config(None, [*RUN, "trainer.max_steps=2", f"trainer.output_dir={tmp_path}"])
     )
     trainer.train()
-    assert trainer.rl.engine.version == 2
+    assert trainer.service.engine.version == 2
     with pytest.raises(ValueError, match="version must increase"):
-        trainer.rl.engine.update_weights(trainer.policy.state_dict(), 2)
+        trainer.service.engine.update_weights(trainer.policy.state_dict(), 2)

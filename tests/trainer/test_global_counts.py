@@ -19,8 +19,8 @@ from ardea.config import ArdeaConfig
 from ardea.data import TrajectoryBatch
 from ardea.model import Precision, build_char_tokenizer
 from ardea.trainer.distributed import Distributed
+from ardea.trainer.step.updates import PhaseTimer, Updater
 from ardea.trainer.strategies import make_strategy
-from ardea.trainer.updates import PhaseTimer, Updater
 
 TOKENIZER = build_char_tokenizer()
 CPU = torch.device("cpu")
@@ -65,8 +65,9 @@ def micro_batches() -> list[TrajectoryBatch]:
     return out
 
 
-def one_step(dist: Distributed) -> dict[str, float]:
-    """One SFT update of :func:`micro_batches` on a fresh uniform policy under ``dist``."""
+def one_step(dist: Distributed, batches: list | None = None) -> dict[str, float]:
+    """One SFT update of ``batches`` (default :func:`micro_batches`) on a fresh uniform
+    policy under ``dist``."""
     policy = uniform_policy()
     config = ArdeaConfig()
     config.algo.name = "sft"
@@ -74,7 +75,7 @@ def one_step(dist: Distributed) -> dict[str, float]:
                              make_reference=lambda: copy.deepcopy(policy))  # fmt: skip
     precision = Precision.resolve("float32", CPU, torch.float32)
     updater = Updater(policy, strategy, config, precision, dist)
-    return updater.run([micro_batches()], PhaseTimer())
+    return updater.run([batches or micro_batches()], PhaseTimer())
 
 
 def test_a_rank_normalises_by_the_tokens_of_every_rank():
@@ -98,3 +99,26 @@ def test_the_gradient_is_this_ranks_share_of_the_global_token_mean():
     # operation along the path (u = 6e-8 each, a few dozen operations): 1e-5 is > 100 u,
     # while the bug (its own count: ratio 2, not 0.8) is off by 150 %
     assert two["train/grad_norm"] == pytest.approx(0.8 * one["train/grad_norm"], rel=1e-5)
+
+
+def test_a_filler_runs_but_adds_nothing():
+    """A rank with nothing to train in a micro-batch runs a filler (the micro-batch's first
+    group, loss times zero): its tokens are not counted and its loss, metrics and gradient
+    are zero, so the update is the one without it: the loss exactly (the same sum), the
+    gradient norm up to rounding (an extra backward of zeros adds 0.0 to every entry)."""
+    from ardea.trainer.step.split import Filler
+
+    def step(batches) -> tuple[dict[str, float], RankZeroOfTwo]:
+        dist = RankZeroOfTwo({"tokens": OTHER_RANK_TOKENS})
+        return one_step(dist, batches), dist
+
+    first, second = micro_batches()
+    plain, plain_dist = step([first])
+    filled, filled_dist = step([first, Filler(second)])
+    assert filled_dist.reduced[0] == plain_dist.reduced[0] == {"tokens": 2.0}
+    assert filled["train/loss"] == plain["train/loss"]
+    assert filled["train/grad_norm"] == pytest.approx(plain["train/grad_norm"], rel=1e-6)
+    # only fillers: the counts' names with zeros, every metric zero, no gradient
+    alone, alone_dist = step([Filler(first)])
+    assert alone_dist.reduced[0] == {"tokens": 0.0}
+    assert alone["train/loss"] == 0.0 and alone["train/grad_norm"] == 0.0

@@ -153,7 +153,7 @@ def test_evaluation_sees_the_trained_weights(tmp_path):
         trainer.evaluator.examples,
         max_new_tokens=trainer.config.rollout.max_new_tokens,
     )
-    assert trainer.engine.version == 2  # the evaluations of steps 20 and 40
+    assert trainer.service.engine.version == 2  # the evaluations of steps 20 and 40
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
     shown = [json.loads(x)["completion"] for x in lines if json.loads(x)["step"] == 40]
     first = [json.loads(x)["completion"] for x in lines if json.loads(x)["step"] == 0]

@@ -34,7 +34,7 @@ def test_reward_rises_from_a_random_policy(strategy, tmp_path, reward_module):
     assert sum(rewards[-3:]) / 3 > 0.6
     staleness = [r["rollout/staleness"] for r in records if "rollout/staleness" in r]
     assert staleness == [0.0] * 30  # synchronous: every rollout comes from the live policy
-    assert trainer.rl.runner.engine.version == 30  # one published version per step
+    assert trainer.service.runner.engine.version == 30  # one published version per step
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} >= set(range(1, 31))  # rollouts of every step
     mid = [s for s in samples if s["step"] == 15]  # 4 rollout samples (evaluations add theirs)
@@ -52,11 +52,10 @@ def test_staleness_bound():
 
 def test_a_stale_rollout_never_reaches_the_loss(tmp_path, reward_module):
     trainer = Trainer(load_config(None, [*RUN, f"trainer.output_dir={tmp_path / 'run'}"]))
-    runner = trainer.rl.runner
     record_rollouts(
         trainer, lambda b: replace(b, versions=torch.where(b.versions >= 0, b.versions - 1, -1))
     )
-    runner.engine.update_weights(trainer.policy.state_dict(), 1)
+    trainer.service.publish()  # the live policy is version 1
     called = []
     trainer.strategy.loss = lambda *args: called.append(args)
     with pytest.raises(StalenessError, match="version 0 is 1 versions behind"):
@@ -72,7 +71,7 @@ def test_online_run_resumes_to_the_same_weights(tmp_path, reward_module):
     resumed = Trainer(
         load_config(None, [*short, f"trainer.output_dir={tmp_path / 'b'}", "trainer.resume=auto"])
     )
-    assert resumed.step == 3 and resumed.rl.runner.engine.version == 3
+    assert resumed.step == 3 and resumed.service.runner.engine.version == 3
     resumed.train()
     final = "checkpoints/step_0000006/policy/model.safetensors"
     a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
@@ -109,7 +108,7 @@ def test_online_grpo_takes_every_critic_free_estimator(estimator, tmp_path, rewa
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
-    assert trainer.rl.runner.engine.version == 2
+    assert trainer.service.runner.engine.version == 2
 
 
 def test_online_ppo_reward_rises_and_critic_learns(tmp_path, reward_module):
@@ -146,7 +145,7 @@ def record_losses(trainer):
 
     def recording(batch, counts):
         versions = batch.versions[batch.versions >= 0]
-        seen.append((trainer.rl.runner.engine.version, int(versions.min())))
+        seen.append((trainer.service.runner.engine.version, int(versions.min())))
         return loss(batch, counts)
 
     trainer.strategy.loss = recording
@@ -174,7 +173,7 @@ def test_bounded_staleness_two(strategy, tmp_path, reward_module):
     assert [r["rollout/staleness"] for r in records if "rollout/staleness" in r] == lags
     decoupled = [r["loss/behav_imp_weight"] for r in records if "loss/behav_imp_weight" in r]
     assert len(decoupled) == 8  # eta > 0 turns decoupled PPO on by default
-    assert trainer.rl.worker is None  # closed at the end of training
+    assert trainer.service.worker is None  # closed at the end of training
 
 
 def test_background_rollouts_are_reproducible(tmp_path, reward_module):
@@ -221,7 +220,7 @@ def test_epochs_and_mini_batches_reuse_one_rollout(tmp_path, reward_module, monk
     trainer.train()
     assert len(calls) == 3  # one advantage computation per rollout
     assert len(steps) == 12  # 3 steps x 2 epochs x 2 mini-batches
-    assert trainer.rl.runner.engine.version == 3
+    assert trainer.service.runner.engine.version == 3
     assert len(seen) == 12 and all(live - oldest == 0 for live, oldest in seen)
     assert trainer.updater.scheduler.last_epoch == 3  # the schedule advances once per training step
 
@@ -280,7 +279,7 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(
     # every generation and scoring round of a step (the first and the refills) is counted
     # in its perf/time_generate and perf/time_score
     spent: dict[int, list[float]] = {}
-    runner = trainer.rl.runner
+    runner = trainer.service.runner
 
     def timed(name, index, fn):
         def wrapper(*args, **kwargs):
@@ -321,7 +320,7 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(
     ],
 )
 def test_refill_round_size_follows_the_kept_share(missing, kept, generated, cap, expected):
-    from ardea.trainer.dynamic_sampling import refill_batches
+    from ardea.trainer.rollouts.dynamic_sampling import refill_batches
 
     assert refill_batches(missing, kept=kept, generated=generated, batch_size=32, cap=cap) == (
         expected
@@ -390,7 +389,7 @@ def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(
     assert re.search(r"prompt='?\d+\+\d+=", str(failure.value)), str(failure.value)
     saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
     assert saved and all(not name.startswith(".tmp") for name in saved)
-    assert trainer.rl.worker is None  # the background worker was stopped, no hang
+    assert trainer.service.worker is None  # the background worker was stopped, no hang
 
 
 def test_on_error_zero_scores_the_failure_zero_and_counts_it(tmp_path, write_reward_module):

@@ -410,7 +410,7 @@ def test_overlong_penalty_reaches_the_rewards_the_loss_sees(tmp_path, write_rewa
 # ------------------------------------------------------------ updates of a rollout
 def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
     from ardea.data import TrajectoryBatch
-    from ardea.trainer.rl_step import split_updates
+    from ardea.trainer.step.split import split_updates
 
     groups = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])  # four groups of uneven size
     batch = TrajectoryBatch.from_tensors(
@@ -518,7 +518,7 @@ def test_attention_kernel_reaches_the_training_forward(tmp_path, reward_module, 
 
 
 def test_length_buckets_cut_where_padding_dominates():
-    from ardea.trainer.rl_step import length_buckets
+    from ardea.trainer.step.split import length_buckets
 
     # 8 groups of 8 rows: seven end at EOS within 20 tokens, one runs to 73 tokens.
     # One forward: 64 x 73 = 4672 positions; cut before the long group: 56 x 20 + 8 x 73 =
@@ -536,8 +536,8 @@ def test_length_buckets_leave_the_update_unchanged(tmp_path, reward_module, monk
     """The same step with every micro-batch cut into length buckets (thresholds 0) and
     without any cut accumulates the same gradient and loss: each forward is normalised by
     the step's counts, so only the summation order changes."""
-    import ardea.trainer.rl_step as rl_step
-    from ardea.trainer.updates import Updater
+    import ardea.trainer.step.split as split
+    from ardea.trainer.step.updates import Updater
 
     extra = ("rollout.max_new_tokens=12", "trainer.max_steps=2")
     seen: dict[str, dict] = {}
@@ -554,8 +554,8 @@ def test_length_buckets_leave_the_update_unchanged(tmp_path, reward_module, monk
 
     monkeypatch.setattr(Updater, "_forward_backward", spy)
     for name, threshold in (("cut", 0), ("whole", 10**9)):
-        monkeypatch.setattr(rl_step, "MIN_SAVED_TOKENS", threshold)
-        monkeypatch.setattr(rl_step, "MIN_SAVED_FRACTION", 0.0 if threshold == 0 else 1.0)
+        monkeypatch.setattr(split, "MIN_SAVED_TOKENS", threshold)
+        monkeypatch.setattr(split, "MIN_SAVED_FRACTION", 0.0 if threshold == 0 else 1.0)
         one_step(trainer_for(tmp_path / name, *extra))
     assert seen["whole"]["forwards"] == 1 and seen["cut"]["forwards"] > 1
     assert seen["cut"]["loss"] == pytest.approx(seen["whole"]["loss"], abs=1e-6)

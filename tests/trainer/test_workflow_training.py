@@ -80,7 +80,7 @@ def train(run_dir, *overrides):
 )
 def test_a_workflow_trains_through_the_rl_step(tmp_path, rows, transport, algo):
     trainer, results = train(tmp_path / "run", *rows, *algo, f"agent.transport={transport}")
-    assert results["steps"] == 3 and trainer.engine.version == 3
+    assert results["steps"] == 3 and trainer.service.engine.version == 3
     records = [r for r in metrics(tmp_path / "run") if "agent/turns_per_episode" in r]
     assert len(records) == 3
     for r in records:

@@ -6,20 +6,17 @@ rollout.vllm.urls and load their own weights into it first."""
 from __future__ import annotations
 
 import pytest
-from vllm_testing import PYTHON, write_model_dir
-
-from ardea.rollout.vllm_server import LaunchedServer
+from vllm_testing import start_server
 
 
 @pytest.fixture(scope="session")
-def vllm_url(tmp_path_factory):
-    if not PYTHON.is_file():
-        pytest.fail(f"{PYTHON} is missing: `make test` builds it (scripts/setup_vllm_venv.sh)")
-    root = tmp_path_factory.mktemp("vllm")
-    server = LaunchedServer(
-        str(PYTHON), write_model_dir(root / "model"), root / "server.log", dtype="float32",
-        max_model_len=256, extra_args=[], startup_timeout_s=600.0,
-    )  # fmt: skip
-    url = server.start()
-    yield url
+def vllm_server(tmp_path_factory):
+    """The session's server (:func:`vllm_testing.start_server`: it logs its requests)."""
+    server = start_server(tmp_path_factory.mktemp("vllm"))
+    yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_server):
+    return vllm_server.url

@@ -149,9 +149,11 @@ def test_a_refused_connection_names_the_server(tmp_path):
 
 
 def test_a_launched_server_that_dies_is_restarted_on_the_current_weights(tmp_path):
-    """launch=true: the engine starts its own server; killed after a weight update, it is
-    restarted once (max_restarts=1) on the weights last written and the call goes on with
-    them; killed again with no restart left, the call fails naming the server."""
+    """launch=true: the engine starts its own server, and the weights travel in the reload
+    request (weight_transport=http: greedy output after the update is the new weights');
+    killed after a weight update, it is restarted once (max_restarts=1) on the weights
+    last written and the call goes on with them; killed again with no restart left, the
+    call fails naming the server."""
     import os
     import signal
 
@@ -161,23 +163,33 @@ def test_a_launched_server_that_dies_is_restarted_on_the_current_weights(tmp_pat
 
     model = tiny(seed=1)
     options = {"launch": True, "python": str(PYTHON), "timeout_s": 60.0, "max_restarts": 1,
-               "max_model_len": 256}  # fmt: skip
+               "max_model_len": 256, "weight_transport": "http"}  # fmt: skip
     engine = make_engine("vllm", EngineSpec.of(model, TOKENIZER, options=options, work_dir=tmp_path), module=model)  # fmt: skip
     try:
         model.load_state_dict(tiny(seed=6).state_dict())
         engine.update_weights(model.state_dict(), 1)
         greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
         expected = [hf_greedy(model, p, 8, STOPS) for p in PROMPTS]
-        os.killpg(engine.servers[0].process.pid, signal.SIGKILL)
-        engine.servers[0].process.wait(timeout=30)
+        server = engine.pool.servers[0]
+        os.killpg(server.launched.process.pid, signal.SIGKILL)
+        server.launched.process.wait(timeout=30)
         out = engine.generate(PROMPTS, greedy)
-        assert engine.restarts == 1 and [c.token_ids for c in out] == expected
+        assert server.restarts == 1 and [c.token_ids for c in out] == expected
         assert [c.version for c in out] == [1, 1]
         url = engine.urls[0]
-        os.killpg(engine.servers[0].process.pid, signal.SIGKILL)
-        engine.servers[0].process.wait(timeout=30)
-        with pytest.raises(VLLMServerError, match=f"{url} failed a generation"):
+        os.killpg(server.launched.process.pid, signal.SIGKILL)
+        server.launched.process.wait(timeout=30)
+        with pytest.raises(
+            VLLMServerError, match=f"every vLLM server .* {url} failed a generation"
+        ):
             engine.generate(PROMPTS, greedy)
     finally:
         engine.close()
-    assert engine.servers == []
+    assert not server.launched.alive
+
+
+def test_weights_over_http_need_the_extension(vllm_url, tmp_path):
+    """weight_transport=http on a server started without ardea's worker extension: the
+    first reload fails naming the flag to start it with."""
+    with pytest.raises(VLLMServerError, match="--worker-extension-cls ardea_weights.WeightUpload"):
+        engine_on(vllm_url, tiny(), tmp_path, weight_transport="http")

@@ -3,8 +3,10 @@ and log-probs recomputed without ardea's code."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from ardea.model import build_char_tokenizer, build_tiny_model
@@ -27,6 +29,34 @@ def write_model_dir(path: Path) -> Path:
     model.save_pretrained(path)
     TOKENIZER.save_pretrained(path)
     return path
+
+
+#: a server that logs every request's prompt token ids (DEBUG), read by the pool tests
+LOG_REQUESTS = (["--enable-log-requests"], {"VLLM_LOGGING_LEVEL": "DEBUG"})
+PROMPT_IDS = re.compile(r"prompt_token_ids: \[([0-9, ]*)\]")
+
+
+def start_server(root: Path, *, max_model_len: int = 256):
+    """A real vLLM server on the tiny model (in ``root``), logging its requests; started."""
+    from ardea.rollout.vllm_server import LaunchedServer
+
+    if not PYTHON.is_file():
+        pytest.fail(f"{PYTHON} is missing: `make test` builds it (scripts/setup_vllm_venv.sh)")
+    args, env = LOG_REQUESTS
+    server = LaunchedServer(
+        str(PYTHON), write_model_dir(root / "model"), root / "server.log", dtype="float32",
+        max_model_len=max_model_len, extra_args=args, startup_timeout_s=600.0, env=env,
+    )  # fmt: skip
+    server.start()
+    return server
+
+
+def logged_prompts(server, start: int = 0) -> list[tuple[int, ...]]:
+    """The prompts (token ids) ``server`` logged after byte ``start`` of its log."""
+    with open(server.log_path, "rb") as log:
+        log.seek(start)
+        text = log.read().decode(errors="replace")
+    return [tuple(int(t) for t in m.group(1).split(", ") if t) for m in PROMPT_IDS.finditer(text)]
 
 
 def engine_on(url: str, model, work_dir: Path, **options):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 from ardea.config.fields import check_range, option
 from ardea.errors import ConfigError
 
+WEIGHT_TRANSPORTS = ("file", "http")
+
 
 @dataclass
 class VLLMConfig:
@@ -20,9 +22,23 @@ class VLLMConfig:
     )
     launch: bool = option(
         False,
-        "Start a vLLM server for the run (127.0.0.1, a free port, its log in the run "
-        "directory under engine/), stopped with the run and restarted with the current weights "
-        "if it dies (up to max_restarts).",
+        "Start vLLM servers for the run (`servers` of them; 127.0.0.1, free ports, their logs "
+        "in the run directory under engine/), stopped with the run and restarted with the "
+        "current weights if they die (up to max_restarts each).",
+    )
+    servers: int = option(
+        1,
+        "launch=true: how many servers to start. Several are a pool: requests spread by "
+        "load, every call of one episode on one server, a server that dies taken out and "
+        "its requests run on the others.",
+    )
+    weight_transport: str = option(
+        "file",
+        "How new weights reach the servers after each step: 'file' (one safetensors file in "
+        "the run directory, reloaded by every server: they must see that path) or 'http' (the "
+        "file's bytes in the reload request itself: no shared disk; a server you start needs "
+        "--worker-extension-cls ardea_weights.WeightUpload with ardea's vllm_extension folder "
+        "on its PYTHONPATH, a launched one gets both).",
     )
     python: str = option(
         ".venv-vllm/bin/python",
@@ -59,6 +75,17 @@ class VLLMConfig:
         check_range("rollout.vllm.timeout_s", self.timeout_s, low=0.0, low_open=True)
         check_range("rollout.vllm.startup_timeout_s", self.startup_timeout_s, low=0.0, low_open=True)  # fmt: skip
         check_range("rollout.vllm.max_restarts", self.max_restarts, low=0)
+        check_range("rollout.vllm.servers", self.servers, low=1)
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ConfigError(
+                f"rollout.vllm.weight_transport={self.weight_transport!r} is not one of "
+                f"{', '.join(WEIGHT_TRANSPORTS)}"
+            )
+        if self.servers > 1 and not self.launch:
+            raise ConfigError(
+                f"rollout.vllm.servers={self.servers} starts servers only with "
+                "rollout.vllm.launch=true; list the servers you started in rollout.vllm.urls"
+            )
         check_range("rollout.vllm.max_model_len", self.max_model_len, low=0)
         check_range("rollout.vllm.sync_tolerance", self.sync_tolerance, low=0.0)
 

@@ -2,8 +2,10 @@
 
 Token ids in, token ids and behaviour log-probs out, over HTTP (``POST /v1/completions``
 with ``prompt`` as token ids, ``logprobs: 0`` and ``return_token_ids``): one request per
-prompt (its ``n`` samples), sent concurrently and spread over the servers in turn; vLLM
-batches them. Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
+prompt (its ``n`` samples), sent concurrently; vLLM batches them. Several servers
+(``rollout.vllm.urls``, or ``rollout.vllm.servers`` launched) are a pool
+(:mod:`ardea.rollout.vllm_pool`): requests spread by load, every call of one episode on one
+server, a server that dies taken out and its requests run elsewhere with the same seed. Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
 min new tokens, stop ids (the model's eos ids always stop), stop strings, and the seed: a seeded call
 gives each prompt the seed ``hash(seed, row id of its first sample)``, so a rollout split
 over calls or processes samples what one call would (``SamplingParams.row_ids``).
@@ -21,13 +23,16 @@ the servers' log-probs of a fixed greedy probe completion are then compared with
 policy's own (``vllm/sync_logprob_error``): above the tolerance the run fails.
 
 Every request has a timeout (``rollout.vllm.timeout_s``): a server that stalls or dies is
-a :class:`VLLMServerError` naming its URL and the call. A launched server that died is
-restarted on the current weights (``rollout.vllm.max_restarts``) and the call retried once.
+taken out of the pool; when none is left the call fails with a :class:`VLLMServerError`
+naming every server. A launched server that died is restarted on the current weights
+(``rollout.vllm.max_restarts``).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +56,12 @@ from ardea.rollout.engine import (
     load_weights,
     register_engine,
 )
-from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError, log_tail
+from ardea.rollout.vllm_extension import FOLDER, WORKER_EXTENSION
+from ardea.rollout.vllm_pool import PoolServer, ServerPool, VLLMServerDown
+from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError, check_servers, log_tail
 
 PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
+WEIGHTS_FILE = "model.safetensors"
 
 
 def row_seed(seed: int, row: int) -> int:
@@ -90,18 +98,22 @@ class VLLMEngine(GenerationEngine):
         self.weights_dir = self.work_dir / "weights"
         self._version = version
         self._lock = threading.Lock()
-        self._next = 0  # round-robin position over the servers
         self._metrics: dict[str, float] = {}
         self.http = httpx.Client(timeout=self.options.timeout_s)
-        self.servers: list[LaunchedServer] = []
-        self.restarts = 0
         self._write_model_dir()
         if self.options.launch:
-            self.urls = [self._launch()]
+            servers = self._launch(self.options.servers)
         else:
-            self.urls = [u.rstrip("/") for u in self.options.urls]
+            servers = [PoolServer(i, u.rstrip("/")) for i, u in enumerate(self.options.urls)]
+        self.pool = ServerPool(
+            servers,
+            request=self._request,
+            max_restarts=self.options.max_restarts,
+            started=lambda server: self._check_servers([server]),
+        )
+        self._max_context = self._check_servers(servers)
+        if not self.options.launch:
             self._reload_all()  # servers the user started get the policy's exact weights
-        self._max_context = self._check_servers()
 
     # ------------------------------------------------------------ interface
     @property
@@ -117,7 +129,12 @@ class VLLMEngine(GenerationEngine):
         return list(self.spec.stop_token_ids)
 
     def metrics(self) -> dict[str, float]:
-        return dict(self._metrics)
+        return self._metrics | self.pool.metrics()
+
+    @property
+    def urls(self) -> list[str]:
+        """The servers' base URLs, in pool order (a restarted server has a new one)."""
+        return [s.url for s in self.pool.servers]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """``len(prompts) * params.n`` completions, prompt-major (module docstring)."""
@@ -129,15 +146,12 @@ class VLLMEngine(GenerationEngine):
         if not prompts:
             return []
         rows = params.rows(len(prompts) * params.n)
+        # a call that names its rows keeps each on one server (an episode's calls share one)
+        keys = [rows[i * params.n] if params.row_ids is not None else None for i in range(len(prompts))]  # fmt: skip
         with self._lock:
             version = self._version
             bodies = [self._body(p, params, rows[i * params.n]) for i, p in enumerate(prompts)]
-            try:
-                replies = self._complete_all(bodies)
-            except VLLMServerError:
-                if not self._restart_dead():
-                    raise
-                replies = self._complete_all(bodies)  # once more, on the restarted server
+            replies = self._complete_all(bodies, keys)
         out = []
         for prompt, reply in zip(prompts, replies):
             choices = sorted(reply["choices"], key=lambda c: c["index"])
@@ -154,14 +168,16 @@ class VLLMEngine(GenerationEngine):
             self._adopt(tensors)
             # a directory is rewritten too: save_pretrained leaves a tied head out
             self._write_weights(tensors)
+            self.pool.restart_dead()  # launched servers that died start on these weights
             self._reload_all()
             self._probe()
+            self.pool.forget()
             self._version = version
 
     def close(self) -> None:
-        for server in self.servers:
-            server.stop()
-        self.servers = []
+        for server in self.pool.servers:
+            if server.launched is not None:
+                server.launched.stop()
         self.http.close()
 
     # ------------------------------------------------------------ requests
@@ -186,17 +202,12 @@ class VLLMEngine(GenerationEngine):
             body["seed"] = row_seed(params.seed, first_row)
         return body
 
-    def _complete_all(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every request at once, spread over the servers; vLLM batches them."""
-        urls = [self._url() for _ in bodies]
-        with ThreadPoolExecutor(max_workers=min(len(bodies), 64)) as pool:
-            return list(
-                pool.map(
-                    lambda u, b: self._request(u, "/v1/completions", b, "a generation"),
-                    urls,
-                    bodies,
-                )
-            )
+    def _complete_all(
+        self, bodies: list[dict[str, Any]], keys: list[int | None]
+    ) -> list[dict[str, Any]]:
+        """Every request at once, routed by the pool; vLLM batches them."""
+        with ThreadPoolExecutor(max_workers=min(len(bodies), 64)) as threads:
+            return list(threads.map(self.pool.complete, bodies, keys))
 
     def _completion(self, prompt: list[int], choice: dict[str, Any], version: int) -> Completion:
         ids = [int(t) for t in choice["token_ids"]]
@@ -208,11 +219,6 @@ class VLLMEngine(GenerationEngine):
         finish = "stop" if choice.get("finish_reason") == "stop" else "length"
         return Completion(list(prompt), ids, logprobs, finish, version)
 
-    def _url(self) -> str:
-        url = self.urls[self._next % len(self.urls)]
-        self._next += 1
-        return url
-
     def _request(self, url: str, path: str, body: dict[str, Any] | None, call: str) -> Any:
         try:
             if body is None:
@@ -220,85 +226,89 @@ class VLLMEngine(GenerationEngine):
             else:
                 response = self.http.post(url + path, json=body)
         except httpx.TimeoutException:
-            raise VLLMServerError(
+            raise VLLMServerDown(
                 f"the vLLM server {url} did not answer {call} ({path}) within "
-                f"{self.http.timeout.read:.0f} s (rollout.vllm.timeout_s){self._log()}"
+                f"{self.http.timeout.read:.0f} s (rollout.vllm.timeout_s){self._log(url)}"
             ) from None
         except httpx.HTTPError as error:
-            raise VLLMServerError(
-                f"the vLLM server {url} failed {call} ({path}): {error}{self._log()}"
+            raise VLLMServerDown(
+                f"the vLLM server {url} failed {call} ({path}): {error}{self._log(url)}"
             ) from None
         if response.status_code != 200:
             raise VLLMServerError(
                 f"the vLLM server {url} answered {call} ({path}) with HTTP "
-                f"{response.status_code}: {response.text[:500]}{self._log()}"
+                f"{response.status_code}: {response.text[:500]}{self._log(url)}"
             )
         return response.json() if response.content else {}
 
-    def _log(self) -> str:
-        if not self.servers:
-            return ""
-        server = self.servers[0]
-        return f"; its log {server.log_path} ends:\n{log_tail(server.log_path)}"
+    def _log(self, url: str) -> str:
+        """The end of the log of the launched server at ``url`` ('' for a user's)."""
+        pool = getattr(self, "pool", None)  # None while the servers start
+        for server in pool.servers if pool is not None else ():
+            if server.url == url and server.launched is not None:
+                path = server.launched.log_path
+                return f"; its log {path} ends:\n{log_tail(path)}"
+        return ""
 
     # ------------------------------------------------------------- servers
-    def _launch(self) -> str:
+    def _launch(self, count: int) -> list[PoolServer]:
+        """Start ``count`` servers on the policy's weights, at once (each in its own
+        process, with its own log ``engine/server<i>.log``)."""
         options = self.options
         dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
         length = options.max_model_len or int(
             getattr(self.spec.model_config, "max_position_embeddings", 0) or 2048
         )
-        server = LaunchedServer(
-            options.python,
-            self.weights_dir,
-            self.work_dir / "server.log",
-            dtype=dtype,
-            max_model_len=length,
-            extra_args=list(options.server_args),
-            startup_timeout_s=options.startup_timeout_s,
-        )
-        self.servers = [server]
-        return server.start()
-
-    def _restart_dead(self) -> bool:
-        """Restart a launched server that died (on the weights last written); False when
-        there is none or no restart is left."""
-        dead = [s for s in self.servers if not s.alive]
-        limit = self.options.max_restarts
-        if not dead or self.restarts >= limit:
-            return False
-        self.restarts += 1
-        self.urls = [dead[0].start()]
-        self._check_servers()
-        return True
-
-    def _check_servers(self) -> int | None:
-        """Every server serves ``ardea`` in processed-logprobs mode; the smallest context."""
-        lengths = []
-        for url in self.urls:
-            info = self._request(
-                url, "/server_info?config_format=json", None, "the logprobs-mode check"
+        extension, env = [], {}
+        if options.weight_transport == "http":  # the worker loads the bytes it is sent
+            extension = ["--worker-extension-cls", WORKER_EXTENSION]
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FOLDER), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        launched = [
+            LaunchedServer(
+                options.python,
+                self.weights_dir,
+                self.work_dir / ("server.log" if count == 1 else f"server{i}.log"),
+                dtype=dtype,
+                max_model_len=length,
+                extra_args=[*options.server_args, *extension],
+                startup_timeout_s=options.startup_timeout_s,
+                env=env,
             )
-            mode = info.get("vllm_config", {}).get("model_config", {}).get("logprobs_mode")
-            if mode != "processed_logprobs":
-                raise VLLMServerError(
-                    f"the vLLM server {url} does not report --logprobs-mode processed_logprobs; "
-                    "its behaviour log-probs would not describe the distribution it samples "
-                    "from. Start it with --logprobs-mode processed_logprobs (and "
-                    "VLLM_SERVER_DEV_MODE=1 for weight reloads)"
-                )
-            models = self._request(url, "/v1/models", None, "the model check")
-            lengths += [int(m["max_model_len"]) for m in models["data"] if "max_model_len" in m]
-        return min(lengths) if lengths else None
+            for i in range(count)
+        ]
+        with ThreadPoolExecutor(max_workers=count) as threads:
+            urls = list(threads.map(LaunchedServer.start, launched))
+        return [PoolServer(i, url, server) for i, (url, server) in enumerate(zip(urls, launched))]
+
+    def _check_servers(self, servers: list[PoolServer]) -> int | None:
+        """:func:`~ardea.rollout.vllm_server.check_servers` on ``servers``' URLs."""
+        return check_servers([s.url for s in servers], self._request)
 
     def _reload_all(self) -> None:
-        body = {
-            "method": "reload_weights",
-            "kwargs": {"weights_path": str(self.weights_dir.resolve())},
-        }
-        for url in self.urls:
-            self._request(url, "/collective_rpc", body, "a weight reload")
-            self._request(url, "/reset_prefix_cache", {}, "a prefix-cache reset")
+        """Every live server loads the weights (from the file, or its bytes sent in the
+        request: ``rollout.vllm.weight_transport``); one that does not answer is taken out
+        (and the call fails when none is left)."""
+        if self.options.weight_transport == "http":
+            data = base64.b64encode((self.weights_dir / WEIGHTS_FILE).read_bytes()).decode()
+            body = {"method": "ardea_load_weights", "kwargs": {"data": data}}
+        else:
+            path = str(self.weights_dir.resolve())
+            body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        for server in self.pool.live:
+            try:
+                self._request(server.url, "/collective_rpc", body, "a weight reload")
+                self._request(server.url, "/reset_prefix_cache", {}, "a prefix-cache reset")
+            except VLLMServerDown as error:
+                self.pool.take_out(server, server.url, error)
+            except VLLMServerError as error:
+                if self.options.weight_transport != "http":
+                    raise
+                raise VLLMServerError(
+                    f"{error}\n(rollout.vllm.weight_transport=http: start the server with "
+                    f"--worker-extension-cls {WORKER_EXTENSION} and {FOLDER} on its "
+                    "PYTHONPATH)"
+                ) from None
+        self.pool.require_live()  # a restarted server starts on the file just written
 
     # ------------------------------------------------------------- weights
     def _write_model_dir(self) -> None:
@@ -318,7 +328,7 @@ class VLLMEngine(GenerationEngine):
             embedding = next((k for k in tensors if k.endswith("embed_tokens.weight")), None)
             if embedding is not None:
                 tensors["lm_head.weight"] = tensors[embedding].clone()
-        save_file(tensors, str(self.weights_dir / "model.safetensors"))
+        save_file(tensors, str(self.weights_dir / WEIGHTS_FILE))
 
     @torch.no_grad()
     def _probe(self) -> None:
@@ -329,7 +339,7 @@ class VLLMEngine(GenerationEngine):
         prompt = list(self.spec.tokenizer("1+1=", add_special_tokens=False)["input_ids"])
         body = self._body(prompt, SamplingParams(temperature=0.0, max_new_tokens=PROBE_TOKENS), 0)
         worst = 0.0
-        for url in self.urls:
+        for url in [server.url for server in self.pool.live]:
             reply = self._request(url, "/v1/completions", body, "the sync probe")
             served = self._completion(prompt, reply["choices"][0], self._version)
             own = self._policy_logprobs(prompt, served.token_ids)

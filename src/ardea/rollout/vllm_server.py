@@ -16,7 +16,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -55,6 +57,7 @@ class LaunchedServer:
         max_model_len: ``--max-model-len``.
         extra_args: more flags (``rollout.vllm.server_args``).
         startup_timeout_s: how long :meth:`start` waits for ``/health``.
+        env: more environment variables of the server process.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class LaunchedServer:
         max_model_len: int,
         extra_args: list[str],
         startup_timeout_s: float,
+        env: dict[str, str] | None = None,
     ) -> None:
         if not Path(python).is_file():
             raise VLLMServerError(
@@ -76,6 +80,7 @@ class LaunchedServer:
         self.python, self.model_dir, self.log_path = python, Path(model_dir), Path(log_path)
         self.dtype, self.max_model_len, self.extra_args = dtype, max_model_len, list(extra_args)
         self.startup_timeout_s = startup_timeout_s
+        self.env = dict(env or {})
         self.process: subprocess.Popen | None = None
         self.url = ""
 
@@ -91,7 +96,7 @@ class LaunchedServer:
         """Start the server and wait until it answers ``/health``; its base URL."""
         port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -138,3 +143,37 @@ class LaunchedServer:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def check_servers(urls: list[str], request: Callable[..., Any]) -> int | None:
+    """Every server at ``urls`` serves ``ardea`` in processed-logprobs mode, all with one
+    context length (``request(url, path, body, call)`` asks one); that length, or None
+    when no server reports it. Each failure is a :class:`VLLMServerError` naming the server."""
+    lengths = {}
+    for url in urls:
+        info = request(url, "/server_info?config_format=json", None, "the logprobs-mode check")
+        mode = info.get("vllm_config", {}).get("model_config", {}).get("logprobs_mode")
+        if mode != "processed_logprobs":
+            raise VLLMServerError(
+                f"the vLLM server {url} does not report --logprobs-mode processed_logprobs; "
+                "its behaviour log-probs would not describe the distribution it samples "
+                "from. Start it with --logprobs-mode processed_logprobs (and "
+                "VLLM_SERVER_DEV_MODE=1 for weight reloads)"
+            )
+        models = request(url, "/v1/models", None, "the model check")
+        names = [m.get("id") for m in models["data"]]
+        if "ardea" not in names:
+            raise VLLMServerError(
+                f"the vLLM server {url} serves {names}, not the model 'ardea' this run's "
+                "requests name: start it with --served-model-name ardea"
+            )
+        for model in models["data"]:
+            if "max_model_len" in model:
+                lengths[url] = int(model["max_model_len"])
+    if len(set(lengths.values())) > 1:
+        raise VLLMServerError(
+            "the vLLM servers of rollout.vllm.urls serve different context lengths "
+            f"({', '.join(f'{u}: {n}' for u, n in lengths.items())}); start them with one "
+            "--max-model-len"
+        )
+    return min(lengths.values()) if lengths else None

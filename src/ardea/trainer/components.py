@@ -2,7 +2,7 @@
 
 The policy is always the first; a strategy adds its others (online_ppo: the critic) with
 :meth:`~ardea.trainer.strategies.Strategy.trained_components`. The
-:class:`~ardea.trainer.updates.Updater` treats them all alike: one backward through the
+:class:`~ardea.trainer.step.updates.Updater` treats them all alike: one backward through the
 summed loss fills every component's gradients; per optimizer update each is clipped to its
 own ``max_grad_norm`` and stepped (none is when the loss or the policy's gradient is not
 finite; a component whose own gradient is not finite skips its step); after the step's

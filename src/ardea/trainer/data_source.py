@@ -4,7 +4,7 @@ The strategy says which kind of sample it needs (``text``, ``sft``, ``preference
 ``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
 and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
 strategies, ``prompt`` examples (an ``agent.env`` gives its rows and demonstrations, an
-``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.trainer.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
+``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.trainer.rollouts.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
 packed into rows of ``max_length``. A prompt file's prompts must leave room for
 ``rollout.max_new_tokens`` within ``max_length``.
 """
@@ -16,7 +16,7 @@ from typing import Any
 from ardea.config import ArdeaConfig
 from ardea.data import Task, load_samples, pack_samples, tokenize_examples
 from ardea.errors import ConfigError
-from ardea.trainer.agent_runs import agent_samples
+from ardea.trainer.rollouts.agent_runs import agent_samples
 
 
 def max_sequence_length(config: ArdeaConfig, context: int) -> int:
@@ -85,7 +85,7 @@ def training_samples(
 def eval_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length: int) -> list[Any]:
     """Held-out samples from ``data.eval_path`` (empty when it is not set); for online
     strategies a file of prompt records, scored by the reward functions (an agent
-    workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.agent_runs`)."""
+    workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.rollouts.agent_runs`)."""
     if not config.data.eval_path or config.agent.workflow is not None:
         return []
     return _load(config, config.data.eval_path, tokenizer, kind, max_length)

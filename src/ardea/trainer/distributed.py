@@ -152,11 +152,6 @@ class Distributed:
                 out.update(zip(names, tensor.cpu().tolist()))
         return out
 
-    def mean(self, values: Mapping[str, float]) -> dict[str, float]:
-        """``values`` averaged over the ranks."""
-        total = self.sum(values)
-        return {k: v / self.world_size for k, v in total.items()}
-
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (tensors on CPU), in rank order; only between this run's own
         processes."""

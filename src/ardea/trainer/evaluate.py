@@ -174,7 +174,9 @@ class Evaluator:
         if held_out_samples and strategy.sample_kind == "prompt":
             self.scorer = build_scorer(config.reward, task)
 
-    def run(self, step: int, run_dir) -> dict[str, float]:
+    def generated(self, step: int, run_dir) -> dict[str, float]:
+        """The evaluations that generate (agent episodes, rewards, the task's accuracy):
+        on the engine's owner only (rank 0 under torchrun)."""
         metrics: dict[str, float] = {}
         if self.agent is not None:
             with self.precision.autocast():
@@ -204,9 +206,14 @@ class Evaluator:
             )
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
             append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])
-        if self.held_out_samples and self.scorer is None:
-            metrics["eval/loss"] = self.held_out_loss()
         return metrics
+
+    def losses(self) -> dict[str, float]:
+        """The held-out loss (offline strategies with held-out samples): on every rank,
+        which the sharded policy's forward needs."""
+        if self.held_out_samples and self.scorer is None:
+            return {"eval/loss": self.held_out_loss()}
+        return {}
 
     @torch.no_grad()
     def held_out_loss(self) -> float:

@@ -3,8 +3,8 @@ every strategy.
 
 A step is one of two kinds, each read top to bottom: an offline step ``data`` (the step's
 samples collated into ``trainer.grad_accum_steps`` micro-batches) → the updates
-(:class:`~ardea.trainer.updates.Updater`: ``forward_backward``, ``optimizer``); an online
-step is the RL step of :mod:`ardea.trainer.rl_step` (generate → score → filter →
+(:class:`~ardea.trainer.step.updates.Updater`: ``forward_backward``, ``optimizer``); an online
+step is the RL step of :mod:`ardea.trainer.step.rl_step` (generate → score → filter →
 advantages → updates → weight_sync). Each phase is timed under its own name
 (``perf/time_<phase>``). Then ``log``; evaluation and checkpoints follow on their cadence.
 An update whose loss or gradient is NaN/Inf is skipped and counted; too many in a row stop
@@ -26,26 +26,25 @@ from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model.flops import COUNTER
-from ardea.model.lora import load_policy_weights
+from ardea.model.lora import is_lora, load_policy_weights
 from ardea.rollout import (
     EngineSpec,
     GenerationEngine,
-    Runner,
     make_engine,
     own_copy,
 )
-from ardea.trainer.agent_runs import AgentEvaluation, agent_rows, episode_runner
 from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.evaluate import Evaluator, append_samples
-from ardea.trainer.metrics_log import MetricsLogger, truncate_metrics
+from ardea.trainer.metrics_log import MetricsLogger, open_logs
 from ardea.trainer.profile import StepProfile
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
 from ardea.trainer.results import finish_run
-from ardea.trainer.rl_step import RLStep
-from ardea.trainer.runners import make_runner
+from ardea.trainer.rollouts.agent_runs import AgentEvaluation, agent_rows, episode_runner
+from ardea.trainer.rollouts.runners import make_runner
+from ardea.trainer.rollouts.service import RolloutService
 from ardea.trainer.setup import (
     build_trainable_policy,
     check_distributed,
@@ -59,10 +58,11 @@ from ardea.trainer.setup import (
     seed_everything,
 )
 from ardea.trainer.state import restore_rng_state, rng_state
+from ardea.trainer.step.rl_step import RLStep
+from ardea.trainer.step.updates import PhaseTimer, Updater, step_throughput
 from ardea.trainer.strategies import strategy_class
 from ardea.trainer.trajectory_html import write_trajectories_html
 from ardea.trainer.trajectory_samples import append_token_rows
-from ardea.trainer.updates import PhaseTimer, Updater, step_throughput
 from ardea.trainer.watch import judge
 
 
@@ -96,7 +96,7 @@ class Trainer:
             prepare_run_directory(config)  # only once the inputs are known to be good
         shapes = probe_shapes(config, policy, max_length, self.dist.world_size)
         self.precision = resolve_precision(config, policy, shapes, self.dist)
-        self.engine = self._build_engine(policy)
+        engine = self._build_engine(policy)  # on the owner (rank 0) only
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = strategy_cls(
             self.policy,
@@ -109,16 +109,7 @@ class Trainer:
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
         )
-        self.rl = None
-        if kind == "prompt":  # online RL: rollouts from the live policy
-            self.rl = self._rl_step(make_runner(config, self.engine, self.tokenizer, self.task))
-        self.evaluator = Evaluator(
-            config, self.task, self.engine, self.tokenizer, self.strategy, held_out, self.precision
-        )
-        eval_rows = agent_rows(config, "eval") if config.agent.env or config.agent.workflow else []
-        if eval_rows:
-            runner = episode_runner(config, self.engine, self.tokenizer, evaluation=True)
-            self.evaluator.agent = AgentEvaluation(runner, eval_rows)
+        self._build_rollouts(engine, online=kind == "prompt", held_out=held_out)
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
@@ -127,10 +118,38 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
-    def _build_engine(self, policy: torch.nn.Module) -> GenerationEngine:
-        """The live policy's engine (``rollout.engine``). Under torchrun it decodes on its
-        own plain copy, fed whole weights; the trainer keeps the module it gave the engine,
-        to copy for a background worker's engine."""
+    def _build_rollouts(self, engine: GenerationEngine | None, *, online: bool, held_out) -> None:
+        """The rollout service on ``engine`` (online runs: rollouts from the live policy,
+        through the RL step) and the evaluator, which generates on the owner only."""
+        config = self.config
+        self.service = RolloutService(
+            config,
+            dist=self.dist,
+            engine=engine,
+            runner=make_runner(config, engine, self.tokenizer, self.task)
+            if online and engine is not None
+            else None,
+            samples=self.train_samples,
+            sampler=self.sampler,
+            gather_weights=self._gather_weights,
+            make_worker_engine=self._make_worker_engine,
+        )
+        self.rl = self._rl_step() if online else None
+        self.evaluator = Evaluator(
+            config, self.task, engine, self.tokenizer, self.strategy, held_out, self.precision
+        )
+        eval_rows = agent_rows(config, "eval") if config.agent.env or config.agent.workflow else []
+        if eval_rows and engine is not None:
+            runner = episode_runner(config, engine, self.tokenizer, evaluation=True)
+            self.evaluator.agent = AgentEvaluation(runner, eval_rows)
+
+    def _build_engine(self, policy: torch.nn.Module) -> GenerationEngine | None:
+        """The live policy's engine (``rollout.engine``), on the rollout service's owner
+        only (rank 0; None on the other ranks). Under torchrun it decodes on its own plain
+        copy, fed whole weights; the trainer keeps the module it gave the engine, to copy
+        for a background worker's engine."""
+        if not self.dist.is_main:
+            return None
         config = self.config
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(
@@ -144,35 +163,38 @@ class Trainer:
         self._engine_module = own_copy(policy) if self.dist.active else policy
         return make_engine(config.rollout.engine, self.engine_spec, module=self._engine_module)
 
+    def _make_worker_engine(self, version: int) -> GenerationEngine:
+        """An engine on its own copy of the live engine's weights (at ``version``), for the
+        background worker."""
+        spec = dataclasses.replace(self.engine_spec, work_dir=str(self.run_dir / "worker_engine"))
+        module = own_copy(self._engine_module)
+        return make_engine(self.config.rollout.engine, spec, module=module, version=version)
+
     def _wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
         """``module`` wrapped for ``trainer.distributed`` (DDP / FSDP2; as it is for none)."""
         return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
 
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's whole weights by name, on every rank (gathered from the shards)."""
-        return full_state_dict(self.policy)
+    def _gather_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's whole weights by name for the engine: its own tensors in one
+        process; under torchrun gathered onto rank 0, on CPU (the other ranks get {}; a
+        collective: every rank calls it)."""
+        return full_state_dict(self.policy, cpu=self.dist.active)
 
     @property
     def nonfinite(self) -> dict[str, int]:
         return self.updater.nonfinite
 
-    def _rl_step(self, runner: Runner) -> RLStep:
-        rollout = self.config.rollout
+    def _rl_step(self) -> RLStep:
         return RLStep(
             self.config,
             policy=self.policy,
             strategy=self.strategy,
-            runner=runner,
+            service=self.service,
+            tokenizer=self.tokenizer,
             updater=self.updater,
             samples=self.train_samples,
             sampler=self.sampler,
-            make_worker_engine=lambda: make_engine(
-                rollout.engine,
-                dataclasses.replace(self.engine_spec, work_dir=str(self.run_dir / "worker_engine")),
-                module=own_copy(self._engine_module),
-            ),
             dist=self.dist,
-            full_weights=self.full_weights,
         )
 
     def _make_reference(self) -> torch.nn.Module:
@@ -194,17 +216,21 @@ class Trainer:
             "rng": rng_state(),
             "history": self.history,
             "best": self.best,
-            "rollouts": self.rl.state_dict() if self.rl is not None else {},
+            "rollouts": self.service.state_dict() if self.rl is not None else {},
             "config_yaml": config_to_yaml(self.config),
         }
         policy_state = full_state_dict(self.policy, cpu=True) if self.dist.active else None
         modules = self.updater.module_weights()
         path = checkpoint_dir(self.run_dir, BEST_DIR if best else self.step)
         if self.dist.is_main:
+            policy = unwrap(self.policy)
+            if self.dist.mode == "fsdp2" and is_lora(policy):  # shards: merge a whole copy
+                policy = own_copy(self._engine_module)
+                policy.load_state_dict(policy_state)
             path = save_checkpoint(
                 self.run_dir,
                 self.step,
-                policy=unwrap(self.policy),
+                policy=policy,
                 tokenizer=self.tokenizer,
                 state=state,
                 keep_last=self.config.trainer.keep_last,
@@ -228,7 +254,7 @@ class Trainer:
         self.history = state["history"]
         self.best = state.get("best")
         if self.rl is not None:
-            self.rl.load_state_dict(state["rollouts"])
+            self.service.load_state_dict(state["rollouts"])
         restore_rng_state(state["rng"])
 
     # ------------------------------------------------------------------ a step
@@ -258,9 +284,11 @@ class Trainer:
 
     def _evaluate(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
         if self.rl is None and self.step:  # offline steps publish no weights: hand them over
-            self.engine.update_weights(self.full_weights(), self.engine.version + 1)
-        # every rank evaluates (a held-out loss runs the sharded policy); rank 0 writes
-        metrics = self.evaluator.run(self.step, self.run_dir if self.dist.is_main else None)
+            self.service.publish()
+        # the owner generates (and rank 0 writes); every rank computes a held-out loss (it
+        # runs the sharded policy)
+        metrics = self.service.shared(lambda: self.evaluator.generated(self.step, self.run_dir))
+        metrics |= self.evaluator.losses()
         if not metrics:
             return
         if logger is not None:
@@ -323,7 +351,11 @@ class Trainer:
         the results (the other ranks return only ``checkpoint``, the final policy)."""
         cfg = self.config
         start = time.time()
-        logger = self._open_logs() if self.dist.is_main else None
+        logger = (
+            open_logs(self.run_dir, self.config, self.step if self.resume_from else None)
+            if self.dist.is_main
+            else None
+        )
         try:
             with TrainingProgress(
                 cfg.trainer.max_steps,
@@ -346,11 +378,9 @@ class Trainer:
                 raise
             raise failure from error
         finally:
-            if self.rl is not None:
-                self.rl.close()
             if self.evaluator.agent is not None:
                 self.evaluator.agent.runner.close()
-            self.engine.close()
+            self.service.close()
             self.dist.close()
             if logger is not None:
                 logger.close()
@@ -359,32 +389,3 @@ class Trainer:
         draw_report(self.run_dir)
         write_trajectories_html(self.run_dir)
         return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)
-
-    def _open_logs(self) -> MetricsLogger:
-        """The metrics logger; ``samples.jsonl`` emptied, or cut back to the resumed step."""
-        cfg = self.config
-        logger = MetricsLogger(
-            self.run_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb=self._wandb_settings(),
-            resume_step=self.step if self.resume_from else None,
-        )
-        samples = self.run_dir / "samples.jsonl"
-        if self.resume_from is not None:  # drop what the killed run wrote after its checkpoint
-            truncate_metrics(samples, self.step)
-        elif samples.exists():
-            samples.unlink()
-        return logger
-
-    def _wandb_settings(self) -> dict[str, Any] | None:
-        log = self.config.logging
-        if not log.wandb:
-            return None
-        from omegaconf import OmegaConf
-
-        return {
-            "project": log.wandb_project,
-            "mode": log.wandb_mode,
-            "name": self.config.trainer.run_name,
-            "config": OmegaConf.to_container(OmegaConf.structured(self.config)),
-        }

@@ -103,3 +103,35 @@ def truncate_metrics(path: Path, step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     tmp.replace(path)
+
+
+def wandb_settings(config: Any) -> dict[str, Any] | None:
+    """The Weights & Biases settings of ``config`` (``logging.wandb*``), None when it is off."""
+    log = config.logging
+    if not log.wandb:
+        return None
+    from omegaconf import OmegaConf
+
+    return {
+        "project": log.wandb_project,
+        "mode": log.wandb_mode,
+        "name": config.trainer.run_name,
+        "config": OmegaConf.to_container(OmegaConf.structured(config)),
+    }
+
+
+def open_logs(run_dir: Path, config: Any, resumed_at: int | None) -> MetricsLogger:
+    """A run's metrics logger; ``samples.jsonl`` emptied, or cut back to ``resumed_at``
+    (the step a resumed run continues from: what the killed run wrote after it goes)."""
+    logger = MetricsLogger(
+        run_dir,
+        tensorboard=config.logging.tensorboard,
+        wandb=wandb_settings(config),
+        resume_step=resumed_at,
+    )
+    samples = Path(run_dir) / "samples.jsonl"
+    if resumed_at is not None:
+        truncate_metrics(samples, resumed_at)
+    elif samples.exists():
+        samples.unlink()
+    return logger

@@ -92,23 +92,11 @@ def build_trainable_policy(
 
 
 def check_distributed(config: ArdeaConfig, dist: Any) -> None:
-    """What several processes cannot run yet, and batch sizes that do not split into equal
-    rank shares, as :class:`ConfigError`s naming the fields."""
+    """Batch sizes that do not split into equal rank shares, as :class:`ConfigError`s
+    naming the fields (everything one process runs, several run)."""
     if not dist.active:
         return
-    trainer, algo, mode = config.trainer, config.algo, f"trainer.distributed={dist.mode}"
-    unsupported = [
-        (config.model.lora_r > 0, "model.lora_r > 0 (LoRA)"),
-        (config.rollout.max_staleness > 0, "rollout.max_staleness > 0 (background rollouts)"),
-        (algo.dynamic_sampling, "algo.dynamic_sampling=true"),
-        # its pairs are the groups with a reward spread: ranks would train on unequal counts
-        (algo.name == "online_dpo", "algo.name=online_dpo"),
-        # every rank would start (or reload) its own servers: one rank must own them
-        (config.rollout.engine == "vllm", "rollout.engine=vllm"),
-    ]
-    for bad, what in unsupported:
-        if bad:
-            raise ConfigError(f"{what} is not supported with {mode} yet; run one process")
+    trainer, algo = config.trainer, config.algo
     online = strategy_class(algo.name).sample_kind == "prompt"
     parts = algo.ppo_mini_batches * trainer.grad_accum_steps if online else trainer.grad_accum_steps
     share, uneven = divmod(trainer.batch_size, dist.world_size)

@@ -241,7 +241,7 @@ def test_a_skipped_step_drops_the_critic_gradients_too():
     weights and loses its gradients, like the policy."""
     from ardea.model import Precision
     from ardea.trainer.distributed import Distributed
-    from ardea.trainer.updates import Updater
+    from ardea.trainer.step.updates import Updater
 
     strategy = ppo()
     cpu = torch.device("cpu")

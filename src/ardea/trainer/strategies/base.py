@@ -5,7 +5,7 @@ training sample it consumes (``sample_kind``), collates samples into a
 :class:`~ardea.data.TrajectoryBatch`, and turns a micro-batch into a scalar loss plus
 metrics. Optimizer, accumulation, clipping, schedule, evaluation and checkpoints belong to
 the training loop, so every strategy runs under the same loop; an online strategy
-(:class:`OnlineStrategy`) also supplies what the RL step (:mod:`ardea.trainer.rl_step`)
+(:class:`OnlineStrategy`) also supplies what the RL step (:mod:`ardea.trainer.step.rl_step`)
 pins on a rollout before its updates.
 
 Sample kinds (built by :mod:`ardea.data`): ``text`` (every token trained), ``sft``
@@ -111,7 +111,7 @@ class Strategy(ABC):
 class OnlineStrategy(Strategy):
     """A strategy trained on fresh rollouts (``sample_kind = "prompt"``).
 
-    The RL step (:mod:`ardea.trainer.rl_step`) generates and scores the rollout, keeps the
+    The RL step (:mod:`ardea.trainer.step.rl_step`) generates and scores the rollout, keeps the
     groups the step trains on, then calls :meth:`pin` once on the whole rollout: the
     strategy pins everything its loss needs (advantages, returns, old values, proximal
     log-probs, preference pairs), so every pass over the rollout reuses the same targets.

@@ -8,7 +8,7 @@ reference. The pairs keep the rollout's group ids, so mini-batches (split by gro
 each pair whole. Groups without a reward spread carry no preference and are dropped (counted in
 ``rollout/pairs``); a step without any pair makes no optimizer step. Epochs, mini-batches
 (over pairs), staleness and version publication are those of the RL step
-(:mod:`ardea.trainer.rl_step`).
+(:mod:`ardea.trainer.step.rl_step`).
 """
 
 from __future__ import annotations

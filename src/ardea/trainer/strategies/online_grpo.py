@@ -1,6 +1,6 @@
 """Online GRPO (``online_grpo``): the GRPO loss on fresh rollouts of the live policy.
 
-The RL step (:mod:`ardea.trainer.rl_step`) samples ``rollout.group_size`` completions per
+The RL step (:mod:`ardea.trainer.step.rl_step`) samples ``rollout.group_size`` completions per
 prompt with the engine (behaviour log-probs recorded) and scores them with
 ``reward.functions`` (plus DAPO's overlong penalty when ``reward.overlong_buffer > 0``); the
 loss of :mod:`ardea.trainer.strategies.grpo` then runs on that rollout with the behaviour
@@ -14,7 +14,7 @@ default when ``rollout.max_staleness > 0``) the proximal log-probs of the policy
 step's updates.
 
 DAPO (Yu et al. 2025): dynamic sampling (``algo.dynamic_sampling``, the RL step's filter
-and refill, :mod:`ardea.trainer.dynamic_sampling`), clip-higher
+and refill, :mod:`ardea.trainer.rollouts.dynamic_sampling`), clip-higher
 (``algo.ppo.eps_clip_higher``), token-mean loss (``algo.ppo.loss_agg_mode``) and the
 overlong penalty are all options. Dr. GRPO is ``adv_estimator=dr_grpo`` with
 ``loss_agg_mode=seq-mean-token-sum-norm``.

@@ -1,6 +1,6 @@
 """The runner of a run's rollouts, chosen in one place: ``rollout.group_size`` episodes per
 environment row when ``agent.env`` is set, or workflow episodes per row when
-``agent.workflow`` is (:func:`ardea.trainer.agent_runs.episode_runner`), else that many
+``agent.workflow`` is (:func:`ardea.trainer.rollouts.agent_runs.episode_runner`), else that many
 completions per prompt scored by ``reward.functions``."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ardea.config import ArdeaConfig
 from ardea.data import Task
 from ardea.reward import build_scorer
 from ardea.rollout import GenerationEngine, RolloutRunner, Runner, SamplingParams
-from ardea.trainer.agent_runs import episode_runner
+from ardea.trainer.rollouts.agent_runs import episode_runner
 
 
 def make_runner(

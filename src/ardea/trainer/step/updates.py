@@ -27,6 +27,7 @@ from ardea.errors import ArdeaError
 from ardea.model import Precision
 from ardea.trainer.components import TrainedComponent
 from ardea.trainer.distributed import Distributed
+from ardea.trainer.step.split import Filler
 from ardea.trainer.strategies import Strategy
 
 #: step counts reduced by their maximum over the ranks (the others are summed)
@@ -120,21 +121,31 @@ class Updater:
         metrics["perf/train_tokens_per_s"] = update_tokens(updates) / max(trained, 1e-9)
         return metrics
 
-    def _forward_backward(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
+    def _forward_backward(self, micro_batches: list[TrajectoryBatch | Filler]) -> dict[str, float]:
         """Every micro-batch's loss back-propagated; the counts it is normalised by are the
         update's over all ranks (one all-reduce before the loop), so the summed gradient
-        (and the metrics, summed over micro-batches and ranks) are the whole update's."""
-        counts = self.dist.sum(self.strategy.step_counts(micro_batches), maximum=MAX_COUNTS)
+        (and the metrics, summed over micro-batches and ranks) are the whole update's. A
+        :class:`~ardea.trainer.step.split.Filler` runs its forward and backward with the loss
+        times zero and adds zeros under the metrics' names (every rank reduces the same
+        names)."""
+        real = [b for b in micro_batches if not isinstance(b, Filler)]
+        counts = self.strategy.step_counts(real or [micro_batches[0].batch])
+        counts = {k: v if real else 0.0 for k, v in counts.items()}
+        counts = self.dist.sum(counts, maximum=MAX_COUNTS)
         totals: dict[str, float] = {}
         trained = [component.module for component in self.components]
-        for index, batch in enumerate(micro_batches):
+        for index, item in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
+            filler = isinstance(item, Filler)
+            batch = item.batch if filler else item
             with self.dist.accumulating(trained, accumulate=not last):
                 # forward in the compute dtype (and its attention kernel), backward outside
                 with self.precision.forward(self.policy, batch.input_ids.shape[1]):
                     loss, metrics = self.strategy.loss(batch, counts)
-                (loss * self.dist.loss_scale).backward()  # DDP/FSDP2 average; we want sums
+                scale = 0.0 if filler else self.dist.loss_scale  # DDP/FSDP2 average: sums
+                (loss * scale).backward()
             for name, value in metrics.items():
+                value = 0.0 if filler else value
                 reduce = max if name.endswith(MAX_SUFFIX) else sum
                 totals[name] = reduce((totals.get(name, value if reduce is max else 0.0), value))
         return self.dist.sum(totals, maximum=tuple(k for k in totals if k.endswith(MAX_SUFFIX)))
@@ -205,9 +216,9 @@ def mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def update_tokens(updates: list[list[TrajectoryBatch]]) -> int:
-    """Real (attended) tokens over every micro-batch of a step's updates."""
-    return sum(int(b.attention_mask.sum()) for update in updates for b in update)
+def update_tokens(updates: list[list[TrajectoryBatch | Filler]]) -> int:
+    """Real (attended) tokens over every micro-batch of a step's updates (fillers: none)."""
+    return sum(int(b.attention_mask.sum()) for u in updates for b in u if not isinstance(b, Filler))
 
 
 def step_throughput(updates: list[list[TrajectoryBatch]], timer: PhaseTimer) -> dict[str, float]:

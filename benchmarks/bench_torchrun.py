@@ -1,0 +1,100 @@
+"""One process against two under ``torchrun`` on the same work: seconds per training step.
+
+Each run is ``ardea train`` as a user types it, on the same machine, one after the other:
+one process with ``trainer.num_threads=2``, then ``torchrun --nproc-per-node 2`` with one
+thread per process (gloo, FSDP2: ``trainer.distributed=auto``), the same global batch.
+Workloads (the default recipe's model and arithmetic task, float32):
+
+- ``sft``: ``configs/sft_arithmetic.yaml``, batch 64 — each rank trains on half the batch;
+- ``online_grpo``: ``configs/online_grpo.yaml``, batch 32 prompts x 8 — rank 0, the rollout
+  service's owner, generates the whole step while the other rank waits, then both train
+  on half of it.
+
+Seconds per step are the run's own profile (``results.json``: training time over steps,
+start-up and evaluation excluded), best of ``--repeats``; the phases say where the time
+goes.
+
+    python benchmarks/bench_torchrun.py            # the table in benchmarks/README.md
+    python benchmarks/bench_torchrun.py --smoke    # 2 steps of a small model each
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).parents[1]
+ARDEA = str(Path(sys.executable).parent / "ardea")
+WORKLOADS = {
+    "sft": ["configs/sft_arithmetic.yaml", "trainer.batch_size=64"],
+    "online_grpo": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8"],
+}
+COMMON = [
+    "model.compute_dtype=float32",
+    "trainer.eval_every=0",
+    "trainer.save_every=0",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+SMOKE = ["model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64"]
+
+
+def run(workload: str, processes: int, steps: int, extra: list[str], work: Path) -> dict:
+    out = work / f"{workload}_{processes}"
+    config, *overrides = WORKLOADS[workload]
+    args = [config, *overrides, *COMMON, *extra, f"trainer.max_steps={steps}",
+            f"trainer.output_dir={out}", f"trainer.num_threads={2 // processes}"]  # fmt: skip
+    if processes == 1:
+        command = [ARDEA, "train", *args]
+    else:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command = [*launch, "--nproc-per-node", str(processes), ARDEA, "train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": str(2 // processes)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(done.stdout[-2000:] + done.stderr[-4000:])
+    profile = json.loads((out / "results.json").read_text())["profile"]
+    phases = {k: v["seconds_per_step"] for k, v in profile["phases"].items()}
+    return {"seconds_per_step": profile["seconds_per_step"], "phases": phases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="2 steps of a 1-layer model, once")
+    args = parser.parse_args()
+    extra = SMOKE if args.smoke else []
+    if args.smoke:
+        args.steps, args.repeats = 2, 1
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for workload in args.workloads:
+            best = {}
+            for processes in (1, 2):
+                runs = [run(workload, processes, args.steps, extra, Path(tmp))
+                        for _ in range(args.repeats)]  # fmt: skip
+                best[processes] = min(runs, key=lambda r: r["seconds_per_step"])
+            row = {"workload": workload, "one": best[1], "two": best[2]}
+            row["two_over_one"] = best[2]["seconds_per_step"] / best[1]["seconds_per_step"]
+            print(json.dumps(row))
+            rows.append(row)
+    print("| workload | 1 process s/step | 2 processes s/step | 2 / 1 | 2 processes: generate s |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        generate = r["two"]["phases"].get("generate", 0.0)
+        print(f"| {r['workload']} | {r['one']['seconds_per_step']:.3f} | "
+              f"{r['two']['seconds_per_step']:.3f} | {r['two_over_one']:.2f}x | "
+              f"{generate:.3f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

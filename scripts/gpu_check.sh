@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The checks that need GPUs, as one short script (a few minutes on one node):
+#
+#   1. NCCL: all-reduce of 256 MiB between the node's GPUs (torchrun, one process per GPU),
+#      bus bandwidth in GB/s; skipped with one GPU.
+#   2. FSDP2 mixed precision: 3 steps of online GRPO under torchrun on the GPUs with
+#      model.compute_dtype=bfloat16 (parameters float32, compute bf16, gradients reduced in
+#      float32) and the same run in float32: both finish with finite losses and gradient
+#      norms; the figures (loss, grad norm, train-inference mismatch, seconds per step) are
+#      reported side by side, not compared: the two sample different rollouts.
+#   3. vLLM's GPU build (if `python -c "import vllm"` works in $VLLM_PYTHON): a launched
+#      server, one run of 3 steps with rollout.engine=vllm, and the weight sync time per
+#      transport (file, http) at three model sizes (benchmarks/bench_vllm.py).
+#
+# Usage, from the repository root with ardea installed in .venv and CUDA torch:
+#   bash scripts/gpu_check.sh [OUT_DIR]
+# Writes OUT_DIR/gpu_check.json (figures) and one log per check; exits non-zero on a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-gpu_check_out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-.venv/bin/python}"
+ARDEA="$(dirname "$PY")/ardea"
+VLLM_PYTHON="${VLLM_PYTHON:-.venv-vllm/bin/python}"
+GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
+echo "{\"gpus\": $GPUS}" > "$OUT/gpu_check.json"
+if [ "$GPUS" -lt 1 ]; then
+  echo "no CUDA device visible to $PY" >&2
+  exit 1
+fi
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" || true
+
+# 1. NCCL bandwidth
+if [ "$GPUS" -ge 2 ]; then
+  cat > "$OUT/nccl_allreduce.py" <<'EOF'
+import json, os, time, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+x = torch.ones(64 * 2**20, device="cuda")  # 256 MiB of float32
+for _ in range(3):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+start, reps = time.perf_counter(), 10
+for _ in range(reps):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+seconds = (time.perf_counter() - start) / reps
+busbw = x.numel() * 4 * 2 * (world - 1) / world / seconds / 1e9
+if rank == 0:
+    print(json.dumps({"nccl_allreduce_busbw_gbs": busbw, "world": world}))
+dist.destroy_process_group()
+EOF
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" \
+    "$OUT/nccl_allreduce.py" | tee "$OUT/nccl.log"
+fi
+
+# 2. FSDP2 mixed precision against float32, 3 online GRPO steps on every GPU
+for dtype in float32 bfloat16; do
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" "$ARDEA" train \
+    configs/online_grpo.yaml trainer.device=cuda trainer.max_steps=3 trainer.eval_every=0 \
+    trainer.save_every=0 trainer.batch_size=$((8 * GPUS)) model.compute_dtype=$dtype \
+    logging.progress=false "trainer.output_dir=$OUT/fsdp2_$dtype" > "$OUT/fsdp2_$dtype.log" 2>&1
+done
+"$PY" - "$OUT" <<'EOF'
+import json, math, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def losses(dtype):
+    lines = (out / f"fsdp2_{dtype}" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "train/loss" in r]
+figures = json.loads((out / "gpu_check.json").read_text())
+keys = ("train/loss", "train/grad_norm", "mismatch/abs_diff_mean")
+for dtype in ("float32", "bfloat16"):
+    rows = losses(dtype)
+    assert len(rows) == 3 and all(math.isfinite(r[k]) for r in rows for k in keys), rows
+    seconds = json.loads((out / f"fsdp2_{dtype}" / "results.json").read_text())["profile"]
+    figures[f"fsdp2_{dtype}"] = {k: [r[k] for r in rows] for k in keys}
+    figures[f"fsdp2_{dtype}"]["seconds_per_step"] = seconds["seconds_per_step"]
+(out / "gpu_check.json").write_text(json.dumps(figures, indent=1))
+print(json.dumps(figures))
+EOF
+
+# 3. vLLM's GPU build
+if [ -x "$VLLM_PYTHON" ] && "$VLLM_PYTHON" -c "import vllm" 2>/dev/null; then
+  "$ARDEA" train configs/online_grpo.yaml trainer.device=cuda trainer.max_steps=3 \
+    trainer.eval_every=0 trainer.save_every=0 rollout.engine=vllm rollout.vllm.launch=true \
+    "rollout.vllm.python=$VLLM_PYTHON" model.num_heads=4 logging.progress=false \
+    "trainer.output_dir=$OUT/vllm_run" > "$OUT/vllm_run.log" 2>&1
+  "$PY" benchmarks/bench_vllm.py --repeats 3 | tee "$OUT/bench_vllm.log"
+else
+  echo "vLLM is not installed at $VLLM_PYTHON: check 3 skipped" | tee "$OUT/vllm_skipped.log"
+fi
+echo "done: $OUT/gpu_check.json"

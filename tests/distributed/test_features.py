@@ -1,0 +1,97 @@
+"""What used to refuse torchrun runs under it: dynamic sampling, background rollouts,
+online DPO, an agent environment and an agent workflow over HTTP, each 3 steps in 2 CPU
+processes (gloo, FSDP2) against the same run in one process (features.py; one torchrun
+launch runs them all to pay the start-up once).
+
+The rollout service generates on rank 0 only, every prompt of the step, seeded by its
+global row: so the 2-process run's first rollout *is* the one-process run's (the same
+initial weights), token for token — its ``rollout/*``, ``reward/*`` and ``agent/*``
+metrics are equal, not close — and its first optimizer step has the same gradients up to
+float32 summation order (test_torchrun.py's derivation, for these runs' rows and spans). With background rollouts (η = 1) the second
+step's rollout also comes from the initial weights, so it is equal too. Later steps start
+from weights that differ by rounding (Adam's first step amplifies it, test_torchrun.py), so
+they are only checked to run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from numerics import decoder_gradient_terms, gamma
+from test_torchrun import CASES, MODEL, assert_same_gradients, run, torchrun
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).parent
+FEATURES_PY = str(HERE / "features.py")
+sys.path.insert(0, str(HERE))
+from features import FEATURES, STEPS  # noqa: E402
+
+assert Path(CASES).is_file()
+#: the step's rows (4 groups of 4: the largest batch here, a refilled one cut back to 4
+#: groups) and a bound on their length (the longest row of these runs, an agent episode of
+#: 2 turns, is under 1024 tokens): test_torchrun.py's derivation at that size
+GRADIENT_RTOL = gamma(decoder_gradient_terms(MODEL, rows=16, span=1024))
+#: metrics that time or rate the work (they differ between any two runs)
+TIMED = ("perf/", "_seconds", "per_s", "time_")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("features")
+    run([sys.executable, FEATURES_PY, str(root)], timeout=600)
+    run(torchrun(FEATURES_PY, str(root)), timeout=600)
+    return root
+
+
+def step_metrics(run_dir: Path, step: int) -> dict[str, float]:
+    """What the run logged for ``step``, without timings."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (record,) = [r for r in map(json.loads, lines) if r["step"] == step and "train/loss" in r]
+    return {k: v for k, v in record.items() if not any(t in k for t in TIMED)}
+
+
+def rollout_metrics(run_dir: Path, step: int) -> dict[str, float]:
+    prefixes = ("rollout/", "reward/", "agent/")
+    return {k: v for k, v in step_metrics(run_dir, step).items() if k.startswith(prefixes)}
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_a_feature_runs_under_torchrun_as_in_one_process(runs, name):
+    one, two = runs / "1" / name, runs / "2" / name
+    for run_dir in (one, two):
+        assert json.loads((run_dir / "results.json").read_text())["steps"] == STEPS
+    same_rollouts = (1, 2) if name == "background" else (1,)
+    for step in same_rollouts:
+        expected = rollout_metrics(one, step)
+        assert expected and rollout_metrics(two, step) == expected, step
+    assert step_metrics(one, 1)["train/grad_norm"] > 0  # a gradient to compare
+    assert_same_gradients(one, two, "policy", 1, rtol=GRADIENT_RTOL)
+
+
+def test_dynamic_sampling_refilled_and_online_dpo_trained_on_pairs(runs):
+    """The features were exercised: a refill round happened (the rare-digit reward leaves
+    groups without a spread) and online DPO found pairs."""
+    for world in ("1", "2"):
+        refills = [rollout_metrics(runs / world / "dynamic", s) for s in range(1, STEPS + 1)]
+        assert any(m["rollout/refill_rounds"] > 0 for m in refills)
+        assert rollout_metrics(runs / world / "online_dpo", 1)["rollout/pairs"] > 0
+
+
+def test_the_default_recipe_runs_under_torchrun_unchanged(tmp_path):
+    """``torchrun --nproc-per-node 2 ardea train``, no config and no override of what it
+    runs (its rl stage uses dynamic sampling), shortened to 3 steps a stage and a small
+    evaluation: both stages run and the rl stage continues from the sft stage's policy."""
+    ardea = str(Path(sys.executable).parent / "ardea")
+    short = ["stages.sft.trainer.max_steps=3", "stages.rl.trainer.max_steps=3",
+             "data.eval_size=8", "trainer.num_threads=1", "logging.progress=false",
+             f"trainer.output_dir={tmp_path}"]  # fmt: skip
+    run(torchrun(ardea, "train", *short), timeout=600)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["stages"] == ["sft", "rl"]
+    assert results["sft"]["steps"] == results["rl"]["steps"] == 3
+    rl = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").open()]
+    assert any("rollout/groups_kept" in r for r in rl)  # dynamic sampling ran
