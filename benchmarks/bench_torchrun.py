@@ -46,7 +46,7 @@ SMOKE = ["model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=
 
 
 def run(workload: str, processes: int, steps: int, extra: list[str], work: Path) -> dict:
-    out = work / f"{workload}_{processes}"
+    out = Path(tempfile.mkdtemp(prefix=f"{workload}_{processes}_", dir=work))
     config, *overrides = WORKLOADS[workload]
     args = [config, *overrides, *COMMON, *extra, f"trainer.max_steps={steps}",
             f"trainer.output_dir={out}", f"trainer.num_threads={2 // processes}"]  # fmt: skip

@@ -18,7 +18,8 @@ Weight sync: seconds of ``update_weights`` with a new state dict, the sync probe
 of ``--repeats`` per transport, the transports alternating:
 
 - ``state dict``: the in-process engine on its own copy of the model (the trainer's tensors
-  copied in, as a background worker's or a torchrun owner's engine gets them);
+  copied in, as a background worker's or a torchrun owner's engine gets them), timed before
+  the server starts;
 - ``file`` (``rollout.vllm.weight_transport=file``): one safetensors file written to the
   run directory, reloaded by the server from that path, its prefix cache reset;
 - ``http`` (``weight_transport=http``): the same file's bytes sent in the reload request
@@ -77,6 +78,8 @@ def bench(size: str, args, work: Path) -> dict:
     batch = prompts(tokenizer, args.prompts)
     tokens = len(batch) * args.group * args.new_tokens
     local = make_engine("in_process", EngineSpec.of(model, tokenizer), module=own_copy(model))
+    # before the server starts: its process would share the 2 cores with these copies
+    syncs = sync_times(model, local, args.repeats, ("state_dict",))
     # no sync probe: the update times below are the reload alone (runs add one probe)
     options = {"launch": True, "python": str(PYTHON), "max_model_len": 256, "timeout_s": 600.0,
                "sync_tolerance": 0.0, "weight_transport": "http"}  # fmt: skip
@@ -92,7 +95,7 @@ def bench(size: str, args, work: Path) -> dict:
              tokens / timed(lambda: server.generate(batch, params)))
             for _ in range(args.repeats)
         ]  # fmt: skip
-        syncs = sync_times(model, local, server, args.repeats)
+        syncs |= sync_times(model, server, args.repeats, ("file", "http"))
     finally:
         server.close()
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
@@ -108,18 +111,18 @@ def bench(size: str, args, work: Path) -> dict:
     } | {f"sync_{t}_s": statistics.median(v) for t, v in syncs.items()}
 
 
-def sync_times(model, local, server, repeats: int) -> dict[str, list[float]]:
-    """Seconds of each ``update_weights`` per transport (module docstring), alternating."""
-    times: dict[str, list[float]] = {"state_dict": [], "file": [], "http": []}
+def sync_times(model, engine, repeats: int, transports: tuple[str, ...]) -> dict[str, list[float]]:
+    """Seconds of each ``update_weights`` of ``engine`` per transport (module docstring),
+    the transports alternating; the model's weights change before every sync."""
+    times: dict[str, list[float]] = {t: [] for t in transports}
     for _ in range(repeats):
         for transport, seconds in times.items():
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(1.001)
             state = model.state_dict()
-            engine = local if transport == "state_dict" else server
-            if engine is server:
-                server.options.weight_transport = transport  # the server has the extension
+            if transport != "state_dict":
+                engine.options.weight_transport = transport  # the server has the extension
             start = time.perf_counter()
             engine.update_weights(state, engine.version + 1)
             seconds.append(time.perf_counter() - start)
