@@ -74,11 +74,15 @@ def test_a_feature_runs_under_torchrun_as_in_one_process(runs, name):
 
 def test_dynamic_sampling_refilled_and_online_dpo_trained_on_pairs(runs):
     """The features were exercised: a refill round happened (the rare-digit reward leaves
-    groups without a spread) and online DPO found pairs."""
+    groups without a spread), online DPO found pairs at every step, and at one step fewer
+    than there are ranks."""
     for world in ("1", "2"):
         refills = [rollout_metrics(runs / world / "dynamic", s) for s in range(1, STEPS + 1)]
         assert any(m["rollout/refill_rounds"] > 0 for m in refills)
-        assert rollout_metrics(runs / world / "online_dpo", 1)["rollout/pairs"] > 0
+        pairs = [rollout_metrics(runs / world / "online_dpo", s)["rollout/pairs"] for s in range(1, STEPS + 1)]  # fmt: skip
+        assert min(pairs) > 0
+    # a step with fewer pairs than ranks: the other rank trained that micro-batch on a filler
+    assert min(rollout_metrics(runs / "2" / "online_dpo", s)["rollout/pairs"] for s in range(1, STEPS + 1)) < 2  # fmt: skip
 
 
 def test_the_default_recipe_runs_under_torchrun_unchanged(tmp_path):

@@ -102,8 +102,12 @@ def test_every_call_of_an_episode_goes_to_one_server(vllm_server, second_server,
 
 
 def test_a_killed_server_loses_nothing(vllm_server, second_server, tmp_path):
-    """Runs on the pool with and without killing the second server before step 2."""
-    servers = [vllm_server, second_server]
+    """Runs on the pool with and without killing this module's server before step 2. It is
+    first in the pool: a call's first request goes to the server with the fewest in flight,
+    the lowest index on a tie, so step 2's first request is sent to the killed server and
+    has to run again on the other (a server no request reached would only be found out at
+    the next weight reload)."""
+    servers = [second_server, vllm_server]
     whole = train(tmp_path / "whole", servers, *GRPO)
     used = steps(tmp_path / "whole")[-1]
     assert used["vllm/server0_requests"] > 0 and used["vllm/server1_requests"] > 0
@@ -123,7 +127,7 @@ def test_a_killed_server_loses_nothing(vllm_server, second_server, tmp_path):
     killed = train(tmp_path / "killed", servers, *GRPO, during=kill_before_step_2)
     assert killed["steps"] == whole["steps"] == 3
     after = steps(tmp_path / "killed")
-    assert after[-1]["vllm/server1_up"] == 0 and after[-1]["vllm/retried_requests"] >= 1
+    assert after[-1]["vllm/server0_up"] == 0 and after[-1]["vllm/retried_requests"] >= 1
     for a, b in zip(steps(tmp_path / "whole"), after, strict=True):
         for key in ("rollout/reward_mean", "rollout/reward_std", "rollout/response_length"):
             assert a[key] == b[key], (a["step"], key)
