@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from numerics import decoder_gradient_terms, gamma
-from test_torchrun import CASES, MODEL, assert_same_gradients, run, torchrun
+from test_torchrun import MODEL, assert_same_gradients, run, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,6 @@ FEATURES_PY = str(HERE / "features.py")
 sys.path.insert(0, str(HERE))
 from features import FEATURES, STEPS  # noqa: E402
 
-assert Path(CASES).is_file()
 #: the step's rows (4 groups of 4: the largest batch here, a refilled one cut back to 4
 #: groups) and a bound on their length (the longest row of these runs, an agent episode of
 #: 2 turns, is under 1024 tokens): test_torchrun.py's derivation at that size

@@ -5,7 +5,8 @@ with ``prompt`` as token ids, ``logprobs: 0`` and ``return_token_ids``): one req
 prompt (its ``n`` samples), sent concurrently; vLLM batches them. Several servers
 (``rollout.vllm.urls``, or ``rollout.vllm.servers`` launched) are a pool
 (:mod:`ardea.rollout.vllm_pool`): requests spread by load, every call of one episode on one
-server, a server that dies taken out and its requests run elsewhere with the same seed. Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
+server, a server that dies taken out and its requests run elsewhere with the same seed.
+Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
 min new tokens, stop ids (the model's eos ids always stop), stop strings, and the seed: a seeded call
 gives each prompt the seed ``hash(seed, row id of its first sample)``, so a rollout split
 over calls or processes samples what one call would (``SamplingParams.row_ids``).
@@ -276,8 +277,13 @@ class VLLMEngine(GenerationEngine):
             )
             for i in range(count)
         ]
-        with ThreadPoolExecutor(max_workers=count) as threads:
-            urls = list(threads.map(LaunchedServer.start, launched))
+        try:
+            with ThreadPoolExecutor(max_workers=count) as threads:
+                urls = list(threads.map(LaunchedServer.start, launched))
+        except BaseException:  # one did not start: stop those that did
+            for server in launched:
+                server.stop()
+            raise
         return [PoolServer(i, url, server) for i, (url, server) in enumerate(zip(urls, launched))]
 
     def _check_servers(self, servers: list[PoolServer]) -> int | None:

@@ -126,9 +126,8 @@ class RolloutService:
         """The scored rollout of step ``step`` (the prompts at ``indices``): the whole
         batch, on CPU, on every rank, with its ``rollout/*`` metrics and samples. Under
         torchrun the other ranks' wait (and the broadcast) counts as ``generate``."""
-        if not self.dist.active:
-            return self._rollout(step, indices, timer)
-        with timer.phase("generate") if not self.owner else nullcontext():
+        waiting = self.dist.active and not self.owner  # the owner times its own phases
+        with timer.phase("generate") if waiting else nullcontext():
             return self.shared(lambda: self._rollout(step, indices, timer))
 
     def _rollout(self, step: int, indices: Sequence[int], timer: PhaseTimer) -> Rollout:
