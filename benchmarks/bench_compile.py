@@ -39,7 +39,7 @@ from grpo_workload import SMOKE, WORKLOADS, Workload, build_model
 
 from ardea.model import sequence_logprobs
 from ardea.rollout.engine import SamplingParams
-from ardea.rollout.inprocess import InProcessEngine, _uniform_table
+from ardea.rollout.inprocess import InProcessEngine
 
 
 def build(work: Workload):
@@ -64,15 +64,13 @@ def decode_sides(work: Workload, tokenizer, model, prompts, backend: str):
         temperature=1.0, max_new_tokens=work.new_tokens, min_new_tokens=work.new_tokens,
         n=work.group, seed=0,
     )  # fmt: skip
-    rows = [list(p) for p in prompts for _ in range(work.group)]
-    uniforms = _uniform_table(len(rows), params)  # the seeded rows' random numbers
 
     def side(step):
         def run() -> torch.Tensor:
             fast.step = step
             with torch.no_grad():
-                results = engine._generate_rows(rows, params, uniforms)
-            return torch.tensor([lp for _, lps, _ in results for lp in lps])
+                completions = engine.generate(prompts, params)
+            return torch.tensor([lp for c in completions for lp in c.logprobs])
 
         return run
 

@@ -36,6 +36,7 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_grpo_vs_trl.py",
         "bench_logprob_memory.py",
         "bench_mismatch.py",
+        "bench_partial.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
         "bench_torchrun.py",
@@ -214,3 +215,12 @@ def test_torchrun_smoke(tmp_path):
     for r in rows:
         assert r["two_over_one"] == r["two"]["seconds_per_step"] / r["one"]["seconds_per_step"]
     assert rows[1]["two"]["phases"]["generate"] > 0
+
+
+def test_partial_smoke(tmp_path):
+    out = smoke("bench_partial.py", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["mode"] for r in rows] == ["off", "on"]
+    assert rows[0]["resumed_fraction"] == 0.0  # without partial every completion is one span
+    ratio = rows[1]["seconds_per_step"] / rows[0]["seconds_per_step"]
+    assert f"on / off seconds per step: {ratio:.2f}" in out

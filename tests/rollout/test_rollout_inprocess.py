@@ -291,14 +291,14 @@ def test_empirical_distribution_matches(temperature, top_k, top_p):
 
 def test_fast_paths_equal_stock_cache_and_2d_masks(arch, prompts, monkeypatch):
     model = make_model(arch)
-    assert inprocess._additive_mask_dtype(model) == torch.float32
+    assert inprocess.additive_mask_dtype(model) == torch.float32
     cache = kv_cache.new_cache(model, capacity=8)
     assert all(type(layer) is kv_cache.PreallocatedLayer for layer in cache.layers)
     params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=2, n=2)
     stops = [EOS, 2, 3, 4]
     fast = engine_for(model, eos_token_ids=stops).generate(prompts, params)
     monkeypatch.setattr(kv_cache, "DynamicLayer", None)
-    monkeypatch.setattr(inprocess, "_additive_mask_dtype", lambda model: None)
+    monkeypatch.setattr(inprocess, "additive_mask_dtype", lambda model: None)
     stock = engine_for(model, eos_token_ids=stops).generate(prompts, params)
     assert type(kv_cache.new_cache(model, capacity=8).layers[0]) is not kv_cache.PreallocatedLayer
     for a, b in zip(fast, stock, strict=True):

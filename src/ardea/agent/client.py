@@ -59,7 +59,12 @@ from openai.types.chat import ChatCompletion
 
 from ardea.agent.chat_reply import chat_completion, recorded_reply
 from ardea.agent.conversation import ChatTemplate, normalize
-from ardea.agent.interaction import HISTORY_POLICIES, Interaction, export_trajectories
+from ardea.agent.interaction import (
+    HISTORY_POLICIES,
+    Interaction,
+    call_versions,
+    export_trajectories,
+)
 from ardea.agent.lineage import Lineage
 from ardea.agent.request_checks import RequestError, check_chat_request, fail
 from ardea.agent.scheduler import CallScheduler, EngineRequest, TimeWindow, generate_together
@@ -313,7 +318,8 @@ class RecordingClient:
             recorded = recorded_reply(self.template, c, r, self.tool_parser)
             kept = recorded.completion
             call = Interaction(
-                list(r.input_ids), list(kept.token_ids), list(kept.logprobs), c.version,
+                list(r.input_ids), list(kept.token_ids), list(kept.logprobs),
+                call_versions(c, len(kept.token_ids)),
                 stop_reason=kept.finish_reason, parent=r.parent,
                 id=completion_id if r.n == 1 else f"{completion_id}:{k}", group_id=r.group_id,
                 messages=r.messages, reply=recorded.reply, episode=r.episode, user=r.user,

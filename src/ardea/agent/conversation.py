@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ardea.agent.interaction import Interaction, rewrite_error
+from ardea.agent.interaction import Interaction, call_versions, rewrite_error
 from ardea.agent.reply import Reply
 from ardea.agent.stop_strings import cut_at
 from ardea.agent.tool_parsers import Hermes, ToolParser
@@ -275,7 +275,7 @@ class Conversation:
             list(input_ids),
             list(completion.token_ids),
             list(completion.logprobs),
-            completion.version,
+            call_versions(completion, len(completion.token_ids)),
             stop_reason=completion.finish_reason,
             parent=self._parent,
             group_id=self.group_id,

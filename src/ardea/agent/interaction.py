@@ -41,6 +41,7 @@ from ardea.agent.reply import Reply
 from ardea.config.agent import EXPORT_STYLES, HISTORY_POLICIES
 from ardea.data import Segment, Trajectory
 from ardea.errors import ArdeaError
+from ardea.rollout.engine import Completion
 
 ExportStyle = Literal["conversation", "call"]
 HistoryPolicy = Literal["error", "new_trajectory", "keep_tokens"]
@@ -54,7 +55,8 @@ class HistoryRewriteError(ArdeaError):
 @dataclass(eq=False)
 class Interaction:
     """One model call (module docstring). ``version``: the policy version that generated
-    it; ``group_id`` says which environment row or prompt the conversation answers.
+    it (a tuple, one per output token, when a weight update came during the call:
+    :func:`call_versions`); ``group_id`` says which environment row or prompt the conversation answers.
 
     What the conversation layer reads: ``messages`` (the request's messages, normalised),
     ``reply`` (what it answered, parsed once), ``episode`` (the agent episode that made it,
@@ -68,7 +70,7 @@ class Interaction:
     input_ids: list[int]
     output_ids: list[int]
     logprobs: list[float]
-    version: int
+    version: int | tuple[int, ...]
     stop_reason: str = "stop"
     reward: float = 0.0
     parent: Interaction | None = None
@@ -224,3 +226,11 @@ def discount_rewards(interactions: Sequence[Interaction], discount: float) -> No
         kids = children.get(id(call), [])
         if kids:  # a branching parent takes the mean of its continuations
             call.reward = float(call.reward) + discount * sum(k.reward for k in kids) / len(kids)
+
+
+def call_versions(completion: Completion, n_tokens: int) -> int | tuple[int, ...]:
+    """The ``version`` of a call recording the first ``n_tokens`` of ``completion``: its
+    version, or one per token when they differ (``Completion.spans``)."""
+    if len(completion.spans) == 1:
+        return completion.version
+    return tuple(completion.token_versions[:n_tokens])

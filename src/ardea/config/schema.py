@@ -13,9 +13,9 @@ from typing import Any
 
 from ardea.config.agent import AgentConfig
 from ardea.config.algo import AlgoConfig
-from ardea.config.fields import check_choices, check_range, check_temperature, option
+from ardea.config.fields import check_choices, check_range, option
 from ardea.config.reward import RewardConfig
-from ardea.config.vllm import VLLMConfig
+from ardea.config.rollout import RolloutConfig
 from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -127,72 +127,6 @@ class DataConfig:
         check_range("data.train_size", self.train_size, low=1)
         check_range("data.eval_size", self.eval_size, low=1)
         check_range("data.max_length", self.max_length, low=0)
-
-
-@dataclass
-class RolloutConfig:
-    engine: str = option(
-        "in_process",
-        "Generation engine by registered name (in_process: batched KV-cache decoding on the "
-        "policy in this process; vllm: vLLM servers, rollout.vllm) or the dotted path of your "
-        "own engine factory.",
-    )
-    max_new_tokens: int = option(16, "Longest completion generated per prompt.")
-    min_new_tokens: int = option(
-        0,
-        "Online RL rollouts: stop tokens (eos, stop ids) are masked out until a completion has "
-        "this many tokens, as transformers' min_new_tokens; behaviour log-probs are those of "
-        "the masked distribution sampled from (0 = off; at most max_new_tokens).",
-    )
-    temperature: float = option(
-        1.0,
-        "Sampling temperature of online RL rollouts and of `ardea eval --k` (0 = greedy); the "
-        "trainer's log-probs use the same temperature (greedy rollouts: 1).",
-    )
-    top_p: float = option(1.0, "Nucleus sampling threshold (1.0 = off).")
-    top_k: int = option(0, "Top-k sampling (0 = off).")
-    batch_size: int = option(256, "Prompts generated together in one batch.")
-    group_size: int = option(8, "Online RL: completions sampled per prompt (G).")
-    max_staleness: int = option(
-        0, "Online RL: most policy versions a rollout may lag the live policy (0 = on-policy)."
-    )
-    vllm: VLLMConfig = option(
-        help="rollout.engine=vllm: the vLLM servers and how ardea talks to them.",
-        factory=VLLMConfig,
-    )
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.engine, str) or not self.engine:
-            raise ConfigError(f"rollout.engine={self.engine!r} must name a generation engine")
-        if self.engine != "vllm" and self.vllm.changed():
-            raise ConfigError(
-                f"rollout.vllm.{self.vllm.changed()[0]} is set but rollout.engine="
-                f"{self.engine!r}: the vllm options are read only by rollout.engine=vllm"
-            )
-        if self.engine == "vllm" and bool(self.vllm.urls) == self.vllm.launch:
-            raise ConfigError(
-                "rollout.engine=vllm needs either rollout.vllm.urls (servers you started) or "
-                "rollout.vllm.launch=true (ardea starts one), not both"
-            )
-        if self.engine == "vllm" and self.vllm.urls and self.max_staleness:
-            raise ConfigError(
-                "rollout.max_staleness > 0 with rollout.vllm.urls: background rollouts need an "
-                "engine of their own, and servers you started are one; use "
-                "rollout.vllm.launch=true (ardea starts a server per engine) or max_staleness=0"
-            )
-        check_range("rollout.max_new_tokens", self.max_new_tokens, low=1)
-        check_range("rollout.min_new_tokens", self.min_new_tokens, low=0)
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ConfigError(
-                f"rollout.min_new_tokens={self.min_new_tokens} exceeds rollout.max_new_tokens="
-                f"{self.max_new_tokens}; lower it or raise max_new_tokens"
-            )
-        check_range("rollout.group_size", self.group_size, low=1)
-        check_range("rollout.max_staleness", self.max_staleness, low=0)
-        check_temperature("rollout.temperature", self.temperature)
-        check_range("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        check_range("rollout.top_k", self.top_k, low=0)
-        check_range("rollout.batch_size", self.batch_size, low=1)
 
 
 @dataclass

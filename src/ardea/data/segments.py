@@ -15,13 +15,14 @@ SegmentKind = Literal["prompt", "generated", "context"]
 class Segment:
     """A span of one trajectory (module docstring). ``logprobs``, ``version`` and ``turn``
     describe generated spans only: one behaviour log-prob per token (or None), the policy
-    version that produced them (-1: none, e.g. a demonstration), and the turn index (None:
-    the next one, counting the trajectory's generated spans from 0)."""
+    version that produced them (-1: none, e.g. a demonstration; a tuple: one per token, for a
+    completion resumed under new weights), and the turn index (None: the next one, counting
+    the trajectory's generated spans from 0)."""
 
     kind: SegmentKind
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
-    version: int = -1
+    version: int | tuple[int, ...] = -1
     turn: int | None = None
 
     def __post_init__(self) -> None:
@@ -34,6 +35,11 @@ class Segment:
                 f"generated segment has {len(self.token_ids)} tokens but "
                 f"{len(self.logprobs)} log-probs"
             )
+        if isinstance(self.version, tuple) and len(self.version) != len(self.token_ids):
+            raise ValueError(
+                f"generated segment has {len(self.token_ids)} tokens but "
+                f"{len(self.version)} versions"
+            )
 
     @classmethod
     def prompt(cls, token_ids: Sequence[int]) -> Segment:
@@ -45,10 +51,13 @@ class Segment:
         token_ids: Sequence[int],
         logprobs: Sequence[float] | None = None,
         *,
-        version: int = -1,
+        version: int | Sequence[int] = -1,
         turn: int | None = None,
     ) -> Segment:
         lp = None if logprobs is None else tuple(float(x) for x in logprobs)
+        if not isinstance(version, int):  # per token: one int when they are all equal
+            version = tuple(int(v) for v in version)
+            version = version[0] if version and len(set(version)) == 1 else version
         return cls("generated", tuple(token_ids), lp, version, turn)
 
     @classmethod
@@ -90,7 +99,8 @@ def row_lists(trajectory: Trajectory, index: int) -> dict[str, list | None | boo
                 )
             next_turn = turn + 1
             out["turn_ids"] += [turn] * n
-            out["versions"] += [segment.version] * n
+            v = segment.version
+            out["versions"] += list(v) if isinstance(v, tuple) else [v] * n
             if segment.logprobs is None:
                 logprobs = None
             elif logprobs is not None:

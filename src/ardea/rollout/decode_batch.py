@@ -1,85 +1,214 @@
-"""The state of one batch being decoded by the in-process engine: its outputs written step
-by step (:class:`DecodeOutputs`) and its attention masks and positions (:class:`DecodeMasks`),
-both shrinking as finished rows leave the batch (:mod:`ardea.rollout.inprocess`)."""
+"""The rows the in-process engine is decoding together: one :class:`DecodeBatch` per kind
+of sampling (temperature, top-k, top-p, stop tokens and strings), rows joining it between
+decode steps and leaving it when they end (:mod:`ardea.rollout.inprocess`).
+
+Notation: ``N`` rows, ``C`` cache columns, ``L`` filled columns, ``T`` the longest
+``max_new_tokens`` of the rows, ``V`` vocabulary.
+
+Layout. Every row's keys and values sit in the same cache columns: a row's input (its prompt,
+then the tokens of a resumed prefix) is right-aligned to end at the column where the batch's
+inputs ended when it joined, so the rows' caches are left-padded to a common length ``L``
+(``keys`` marks the real columns), and each step writes every row's new token into column
+``L``. Positions are per row (``positions``: the position of the token fed next), so a row
+sees exactly the positions it would see alone. A row's ``count`` is the number of tokens
+its completion has (a resumed prefix included): its step-``t`` random number is
+``uniforms[row, count]`` and it ends at ``count == max_new_tokens``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import torch
 
-Result = tuple[list[int], list[float], str]  # a row's token ids, log-probs, finish reason
+from ardea.rollout.engine import Completion, Request, RequestHandle
+from ardea.rollout.kv_cache import merge_caches
 
 
-class DecodeOutputs:
-    """Tokens and log-probs of one batch, written step by step while finished rows leave it."""
+@dataclasses.dataclass(eq=False)
+class Row:
+    """A request inside the engine: its handle, the completion so far (``tokens``,
+    ``logprobs``, ``spans``: a resumed prefix, then what earlier admissions produced), its
+    random numbers for every position (``uniforms (T,)``, None when greedy) and its stop-string
+    state."""
 
-    def __init__(self, n: int, steps: int, pad: int, device: torch.device) -> None:
-        self.tokens = torch.full((n, steps), pad, dtype=torch.long, device=device)  # (N, T)
-        self.logprobs = torch.zeros(n, steps, device=device)  # (N, T)
-        self.n_tokens = torch.zeros(n, dtype=torch.long, device=device)  # 0 = no stop yet
-        self.rows: torch.Tensor | None = None  # batch row of each current row; None = all
+    handle: RequestHandle
+    uniforms: torch.Tensor | None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    stop_seen: bool = False
 
-    def index(self) -> torch.Tensor | slice:
-        return slice(None) if self.rows is None else self.rows
+    @classmethod
+    def of(cls, handle: RequestHandle, uniforms: torch.Tensor | None) -> Row:
+        prefix = handle.request.prefix
+        if prefix is None:
+            return cls(handle, uniforms)
+        return cls(handle, uniforms, list(prefix.token_ids), list(prefix.logprobs),
+                   list(prefix.spans))  # fmt: skip
 
-    def write(self, t: int, tok: torch.Tensor, lp: torch.Tensor, stopped: torch.Tensor) -> None:
-        """Record step t for the current rows; ``stopped`` rows end with this token."""
-        rows = self.index()
-        self.tokens[rows, t] = tok
-        self.logprobs[rows, t] = lp
-        self.n_tokens[rows] = torch.where(stopped, t + 1, self.n_tokens[rows])
+    def restart(self) -> None:
+        """Drop what was generated since the request's own prefix (same random numbers)."""
+        fresh = Row.of(self.handle, self.uniforms)
+        self.tokens, self.logprobs, self.spans = fresh.tokens, fresh.logprobs, fresh.spans
+        self.stop_seen = False
+
+    @property
+    def request(self) -> Request:
+        return self.handle.request
+
+    @property
+    def input_ids(self) -> list[int]:
+        return list(self.request.prompt_ids) + self.tokens
+
+    def extend(self, tokens: list[int], logprobs: list[float], version: int) -> None:
+        """Append what one admission generated, under weights ``version``."""
+        if tokens and (not self.spans or self.spans[-1][1] != version):
+            self.spans.append((len(self.tokens), version))
+        self.tokens += tokens
+        self.logprobs += logprobs
+
+    def completion(self, finish: str, version: int) -> Completion:
+        """The completion so far; ``version``: the engine's, for a row with no tokens yet."""
+        spans = self.spans or [(0, version)]
+        return Completion(list(self.request.prompt_ids), list(self.tokens),
+                          list(self.logprobs), finish, spans[0][1], list(spans))  # fmt: skip
+
+
+class DecodeBatch:
+    """The state of rows decoded together (module docstring): per row its position, token
+    count, limits, random numbers, outputs and whether it is still running, plus the shared
+    KV cache and the logits of every row's next token.
+
+    Built by :meth:`start` from freshly prefilled rows and grown by :meth:`join`."""
+
+    def __init__(self, rows: list[Row], logits, cache, length, keys, positions, version):
+        self.rows, self.logits, self.cache, self.length = rows, logits, cache, length
+        self.keys, self.positions, self.version = keys, positions, version
+        device = logits.device
+        requests = [r.request for r in rows]
+        self.count = torch.tensor([len(r.tokens) for r in rows], device=device)  # (N,)
+        self.first = self.count.clone()  # (N,) tokens each row had when it joined
+        self.limit = torch.tensor([q.params.max_new_tokens for q in requests], device=device)
+        self.min_new = torch.tensor([q.params.min_new_tokens for q in requests], device=device)
+        self.has_min_new = any(q.params.min_new_tokens > 0 for q in requests)
+        self._additive: torch.Tensor | None = None  # (N, 1, 1, C) prepared mask
+        width = int(self.limit.max())
+        self.uniforms = None  # (N, T) float64
+        if rows[0].uniforms is not None:
+            self.uniforms = torch.zeros(len(rows), width, dtype=torch.float64, device=device)
+            for i, row in enumerate(rows):
+                self.uniforms[i, : len(row.uniforms)] = row.uniforms.to(device)
+        pad = 0
+        self.tokens = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+        self.token_logprobs = torch.zeros(len(rows), width, device=device)  # (N, T)
+        self.alive = torch.ones(len(rows), dtype=torch.bool, device=device)
+        self.n_alive = len(rows)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[1]
+
+    @staticmethod
+    def needed(rows: Sequence[Row]) -> int:
+        """The most tokens any of ``rows`` may still generate."""
+        return max(r.request.params.max_new_tokens - len(r.tokens) for r in rows)
+
+    def step_uniforms(self) -> torch.Tensor | None:
+        """(N,) each row's random number for its next token."""
+        if self.uniforms is None:
+            return None
+        at = self.count.clamp_max(self.uniforms.shape[1] - 1)[:, None]
+        return self.uniforms.gather(1, at)[:, 0]
+
+    def record(self, tok: torch.Tensor, lp: torch.Tensor, stopped: torch.Tensor) -> list[int]:
+        """Write each running row's sampled token and log-prob at its count; the rows
+        (indices) that end with it: ``stopped`` (a stop token or string) or at their
+        ``max_new_tokens``."""
+        index = torch.arange(len(self.rows), device=tok.device)
+        at = self.count.clamp_max(self.tokens.shape[1] - 1)
+        self.tokens[index, at] = torch.where(self.alive, tok, self.tokens[index, at])
+        self.token_logprobs[index, at] = torch.where(self.alive, lp, self.token_logprobs[index, at])
+        self.count = self.count + self.alive.long()
+        ended = self.alive & (stopped | (self.count >= self.limit))
+        if not bool(ended.any()):  # the one host sync of a step
+            return []
+        self.alive &= ~ended
+        self.n_alive = int(self.alive.sum())
+        return ended.nonzero()[:, 0].tolist()
+
+    def new_output(self, i: int) -> tuple[list[int], list[float]]:
+        """Row ``i``'s tokens and log-probs generated since it joined."""
+        first, end = int(self.first[i]), int(self.count[i])
+        return self.tokens[i, first:end].tolist(), self.token_logprobs[i, first:end].tolist()
+
+    def step_keys(self) -> torch.Tensor:
+        """(N, C) bool: the real keys when feeding the new tokens (column ``length``)."""
+        return self.keys & (torch.arange(self.capacity, device=self.keys.device) <= self.length)
+
+    def step_mask(self, dtype: torch.dtype | None) -> torch.Tensor:
+        """The attention mask over the ``length + 1`` keys seen when feeding the new tokens:
+        (N, 1, 1, length + 1) additive in ``dtype`` (0 = attend, dtype's min = masked),
+        prepared once per batch, or (N, length + 1) 0/1 when ``dtype`` is None."""
+        end = self.length + 1
+        if dtype is None:
+            return self.keys[:, :end].long()
+        if self._additive is None:
+            additive = torch.zeros(self.keys.shape, dtype=dtype, device=self.keys.device)
+            self._additive = additive.masked_fill(~self.keys, torch.finfo(dtype).min)[:, None, None]
+        return self._additive[..., :end]
+
+    def advance(self) -> None:
+        """After a forward of the new tokens: one more filled column and position."""
+        self.length += 1
+        self.positions = self.positions + 1
 
     def select(self, keep: torch.Tensor) -> None:
-        self.rows = keep if self.rows is None else self.rows[keep]
+        """Keep only the rows ``keep`` (a (K,) index)."""
+        picked = keep.tolist()
+        self.rows = [self.rows[i] for i in picked]
+        for name in ("logits", "keys", "positions", "count", "first", "limit", "min_new",
+                     "tokens", "token_logprobs", "alive"):  # fmt: skip
+            setattr(self, name, getattr(self, name)[keep])
+        if self.uniforms is not None:
+            self.uniforms = self.uniforms[keep]
+        if self._additive is not None:
+            self._additive = self._additive[keep]
+        self.cache.batch_select_indices(keep)
+        self.n_alive = int(self.alive.sum())
 
-    def results(self) -> list[Result]:
-        """Per batch row: tokens and log-probs up to its stop token (or all T), finish reason."""
-        rows = zip(self.tokens.tolist(), self.logprobs.tolist(), self.n_tokens.tolist())
-        return [(tok[:k], lp[:k], "stop") if k else (tok, lp, "length") for tok, lp, k in rows]
+    def running(self) -> torch.Tensor:
+        """(K,) the indices of rows still running."""
+        return self.alive.nonzero()[:, 0]
 
+    def join(self, other: DecodeBatch) -> DecodeBatch:
+        """One batch holding this one's running rows (their outputs so far folded into them)
+        and every row of ``other`` (freshly prefilled), their caches right-aligned at the
+        longer of the two lengths, with room for the most tokens any row still needs."""
+        self.fold()
+        keep = self.running()
+        if len(keep) < len(self.rows):
+            self.select(keep)
+        if not self.rows:
+            return other
+        length = max(self.length, other.length)
+        capacity = length + self.needed(self.rows + other.rows)
+        cache = merge_caches([self.cache, other.cache], [self.length, other.length], capacity)
+        keys = torch.zeros(len(self.rows) + len(other.rows), capacity, dtype=torch.bool,
+                           device=self.keys.device)  # fmt: skip
+        keys[:, length:] = True
+        keys[: len(self.rows), length - self.length : length] = self.keys[:, : self.length]
+        keys[len(self.rows) :, length - other.length : length] = other.keys[:, : other.length]
+        logits = torch.cat([self.logits, other.logits])
+        positions = torch.cat([self.positions, other.positions])
+        return DecodeBatch(self.rows + other.rows, logits, cache, length, keys, positions,
+                           other.version)  # fmt: skip
 
-class DecodeMasks:
-    """Attention masks and position ids of one left-padded batch.
-
-    Prompt row i has ``lens[i]`` real tokens right-aligned in width ``P``; generated token t
-    sits at column ``P + t`` and position ``lens[i] + t``. With ``dtype`` set, masks are
-    prepared 4D additive float masks (0 = attend, dtype's min = masked) that the model uses
-    as-is, which saves building one per step; with None they are the 2D 0/1 masks.
-    """
-
-    def __init__(self, lens: torch.Tensor, width: int, steps: int, dtype: torch.dtype | None):
-        self.lens, self.width, self.dtype = lens, width, dtype
-        cols = torch.arange(width + steps, device=lens.device)
-        self.columns = cols  # (P + T,)
-        self.keys = cols >= (width - lens)[:, None]  # (N, P + T) bool, True = real token
-        if dtype is not None:
-            self.additive = torch.zeros(self.keys.shape, dtype=dtype, device=lens.device)
-            self.additive = self.additive.masked_fill(~self.keys, torch.finfo(dtype).min)
-            self.additive = self.additive[:, None, None, :]  # (N, 1, 1, P + T)
-
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mask ((N, 1, P, P) or (N, P)) and positions (N, P) = cumsum(mask) − 1, 0 on padding."""
-        keys = self.keys[:, : self.width]  # (N, P)
-        positions = (keys.long().cumsum(-1) - 1).clamp_min(0)
-        if self.dtype is None:
-            return keys.long(), positions
-        causal = torch.ones(self.width, self.width, dtype=torch.bool, device=keys.device).tril()
-        allowed = causal & keys[:, None, None, :]  # (N, 1, P, P)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=keys.device)
-        return mask.masked_fill(~allowed, torch.finfo(self.dtype).min), positions
-
-    def step_keys(self, t: int) -> torch.Tensor:
-        """(N, P + T) bool: the real keys when feeding generated token t (False from
-        column P + t + 1 on)."""
-        return self.keys & (self.columns <= self.width + t)
-
-    def step(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mask over the P + t + 1 keys seen when feeding generated token t; positions (N, 1)."""
-        end = self.width + t + 1
-        mask = self.keys[:, :end].long() if self.dtype is None else self.additive[..., :end]
-        return mask, (self.lens + t)[:, None]
-
-    def select(self, index: torch.Tensor) -> None:
-        """Keep (or repeat) the rows in ``index``."""
-        self.lens, self.keys = self.lens[index], self.keys[index]
-        if self.dtype is not None:
-            self.additive = self.additive[index]
+    def fold(self) -> None:
+        """Move each running row's new tokens into the row itself (before the batch is
+        rebuilt or abandoned) so that the next batch starts counting from there."""
+        for i in self.running().tolist():
+            tokens, logprobs = self.new_output(i)
+            self.rows[i].extend(tokens, logprobs, self.version)
+            self.first[i] = self.count[i]

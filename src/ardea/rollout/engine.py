@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import abc
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors.torch import load_file
 
 from ardea.config.fields import check_temperature
 from ardea.registry import Registry, callable_check
+from ardea.rollout.checks import (  # noqa: F401 - part of the engine interface
+    check_next_version,
+    check_prompts,
+    check_state_dict,
+    load_weights,
+)
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass
@@ -159,9 +164,15 @@ def _check_int(name: str, value: object, lower: int, note: str = "", upper: int 
 class Completion:
     """One generated continuation of one prompt.
 
-    ``token_ids`` includes the stop token when one was produced (``finish_reason == "stop"``);
+    ``token_ids`` includes the stop token when one was produced (``finish_reason == "stop"``;
+    ``"abort"``: cut short by :meth:`GenerationEngine.abort`, the tokens so far);
     ``logprobs[i]`` is the behaviour log-prob of ``token_ids[i]`` (see the engine for how
-    temperature and truncation enter); ``version`` is the policy version of the weights used.
+    temperature and truncation enter). ``spans`` says which weights made which tokens:
+    ``[(start, version), ...]``, starts increasing from 0, token ``i`` made by the version of
+    the last span starting at or before ``i``; one span ``[(0, version)]`` unless a weight
+    update came while the completion was being generated (it then went on under the new
+    weights from the tokens so far). ``version`` is the first span's: the oldest weights the
+    completion holds tokens of.
     """
 
     prompt_ids: list[int]
@@ -169,6 +180,77 @@ class Completion:
     logprobs: list[float]
     finish_reason: FinishReason
     version: int
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.spans = [(int(a), int(v)) for a, v in self.spans] or [(0, self.version)]
+        starts = [a for a, _ in self.spans]
+        if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+            raise ValueError(f"spans must start at 0 with increasing starts, got {self.spans}")
+        if self.spans[0][1] != self.version:
+            raise ValueError(f"version {self.version} is not the first span's: {self.spans}")
+
+    @property
+    def token_versions(self) -> list[int]:
+        """The policy version of each token (``len(token_ids)``), from ``spans``."""
+        ends = [a for a, _ in self.spans[1:]] + [len(self.token_ids)]
+        out: list[int] = []
+        for (start, version), end in zip(self.spans, ends):
+            out += [version] * max(0, min(end, len(self.token_ids)) - start)
+        return out
+
+
+@dataclass
+class Request:
+    """One completion for :meth:`GenerationEngine.submit`: ``prompt_ids``, the sampling
+    ``params`` (``n`` and ``row_ids`` are ignored: one request is one row), the ``row_id``
+    whose random numbers it samples with (as row ``row_id`` of a seeded call), and
+    ``prefix``: a completion of this prompt cut short (an aborted one) to go on from; its
+    tokens, log-probs and spans are kept, and the request samples position ``len(prefix)``
+    on, up to ``params.max_new_tokens`` in all."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    row_id: int = 0
+    prefix: Completion | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(self.params).__name__}")
+        _check_int("row_id", self.row_id, 0)
+        if self.prefix is not None and len(self.prefix.token_ids) >= self.params.max_new_tokens:
+            raise ValueError(
+                f"the prefix already has {len(self.prefix.token_ids)} tokens, not fewer than "
+                f"max_new_tokens={self.params.max_new_tokens}"
+            )
+
+
+class RequestHandle:
+    """A submitted :class:`Request`: :meth:`done`, and :meth:`result` when it is."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self._event = threading.Event()
+        self._completion: Completion | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The completion (``finish_reason`` "abort" when it was aborted); waits up to
+        ``timeout`` seconds (None: until done) and raises the request's error."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"the request was not done after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._completion  # type: ignore[return-value]
+
+    def finish(self, completion: Completion | None, error: BaseException | None = None) -> None:
+        """Set the outcome (the engine's side); a second call changes nothing."""
+        if not self._event.is_set():
+            self._completion, self._error = completion, error
+            self._event.set()
 
 
 Weights = Mapping[str, torch.Tensor] | str | os.PathLike
@@ -217,15 +299,38 @@ class EngineSpec:
 class GenerationEngine(abc.ABC):
     """Token-id prompts + :class:`SamplingParams` → completions with behaviour log-probs.
 
-    An engine owns its weights: :meth:`update_weights` is the only way new weights reach it,
-    and it loads them and publishes ``version`` as one atomic step, so a ``generate`` call
-    never labels tokens from one set of weights with another version (a call in progress
-    finishes on the weights and version it started with).
+    Two ways in: :meth:`generate`, a batch of prompts answered together, and requests
+    (:meth:`submit` one :class:`Request`, its :class:`RequestHandle` done when it finishes,
+    :meth:`abort` for the tokens so far), which an engine that serves them decodes
+    continuously: a request joins the running ones at the next decode step and leaves when
+    it ends. An engine owns its weights: :meth:`update_weights` is the only way new weights
+    reach it, and it loads them and publishes ``version`` as one atomic step; requests
+    running at that moment go on under the new weights from the tokens they have (their
+    cache recomputed), so every token is labelled with the version that produced it
+    (``Completion.spans``), or, with ``in_flight = "restart"``, drop their tokens and sample
+    again from their prompts under the new weights.
     """
+
+    in_flight: Literal["resume", "restart"] = "resume"
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Return ``len(prompts) * params.n`` completions: prompt 0's n samples, then prompt 1's."""
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Start ``request``; its handle is done when the completion ends (or is aborted)."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} engine answers whole batches only (generate); it does "
+            "not serve requests (submit / abort)"
+        )
+
+    def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
+        """Stop the requests of ``handles``; per handle its completion: the finished one, or
+        the tokens so far with ``finish_reason`` "abort" (which ``Request.prefix`` resumes)."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} engine answers whole batches only (generate); it does "
+            "not serve requests (submit / abort)"
+        )
 
     @abc.abstractmethod
     def update_weights(self, weights: Weights, version: int) -> None:
@@ -254,84 +359,6 @@ class GenerationEngine(abc.ABC):
         """The engine's own metrics of its last weight update (e.g.
         ``vllm/sync_logprob_error``), logged with the step's; none by default."""
         return {}
-
-
-def check_next_version(version: object, current: int) -> None:
-    """Raise ValueError unless ``version`` is an int above ``current``: a version names one
-    set of weights, and an engine's versions only grow."""
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ValueError(f"version must be an int, got {version!r}")
-    if version <= current:
-        raise ValueError(f"version must increase: got {version}, current version is {current}")
-
-
-def load_weights(weights: Weights) -> Mapping[str, torch.Tensor]:
-    """``weights`` as named tensors: a mapping as it is, or every ``*.safetensors`` file of a
-    directory (never a pickle), merged; an error names a path without any."""
-    if isinstance(weights, Mapping):
-        return weights
-    path = Path(weights)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if not files:
-        raise ValueError(f"no *.safetensors weights in {str(path)!r}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(file))
-    return tensors
-
-
-def check_prompts(
-    prompts: Sequence[Sequence[int]],
-    *,
-    vocab_size: int,
-    max_new_tokens: int,
-    max_positions: int | None,
-) -> None:
-    """Raise ValueError naming the prompt index for an empty prompt, a token id outside
-    ``[0, vocab_size)``, or ``len(prompt) + max_new_tokens > max_positions``."""
-    if isinstance(prompts, str | bytes | torch.Tensor) or not isinstance(prompts, Sequence):
-        raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence):
-            raise ValueError(f"prompts[{i}] must be a list of token ids, got {prompt!r:.60}")
-        if len(prompt) == 0:
-            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
-        bad = next((t for t in prompt if not isinstance(t, int)), None)
-        if bad is None:
-            bad = next((t for t in (min(prompt), max(prompt)) if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"prompts[{i}] contains token id {bad!r}; ids must be ints in "
-                f"[0, {vocab_size}) (the model's vocabulary size)"
-            )
-        if max_positions is not None and len(prompt) + max_new_tokens > max_positions:
-            raise ValueError(
-                f"prompts[{i}] has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} "
-                f"that is {len(prompt) + max_new_tokens} positions, beyond the model's "
-                f"max_position_embeddings={max_positions}. Shorten the prompt or lower "
-                "max_new_tokens."
-            )
-
-
-def check_state_dict(
-    own: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]
-) -> None:
-    """Raise ValueError unless ``state_dict`` can replace ``own`` (a model's state dict)
-    exactly: no missing, unexpected or mis-shaped tensors. A key may be missing only if in
-    ``own`` it aliases (shares storage with) a key that is present, as tied embeddings do."""
-    unexpected = sorted(set(state_dict) - set(own))
-    present = {own[k].data_ptr() for k in state_dict if k in own}
-    missing = sorted(k for k in own if k not in state_dict and own[k].data_ptr() not in present)
-    shapes = [
-        f"{k}: {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in state_dict.items()
-        if k in own and tuple(v.shape) != tuple(own[k].shape)
-    ]
-    if unexpected or missing or shapes:
-        raise ValueError(
-            "state_dict does not match the model: "
-            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
-        )
 
 
 EngineFactory = Callable[..., GenerationEngine]

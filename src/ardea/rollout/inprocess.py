@@ -1,44 +1,42 @@
-"""The default generation engine: batched KV-cache decoding on a Hugging Face causal LM.
+"""The default generation engine: continuous batching with a KV cache on a Hugging Face
+causal LM.
 
-Notation: ``N`` rows in a batch (prompts × n samples), ``P`` padded prompt length, ``T``
-``max_new_tokens``, ``V`` vocabulary.
+Notation: ``N`` rows being decoded (prompts × n samples), ``T`` ``max_new_tokens``, ``V``
+vocabulary.
 
-How a batch is decoded:
-1. Prompts are left-padded to ``P``; ``attention_mask`` is 1 on real tokens and
-   ``position_ids = cumsum(attention_mask) − 1`` (0 on padding), so every row sees exactly the
-   positions it would see alone.
-2. One prefill forward over ``(N, P)`` fills a ``DynamicCache`` (identical prompts, e.g. the
-   n samples of one prompt, are prefilled once); then one forward per new token over
-   ``(N, 1)`` with the cache, whose layers append into buffers preallocated for ``P + T``
-   positions, and with 4D attention masks prepared once per batch.
-3. Each step samples every row from its last logits (see :mod:`ardea.rollout.sampling`); for
-   the first ``params.min_new_tokens`` steps the stop tokens are suppressed first. A row
-   that emits a stop token, or a token that completes one of ``params.stop`` in its text
-   (:mod:`ardea.rollout.stop_watch`), is finished: later outputs are padding, and once half
-   of the rows
-   are finished they are dropped from the batch and the cache. Decoding stops when every row
-   is finished or after ``T`` tokens.
+Requests (:meth:`InProcessEngine.submit`, one row each; :meth:`~InProcessEngine.generate`
+submits a batch's rows at once and waits for them) wait in a queue; one scheduler thread
+serves them. Before every decode step it lets waiting rows join (up to ``max_batch_size``
+rows per kind of sampling, :class:`~ardea.rollout.continuous.Kind`): they are prefilled
+together and their KV cache merged into the running rows' (:mod:`ardea.rollout.decode_batch`),
+then every running row samples one token. A row that ends (stop token, stop string,
+``max_new_tokens``) leaves at once and its handle is done, so a long completion holds back no
+other request. The model's layers must allow merging caches (the preallocated layers of
+:mod:`ardea.rollout.kv_cache`); otherwise rows join only a kind with nothing running.
 
 Log-probs (behaviour log-probs): for ``T > 0`` the log-prob of the sampled token under the
 distribution it was drawn from, ``log_softmax(logits / T)`` renormalised over the top-k /
 top-p kept set, and over the non-stop tokens while stop tokens are suppressed
 (``min_new_tokens``). They equal what the trainer recomputes on the same tokens and weights
 (``log_softmax(logits / T)`` over the same top-k / top-p set, the batch's
-``TrajectoryBatch.sampling()``), except at the
-first ``min_new_tokens`` tokens, where the engine's is higher by ``−log(1 − p_stop)`` (the
-stop tokens' mass; :mod:`ardea.rollout.sampling`); with greedy (``T = 0``) they are
-``log_softmax(logits)`` (temperature 1).
+``TrajectoryBatch.sampling()``), except at the first ``min_new_tokens`` tokens, where the
+engine's is higher by ``−log(1 − p_stop)`` (the stop tokens' mass;
+:mod:`ardea.rollout.sampling`); with greedy (``T = 0``) they are ``log_softmax(logits)``
+(temperature 1).
 
-Concurrency: ``generate`` and ``update_weights`` hold one lock, so a call runs on one set of
-weights and labels its completions with their version; an update waits for a running call.
-During a call the model is in eval mode (each submodule's own mode is restored after), so a
-model shared with the trainer must not be trained from another thread at the same time.
+Weights (:meth:`InProcessEngine.update_weights`) change between two decode steps, never
+waiting for running requests: those stop, the weights load, the version is published, and
+they join again with their tokens so far as input, so their cache is recomputed under the
+new weights and their next tokens are labelled with the new version (a new span of
+``Completion.spans``). :meth:`~InProcessEngine.abort` hands out the tokens so far the same
+way. During a decode step the model is in eval mode (each submodule's own mode is restored
+after), so a model shared with the trainer must not be trained while requests run.
 
-Randomness: row r of a call (prompt r // n, sample r % n) draws its step-t uniform from
-row ``params.row_ids[r]`` (default ``r``) of a ``(rows, T)`` table made once per call by a
-``torch.Generator`` seeded with ``params.seed`` (the global RNG when seed is None). A row's
-tokens therefore depend only on its prompt, the seed and its row id, not on
-``max_batch_size``, padding, the other prompts or how a rollout is split over calls.
+Randomness: a row draws its position-``t`` uniform from entry ``(row_id, t)`` of a
+``(rows, T)`` table made by a ``torch.Generator`` seeded with ``params.seed`` (the global RNG
+when seed is None: drawn when the row is submitted). A row's tokens therefore depend only on
+its prompt, the seed, its row id and the weights of each position, not on which rows it was
+decoded with, when it joined, or whether it was stopped and resumed.
 """
 
 from __future__ import annotations
@@ -48,19 +46,28 @@ import copy
 import inspect
 import threading
 from collections.abc import Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from ardea.model import Precision
 from ardea.model.flops import count_generation
-from ardea.rollout.decode_batch import DecodeMasks, DecodeOutputs, Result
+from ardea.rollout.continuous import (
+    Decoder,
+    Kind,
+    additive_mask_dtype,
+    row_uniforms,
+    take_joining,
+    uniform_table,
+)
+from ardea.rollout.decode_batch import DecodeBatch, Row
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
     GenerationEngine,
+    Request,
+    RequestHandle,
     SamplingParams,
     Weights,
     check_next_version,
@@ -70,11 +77,9 @@ from ardea.rollout.engine import (
     register_engine,
 )
 from ardea.rollout.fast_decode import fast_decoder
-from ardea.rollout.kv_cache import new_cache
-from ardea.rollout.sampling import next_tokens, suppress_tokens
-from ardea.rollout.stop_watch import StopWatch
+from ardea.rollout.kv_cache import can_merge
 
-_COMPACT_MIN_ROWS = 8  # below this many rows, dropping finished rows is not worth a copy
+IDLE_S = 30.0  # an idle scheduler thread ends after this long (the next request starts one)
 
 
 class InProcessEngine(GenerationEngine):
@@ -85,10 +90,11 @@ class InProcessEngine(GenerationEngine):
             this module and loads new weights into it (:meth:`update_weights`). Build it on a
             copy (:func:`own_copy`) to own the weights; on the trainer's own module (same
             device) the engine shares its storage, the fast path of :meth:`update_weights`.
-        pad_token_id: id written after a row's stop token and used for left padding.
+        pad_token_id: id fed for ended rows and used for left padding.
         eos_token_ids: the model's end-of-sequence id(s); always stop tokens (may be empty).
-        max_batch_size: most rows (prompts × n) per forward; None = all rows at once. Rows are
-            sorted by prompt length before batching to reduce padding.
+        max_batch_size: most rows decoded together per kind of sampling; None = no limit.
+            A batch call submits its rows shortest prompt first, so rows that join together
+            need less padding.
         version: policy version of the initial weights.
         precision: forwards run under its autocast (:class:`ardea.model.Precision`); None
             computes in the parameters' dtype.
@@ -128,13 +134,25 @@ class InProcessEngine(GenerationEngine):
         self.max_batch_size = max_batch_size
         self._version = version
         self._precision = precision
-        self._lock = threading.Lock()
         params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._keep_last = "logits_to_keep" in params
-        self._mask_dtype = _additive_mask_dtype(model)
+        mask_dtype = additive_mask_dtype(model)
         compute = precision.compute if precision is not None else None
-        self._fast = fast_decoder(model, compute) if self._mask_dtype is not None else None
+        self._fast = fast_decoder(model, compute) if mask_dtype is not None else None
+        self._decoder = Decoder(
+            model, self._fast, mask_dtype, pad_token_id,
+            "cache" if "cache" in params else "past_key_values",
+            "logits_to_keep" in params, tokenizer,
+        )  # fmt: skip
+        self._modules = list(model.modules())
+        self._merge_ok: bool | None = None  # learnt from the first cache built
+        self._cond = threading.Condition()
+        self._waiting: list[Row] = []
+        self._batches: dict[Kind, DecodeBatch] = {}
+        self._thread: threading.Thread | None = None
+        self._stepping = False
+        self._exclusive = 0  # update_weights / abort calls waiting for the step to end
+        self._closed = False
+        self.resumed_requests = 0  # requests a weight update stopped and resumed
 
     @property
     def version(self) -> int:
@@ -149,9 +167,57 @@ class InProcessEngine(GenerationEngine):
     def stop_token_ids(self) -> list[int]:
         return list(self.eos_token_ids)
 
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue ``request`` (module docstring); its handle is done when it ends."""
+        rows = self._rows([request], None)
+        self._enqueue(rows)
+        return rows[0].handle
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Complete every prompt ``params.n`` times; see the module docstring.
+
+        Returns ``len(prompts) * n`` completions, prompt-major (prompt 0's n samples first).
+        An empty ``prompts`` returns [].
+        """
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        self._check(prompts, params.max_new_tokens)
+        if len(prompts) == 0:
+            return []
+        inputs = [list(p) for p in prompts for _ in range(params.n)]
+        row_ids = params.rows(len(inputs))
+        requests = [Request(p, params, row) for p, row in zip(inputs, row_ids)]
+        rows = self._rows(requests, uniform_table(len(inputs), params))
+        order = list(range(len(rows)))
+        if self.max_batch_size is not None and self.max_batch_size < len(rows):
+            order.sort(key=lambda r: len(inputs[r]))  # similar lengths join together
+        self._enqueue([rows[r] for r in order])
+        completions = [row.handle.result() for row in rows]
+        count_generation(self._model, prompts, inputs, [len(c.token_ids) for c in completions])
+        return completions
+
+    def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
+        """Stop the requests of ``handles`` before the next decode step; per handle its
+        finished completion, or the tokens so far (``finish_reason`` "abort")."""
+        with self._exclusively():
+            wanted = {id(h) for h in handles if not h.done()}
+            stopped = [r for r in self._waiting if id(r.handle) in wanted]
+            self._waiting = [r for r in self._waiting if id(r.handle) not in wanted]
+            for kind, batch in list(self._batches.items()):
+                batch.fold()
+                keep = [
+                    i for i in batch.running().tolist() if id(batch.rows[i].handle) not in wanted
+                ]
+                stopped += [batch.rows[i] for i in batch.running().tolist() if i not in keep]
+                self._keep(kind, batch, keep)
+            for row in stopped:
+                row.handle.finish(row.completion("abort", self._version))
+        return [h.result() for h in handles]
+
     def update_weights(self, weights: Weights, version: int) -> None:
-        """Load ``weights`` and publish ``version`` atomically (waits for a running
-        generate).
+        """Load ``weights`` and publish ``version`` between two decode steps; running
+        requests go on under them from their tokens so far (module docstring).
 
         ``weights`` (a state dict, or a directory of ``*.safetensors`` files) must hold
         every tensor of the model (tied aliases may be omitted) with matching shapes; it is
@@ -161,10 +227,22 @@ class InProcessEngine(GenerationEngine):
         the trainer's module) is not copied, so publishing costs only the check.
         """
         named_tensors = load_weights(weights)
-        with self._lock:
+        with self._exclusively():
             check_next_version(version, self._version)
             own = self._model.state_dict()
             check_state_dict(own, named_tensors)
+            running: list[Row] = []
+            for batch in self._batches.values():
+                batch.fold()
+                running += [batch.rows[i] for i in batch.running().tolist()]
+            for watch in self._decoder.watches.values():
+                watch.forget(running)
+            if self.in_flight == "restart":  # verl's choice: one version per completion
+                for row in running:
+                    row.restart()
+            self._batches.clear()
+            self._waiting = running + self._waiting  # they join first, under the new weights
+            self.resumed_requests += len(running)
             with torch.no_grad():
                 for name, tensor in named_tensors.items():
                     if own[name].data_ptr() != tensor.data_ptr():
@@ -173,178 +251,121 @@ class InProcessEngine(GenerationEngine):
                 self._fast.refresh()
             self._version = version
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """Complete every prompt ``params.n`` times; see the module docstring.
+    def close(self) -> None:
+        """Stop the scheduler; requests not done fail."""
+        with self._exclusively():
+            self._closed = True
+            rows = self._waiting + [r for b in self._batches.values() for r in b.rows]
+            self._waiting, self._batches = [], {}
+            self._cond.notify_all()
+        for row in rows:
+            row.handle.finish(None, RuntimeError("the generation engine was closed"))
 
-        Returns ``len(prompts) * n`` completions, prompt-major (prompt 0's n samples first),
-        all tagged with the version of the weights used. An empty ``prompts`` returns [].
-        """
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        check_prompts(
-            prompts,
-            vocab_size=self._vocab_size,
-            max_new_tokens=params.max_new_tokens,
-            max_positions=self._max_positions,
-        )
-        if len(prompts) == 0:
-            return []
-        rows = [list(p) for p in prompts for _ in range(params.n)]
-        with self._lock:
-            version = self._version
-            uniforms = _uniform_table(len(rows), params)
-            autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
-            with _eval_mode(self._model), torch.inference_mode(), autocast:
-                results = self._generate_rows(rows, params, uniforms)
-        count_generation(self._model, prompts, rows, [len(result[0]) for result in results])
-        return [Completion(p, *result, version) for p, result in zip(rows, results, strict=True)]
+    # ------------------------------------------------------------------ scheduling
+    def _check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        check_prompts(prompts, vocab_size=self._vocab_size, max_new_tokens=max_new_tokens,
+                      max_positions=self._max_positions)  # fmt: skip
 
-    def _generate_rows(
-        self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
-    ) -> list[Result]:
-        """Decode all rows in batches of ``max_batch_size``; results in the order of ``rows``."""
-        size = self.max_batch_size or len(rows)
-        order = list(range(len(rows)))
-        if size < len(rows):
-            order.sort(key=lambda r: len(rows[r]))  # similar lengths together: less padding
-        results: list = [None] * len(rows)
-        for start in range(0, len(rows), size):
-            idx = order[start : start + size]
-            u = uniforms[idx] if uniforms is not None else None
-            for r, result in zip(idx, self._generate_batch([rows[r] for r in idx], params, u)):
-                results[r] = result
-        return results
+    def _rows(self, requests: list[Request], table: torch.Tensor | None) -> list[Row]:
+        """Rows for ``requests`` with their random numbers (row ``i`` of ``table``, or drawn
+        for its row id)."""
+        rows = []
+        for i, request in enumerate(requests):
+            prefix = [] if request.prefix is None else list(request.prefix.token_ids)
+            self._check(
+                [list(request.prompt_ids) + prefix], request.params.max_new_tokens - len(prefix)
+            )
+            params = request.params
+            uniforms = table[i] if table is not None else row_uniforms(params, request.row_id)
+            rows.append(Row.of(RequestHandle(request), uniforms))
+        return rows
 
-    def _generate_batch(
-        self, rows: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None
-    ) -> list[Result]:
-        """Decode one batch; per row its tokens, log-probs and finish reason."""
-        device = next(self._model.parameters()).device
-        n, steps, pad = len(rows), params.max_new_tokens, self.pad_token_id
-        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
-        stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
-        if uniforms is not None:
-            uniforms = uniforms.to(device)
-        logits, cache, masks = self._prefill(rows, steps, device)  # (N, V)
-        out = DecodeOutputs(n, steps, pad, device)
-        watch = StopWatch(self.tokenizer, params.stop, n) if params.stop else None
-        done = torch.zeros(n, dtype=torch.bool, device=device)  # (N_cur,) finished rows
-        n_done = 0
-        for t in range(steps):
-            u = None if uniforms is None else uniforms[out.index(), t]
-            if t < params.min_new_tokens:
-                logits = suppress_tokens(logits, stop_ids)
-            tok, lp = next_tokens(
-                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                uniforms=u,
-            )  # fmt: skip
-            stopped = torch.isin(tok, stop_ids)  # (N_cur,)
-            if n_done:
-                tok, lp = tok.masked_fill(done, pad), lp.masked_fill(done, 0.0)
-                stopped &= ~done
-            if watch is not None:  # a stop string completed by this token ends its row
-                rows_now = out.index()
-                rows_now = range(n) if isinstance(rows_now, slice) else rows_now.tolist()
-                hits = watch.step(rows_now, tok.tolist(), (~done).tolist())
-                if t + 1 >= params.min_new_tokens:  # as vLLM: not before min_new_tokens
-                    stopped |= torch.tensor(hits, dtype=torch.bool, device=device)
-            out.write(t, tok, lp, stopped)
-            done |= stopped
-            n_done = int(done.sum())
-            if n_done == len(done) or t == steps - 1:
-                break
-            if n_done * 2 >= len(done) and len(done) >= _COMPACT_MIN_ROWS:
-                keep = (~done).nonzero().squeeze(-1)  # drop finished rows from the batch
-                tok, done, n_done = tok[keep], done[keep], 0
-                out.select(keep)
-                masks.select(keep)
-                cache.batch_select_indices(keep)
-            if self._fast is not None:
-                logits = self._fast.step(tok, masks.lens + t, masks.step_keys(t), cache)
-            else:
-                mask, positions = masks.step(t)
-                logits = self._forward(tok[:, None], mask, positions, cache)
-        return out.results()
+    def _enqueue(self, rows: list[Row]) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the generation engine was closed")
+            self._waiting += rows
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ardea-engine", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
 
-    def _prefill(
-        self, rows: list[list[int]], steps: int, device: torch.device
-    ) -> tuple[torch.Tensor, DynamicCache, DecodeMasks]:
-        """Run the left-padded prompts through the model once; identical prompts (the n
-        samples of one prompt) are computed once and their cache rows copied.
+    @contextlib.contextmanager
+    def _exclusively(self):
+        """Hold the engine between two decode steps (the scheduler waits); the batches'
+        tensors are inference tensors, changed only in inference mode."""
+        with self._cond, torch.inference_mode():
+            self._exclusive += 1
+            try:
+                while self._stepping:
+                    self._cond.wait()
+                yield
+            finally:
+                self._exclusive -= 1
+                self._cond.notify_all()
 
-        Returns the last-position logits (N, V), the filled cache and the batch's masks.
-        """
-        first: dict[tuple[int, ...], int] = {}
-        inverse = [first.setdefault(tuple(r), len(first)) for r in rows]
-        unique = [list(k) for k in first]
-        lens = torch.tensor([len(r) for r in unique], device=device)  # (N_unique,)
-        width = int(lens.max())
-        pad = self.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in unique], device=device)
-        masks = DecodeMasks(lens, width, steps, self._mask_dtype)
-        mask, positions = masks.prefill()
-        dtype = self._fast.compute_dtype if self._fast is not None else None
-        cache = new_cache(self._model, width + steps, dtype)
-        logits = self._forward(input_ids, mask, positions, cache)  # (N_unique, V)
-        if len(unique) < len(rows):
-            index = torch.tensor(inverse, device=device)
-            cache.batch_select_indices(index)
-            logits = logits[index]
-            masks.select(index)
-        return logits, cache, masks
+    def _ready(self) -> bool:
+        return not self._closed and not self._exclusive and bool(self._waiting or self._batches)
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """One cached forward of input_ids (N, S); returns the last position's logits (N, V)."""
-        kwargs = {self._cache_kwarg: cache, "use_cache": True}
-        if self._keep_last:
-            kwargs["logits_to_keep"] = 1
-        out = self._model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-        )
-        return out.logits[:, -1, :]
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._ready():
+                    idle = not self._cond.wait(IDLE_S) and not self._ready()
+                    if self._closed or idle and not self._exclusive:
+                        self._thread = None  # the next request starts the thread again
+                        return
+                self._stepping = True
+                joining, self._waiting = take_joining(
+                    self._waiting, self._batches, self.max_batch_size, self.eos_token_ids,
+                    self._merge_ok,
+                )  # fmt: skip
+            try:
+                self._iterate(joining)
+            except BaseException as exc:  # noqa: BLE001 - handed to every request it broke
+                rows = joining + [r for b in self._batches.values() for r in b.rows]
+                self._batches = {}
+                for row in rows:
+                    row.handle.finish(None, exc)
+            finally:
+                with self._cond:
+                    self._stepping = False
+                    self._cond.notify_all()
 
+    def _iterate(self, joining: list[Row]) -> None:
+        """Let ``joining`` in, then one decode step of every kind (module docstring)."""
+        autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
+        flags = [m.training for m in self._modules]
+        for m in self._modules:
+            m.training = False
+        try:
+            with torch.inference_mode(), autocast:
+                by_kind: dict[Kind, list[Row]] = {}
+                for row in joining:
+                    by_kind.setdefault(Kind.of(row.request.params, self.eos_token_ids), []).append(
+                        row
+                    )
+                for kind, rows in by_kind.items():
+                    fresh = self._decoder.prefill(rows, self._version)
+                    if self._merge_ok is None:
+                        self._merge_ok = can_merge(fresh.cache)
+                    old = self._batches.get(kind)
+                    self._batches[kind] = fresh if old is None else old.join(fresh)
+                for kind, batch in list(self._batches.items()):
+                    for row, finish in self._decoder.step(batch, kind):
+                        row.handle.finish(row.completion(finish, self._version))
+                    if batch.n_alive == 0:
+                        del self._batches[kind]
+        finally:
+            for m, training in zip(self._modules, flags):
+                m.training = training
 
-def _additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
-    """The dtype for prepared 4D masks, or None when the model must build its own: attention
-    other than sdpa / eager (e.g. flash, flex) or any sliding-window layer."""
-    config = model.config
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        full = all(kind == "full_attention" for kind in layer_types)
-    else:
-        full = getattr(config, "sliding_window", None) is None
-    return model.get_input_embeddings().weight.dtype if full else None
-
-
-def _uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
-    """(rows, T) float64 uniforms in [0, 1): row r's draw at step t is entry
-    (row_ids[r], t) of the call's table."""
-    if params.temperature == 0:
-        return None
-    rows = params.rows(n_rows)
-    generator = None
-    if params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
-    first = min(rows, default=0)
-    shape = (max(rows, default=-1) + 1, params.max_new_tokens)
-    table = torch.rand(shape, generator=generator, dtype=torch.float64)
-    if rows == list(range(first, first + n_rows)):
-        return table[first:]  # a contiguous slice: no copy
-    return table[torch.tensor(rows, dtype=torch.long)]
-
-
-@contextmanager
-def _eval_mode(model: torch.nn.Module):
-    """Put ``model`` in eval mode; restore every submodule's own train/eval flag after."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
+    def _keep(self, kind: Kind, batch: DecodeBatch, keep: list[int]) -> None:
+        """Keep only rows ``keep`` of ``kind``'s batch (none: the batch goes)."""
+        if not keep:
+            del self._batches[kind]
+        elif len(keep) < len(batch.rows):
+            batch.select(torch.tensor(keep, device=batch.count.device))
 
 
 def own_copy(module: torch.nn.Module) -> torch.nn.Module:

@@ -67,3 +67,41 @@ class PreallocatedLayer(DynamicLayer or object):
         self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
         end = self.length
         self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+
+
+def can_merge(cache: DynamicCache) -> bool:
+    """Whether rows of caches like ``cache`` can be merged (:func:`merge_caches`): every
+    layer a :class:`PreallocatedLayer`."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(isinstance(x, PreallocatedLayer) for x in layers)
+
+
+def merge_caches(caches: list[DynamicCache], lengths: list[int], capacity: int) -> DynamicCache:
+    """The rows of ``caches`` (each filled to ``lengths[i]`` columns) in one cache, each
+    cache's columns right-aligned to end at ``L = max(lengths)`` (zeros to their left, which
+    the rows' masks exclude), with room for ``capacity`` columns. Reuses the first cache's
+    object; every cache must hold :class:`PreallocatedLayer` s."""
+    length = max(lengths)
+    merged = caches[0]
+    for index, layer in enumerate(merged.layers):
+        parts = [cache.layers[index] for cache in caches]
+        keys = [part.key_buffer[:, :, :n] for part, n in zip(parts, lengths)]
+        values = [part.value_buffer[:, :, :n] for part, n in zip(parts, lengths)]
+        layer.key_buffer = _aligned(keys, length, capacity)
+        layer.value_buffer = _aligned(values, length, capacity)
+        layer.capacity, layer.length = capacity, length
+        layer.keys = layer.key_buffer[:, :, :length]
+        layer.values = layer.value_buffer[:, :, :length]
+    return merged
+
+
+def _aligned(parts: list[torch.Tensor], length: int, capacity: int) -> torch.Tensor:
+    """(sum N_i, H, capacity, D): each (N_i, H, n_i, D) part in columns [length − n_i, length)."""
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    out = first.new_zeros(rows, first.shape[1], capacity, first.shape[3])
+    start = 0
+    for part in parts:
+        out[start : start + part.shape[0], :, length - part.shape[2] : length] = part
+        start += part.shape[0]
+    return out

@@ -233,6 +233,9 @@ class RolloutRunner:
             "rollout/response_length": sum(lengths) / len(lengths),
             "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions)
             / len(completions),
+            # completions a weight update reached while they ran (rollout.partial)
+            "rollout/resumed_fraction": sum(len(c.spans) > 1 for c in completions)
+            / len(completions),
         }
         if self.task is not None:  # the task's own scores when a reward function gave them
             scored = [
@@ -251,7 +254,7 @@ class RolloutRunner:
             Trajectory(
                 (
                     Segment.prompt(c.prompt_ids),
-                    Segment.generated(c.token_ids, c.logprobs, version=c.version),
+                    Segment.generated(c.token_ids, c.logprobs, version=c.token_versions),
                 ),
                 reward=reward,
                 group_id=i // self.group_size,

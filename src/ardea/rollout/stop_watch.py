@@ -19,32 +19,39 @@ SPARE_TOKENS = 8
 
 
 class StopWatch:
-    """The generated tokens of a batch's rows, checked for ``stops`` step by step.
+    """The generated tokens of running rows, checked for ``stops`` step by step.
 
     Args:
         tokenizer: decodes the rows' tokens (special tokens kept as text).
         stops: the stop strings (non-empty).
-        rows: the batch's number of rows.
+
+    A row is any object with ``tokens`` (its completion before it joined: a resumed prefix
+    is checked too) and a ``stop_seen`` flag, which the watch sets.
     """
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str], rows: int) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
         if tokenizer is None:
             raise ValueError("stop strings need the engine's tokenizer (none was given)")
         self.tokenizer = tokenizer
         self.stops = list(stops)
         self.window = max(len(s) for s in self.stops) + SPARE_TOKENS
-        self.tokens: list[list[int]] = [[] for _ in range(rows)]
-        self.seen = [False] * rows  # the row's text holds a stop string
+        self.tails: dict[Any, list[int]] = {}
 
-    def step(self, rows: Sequence[int], new: Sequence[int], live: Sequence[bool]) -> list[bool]:
-        """Append each live row's new token (``rows``: their batch rows); whether its text
-        holds a stop string (now or since an earlier step)."""
+    def step(self, rows: Sequence[Any], new: Sequence[int], live: Sequence[bool]) -> list[bool]:
+        """Append each live row's new token; whether its text holds a stop string (now or
+        since an earlier step)."""
         hits = []
         for row, token, alive in zip(rows, new, live):
-            if alive and not self.seen[row]:
-                ids = self.tokens[row]
+            if alive and not row.stop_seen:
+                ids = self.tails.setdefault(row, list(row.tokens[-self.window :]))
                 ids.append(token)
-                tail = self.tokenizer.decode(ids[-self.window :], skip_special_tokens=False)
-                self.seen[row] = any(s in tail for s in self.stops)
-            hits.append(alive and self.seen[row])
+                del ids[: -self.window]
+                tail = self.tokenizer.decode(ids, skip_special_tokens=False)
+                row.stop_seen = any(s in tail for s in self.stops)
+            hits.append(alive and row.stop_seen)
         return hits
+
+    def forget(self, rows: Sequence[Any]) -> None:
+        """Drop the state of rows that left."""
+        for row in rows:
+            self.tails.pop(row, None)

@@ -17,6 +17,17 @@ copy with its version; the worker loads the copy a job needs with the engine's a
 ``update_weights(state, version)`` right before that job and drops older copies, so at most
 η copies are held at once.
 
+Partial rollouts (``partial=True``, ``rollout.partial``): a job starts, on a thread of its
+own, as soon as the engine holds the version ``v(s)`` of the schedule, without waiting for
+earlier jobs, so the rows of step ``s + 1`` join the engine while the slowest rows of step
+``s`` still run (an engine that serves requests decodes them together); and every published
+version is loaded at once: the engine stops the running
+rows, loads the weights and lets them go on from their tokens so far (``in_flight="resume"``)
+or sample again from their prompts (``"restart"``) under the new weights. A completion then
+holds tokens of several versions (``Completion.spans``); where a version starts depends on
+the timing of the two threads, so two runs differ. The trainer checks the oldest token's lag
+against η when it takes a rollout.
+
 Resume: :meth:`RolloutWorker.pending` hands out (without consuming) the completions of the
 steps submitted but not yet taken, waiting for those still being generated; a checkpoint
 stores them, and a worker built with ``restored=`` serves them again, so the resumed run
@@ -66,6 +77,9 @@ class RolloutWorker:
         start_version: ``v0`` of the version schedule (a resumed run passes its original
             one; defaults to the engine's version).
         restored: completions of steps already generated (from a checkpoint), by step.
+        partial: partial rollouts (module docstring) instead of the fixed version schedule.
+        in_flight: with ``partial``, what running rows do at a weight update: "resume" or
+            "restart" (sets the engine's ``in_flight``).
     """
 
     def __init__(
@@ -77,6 +91,8 @@ class RolloutWorker:
         start_step: int,
         start_version: int | None = None,
         restored: Mapping[int, Generation] | None = None,
+        partial: bool = False,
+        in_flight: str = "resume",
     ) -> None:
         if max_staleness < 1:
             raise ValueError(f"a rollout worker needs max_staleness >= 1, got {max_staleness}")
@@ -91,11 +107,16 @@ class RolloutWorker:
         self._submitted: set[int] = set(self._results)
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._stopping = False
+        self.partial = partial
+        if partial:
+            engine.in_flight = in_flight
+        self._job_threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name="ardea-rollouts", daemon=True)
         self._thread.start()
 
     def version_for(self, step: int) -> int:
-        """The policy version the completions of ``step`` are generated with."""
+        """The policy version the completions of ``step`` start with (with ``partial``:
+        at least this one)."""
         return self.start_version + max(0, step - self.start_step - self.max_staleness)
 
     # ----------------------------------------------------------------- trainer side
@@ -147,7 +168,9 @@ class RolloutWorker:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout=60)
-        self.engine.close()
+        self.engine.close()  # a job still generating fails with the engine
+        for thread in self._job_threads:
+            thread.join(timeout=60)
 
     def _wait(self, steps: list[int], timeout: float | None) -> dict[int, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -172,6 +195,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ worker side
     def _run(self) -> None:
+        if self.partial:
+            self._run_partial()
+            return
         while True:
             with self._cond:
                 while not self._jobs and not self._stopping:
@@ -190,6 +216,57 @@ class RolloutWorker:
             with self._cond:
                 self._results[job.step] = outcome
                 self._cond.notify_all()
+
+    def _run_partial(self) -> None:
+        """Load each published version as soon as it comes; start each job, on a thread of
+        its own, once the engine holds the version the schedule gives it (module docstring)."""
+        waiting: list[_Job] = []
+        while True:
+            with self._cond:
+                while not self._stopping and not self._newer() and not self._startable(waiting):
+                    self._cond.wait(POLL_SECONDS)
+                    waiting += self._jobs
+                    self._jobs = []
+                if self._stopping:
+                    return
+                newest = self._newer()
+                state = self._snapshots.pop(newest) if newest else None
+                for old in [v for v in self._snapshots if newest and v <= newest]:
+                    del self._snapshots[old]
+            try:
+                if state is not None:
+                    self.engine.update_weights(state, newest)
+            except BaseException as error:  # every job not yet taken fails with it
+                with self._cond:
+                    for step in self._submitted - set(self._results):
+                        self._results[step] = error
+                    self._cond.notify_all()
+                return
+            while self._startable(waiting):
+                job = waiting.pop(0)
+                thread = threading.Thread(
+                    target=self._run_job, args=(job,), name=f"ardea-rollout-{job.step}", daemon=True
+                )
+                self._job_threads = [t for t in self._job_threads if t.is_alive()] + [thread]
+                thread.start()
+
+    def _startable(self, waiting: list[_Job]) -> bool:
+        """Whether the first waiting job may start: the engine holds its version."""
+        return bool(waiting) and self.engine.version >= waiting[0].version
+
+    def _newer(self) -> int | None:
+        """The newest published version above the engine's, if any."""
+        newer = [v for v in self._snapshots if v > self.engine.version]
+        return max(newer) if newer else None
+
+    def _run_job(self, job: _Job) -> None:
+        try:
+            outcome: Generation | BaseException = self.generate(job.examples, job.step, self.engine)
+        except BaseException as error:  # handed to the trainer, which raises it
+            outcome = error
+        with self._cond:
+            self._results[job.step] = outcome
+            self._cond.notify_all()
 
     def _load(self, version: int) -> bool:
         """Put the engine on exactly ``version`` (waiting for its publication); False when

@@ -226,6 +226,8 @@ class RolloutService:
                 start_step=restored.get("start_step", step),
                 start_version=restored.get("start_version"),
                 restored=self._restored_pending(restored.get("pending", {}), step, examples),
+                partial=self.config.rollout.partial,
+                in_flight=self.config.rollout.in_flight,
             )
         return self.worker
 

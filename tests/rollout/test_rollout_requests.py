@@ -1,0 +1,129 @@
+"""The in-process engine's requests: continuous batching, abort, resume, spans of versions.
+
+Log-prob tolerance: 1e-5, as the engine's batch-invariance tests: float32 forwards of the
+same row in different batches (other padding, other matmul shapes) differ by rounding of
+about 1e-7 per op over a 2-layer model; a token itself must be equal.
+"""
+
+from __future__ import annotations
+
+import torch
+from rollout_models import EOS, PAD, make_model
+
+from ardea.rollout import InProcessEngine, Request, SamplingParams
+
+PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23], [30, 31, 32, 33, 34, 35], [40]]
+TOL = 1e-5
+
+
+def engine_for(model, **kwargs) -> InProcessEngine:
+    return InProcessEngine(model, pad_token_id=PAD, eos_token_ids=[EOS], **kwargs)
+
+
+def forward_logprobs(model, prompt, tokens, temperature=1.0) -> torch.Tensor:
+    """Reference: log_softmax(logits / T) of a full forward, at each of ``tokens``, with the
+    stop token masked out (the requests here set min_new_tokens = max_new_tokens)."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    logits[:, EOS] = float("-inf")
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    start = len(prompt) - 1
+    return logp[start : start + len(tokens)].gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def close(a, b) -> bool:
+    return len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0.0) <= TOL
+
+
+def test_requests_joining_at_different_steps_sample_what_one_batch_call_does():
+    """Rows submitted while others run (and with a batch cap, so some wait for a free
+    slot) give the tokens of one batch call with the same seed and row ids."""
+    model = make_model("qwen2")
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=11)
+    rows = list(range(len(PROMPTS)))
+    batch = engine_for(model).generate(PROMPTS, SamplingParams(**{**vars(params), "row_ids": rows}))
+    engine = engine_for(model, max_batch_size=3)
+    first = [engine.submit(Request(PROMPTS[i], params, i)) for i in (0, 1)]
+    first[0].result(timeout=60)  # the others join a batch that has decoded for a while
+    later = [engine.submit(Request(PROMPTS[i], params, i)) for i in (2, 3, 4)]
+    for handle, expected in zip(first + later, batch, strict=True):
+        got = handle.result(timeout=60)
+        assert got.token_ids == expected.token_ids
+        assert close(got.logprobs, expected.logprobs)
+        assert got.spans == [(0, 0)] and got.finish_reason == expected.finish_reason
+
+
+def test_a_resumed_completion_continues_exactly_under_the_same_weights():
+    """A request stopped at once (any number of tokens) and resubmitted with its tokens as
+    prefix ends with the tokens and log-probs of the uninterrupted request."""
+    model = make_model("qwen2")
+    params = SamplingParams(temperature=1.0, max_new_tokens=40, min_new_tokens=40, seed=3)
+    whole = engine_for(model).submit(Request(PROMPTS[3], params, 5)).result(timeout=60)
+    engine = engine_for(model)
+    handle = engine.submit(Request(PROMPTS[3], params, 5))
+    (partial,) = engine.abort([handle])
+    assert partial.finish_reason == "abort" and len(partial.token_ids) < 40
+    assert partial.token_ids == whole.token_ids[: len(partial.token_ids)]
+    resumed = engine.submit(Request(PROMPTS[3], params, 5, prefix=partial)).result(timeout=60)
+    assert resumed.token_ids == whole.token_ids and close(resumed.logprobs, whole.logprobs)
+    assert resumed.spans == [(0, 0)]
+
+
+def test_a_completion_resumed_under_new_weights_has_two_spans_with_each_parts_logprobs():
+    """Cut after k tokens under version 0 and resumed under version 1: spans [(0, 0), (k, 1)];
+    the first k log-probs are those of a fresh forward under the old weights, the rest of a
+    fresh forward of prompt + all tokens under the new ones (its cache recomputed)."""
+    old, new = make_model("qwen2", seed=0), make_model("qwen2", seed=1)
+    k, total = 7, 20
+    engine = engine_for(make_model("qwen2", seed=0))
+    params = SamplingParams(temperature=0.8, max_new_tokens=total, min_new_tokens=total, seed=2)
+    cut = SamplingParams(**{**vars(params), "max_new_tokens": k, "min_new_tokens": k})
+    part = engine.submit(Request(PROMPTS[0], cut, 4)).result(timeout=60)
+    engine.update_weights(new.state_dict(), 1)
+    done = engine.submit(Request(PROMPTS[0], params, 4, prefix=part)).result(timeout=60)
+    assert done.spans == [(0, 0), (k, 1)] and done.version == 0
+    assert done.token_versions == [0] * k + [1] * (total - k)
+    assert done.token_ids[:k] == part.token_ids
+    assert close(done.logprobs[:k], forward_logprobs(old, PROMPTS[0], part.token_ids, 0.8).tolist())
+    fresh = forward_logprobs(new, PROMPTS[0], done.token_ids, 0.8)
+    assert close(done.logprobs[k:], fresh[k:].tolist())
+    # the new part samples the old run's random numbers at positions k.. (row 4, seed 2)
+    alone_new = engine_for(new).submit(Request(PROMPTS[0], params, 4, prefix=part)).result(60)
+    assert alone_new.token_ids == done.token_ids
+
+
+def test_an_update_during_a_request_relabels_only_the_tokens_after_it():
+    """update_weights while a long request runs does not wait for it: the request goes on
+    under the new weights; every token is the greedy token of the weights of its span."""
+    old, new = make_model("qwen2", seed=0), make_model("qwen2", seed=1)
+    engine = engine_for(make_model("qwen2", seed=0))
+    params = SamplingParams(temperature=0, max_new_tokens=60, min_new_tokens=60)
+    handle = engine.submit(Request(PROMPTS[1], params))
+    engine.update_weights(new.state_dict(), 1)
+    done = handle.result(timeout=60)
+    assert engine.version == 1 and done.spans[-1][1] == 1 and len(done.token_ids) == 60
+    ids = torch.tensor([done.prompt_ids + done.token_ids])
+    with torch.no_grad():
+        greedy = {
+            v: m(input_ids=ids).logits[0, 1:-1].argmax(-1).tolist()
+            for v, m in enumerate((old, new))
+        }
+    expected = [greedy[v][i] for i, v in enumerate(done.token_versions)]
+    assert done.token_ids == expected
+
+
+def test_abort_of_waiting_finished_and_unknown_states():
+    """Abort hands back a finished request's completion unchanged and an aborted waiting
+    request's empty prefix (version of the engine)."""
+    engine = engine_for(make_model("qwen2"), max_batch_size=1)
+    params = SamplingParams(temperature=0, max_new_tokens=30, min_new_tokens=30)
+    running = engine.submit(Request(PROMPTS[0], params))
+    waiting = engine.submit(Request(PROMPTS[1], params))
+    a, b = engine.abort([running, waiting])
+    assert a.finish_reason == "abort" and b.finish_reason == "abort"
+    assert b.token_ids == [] or len(b.token_ids) < 30
+    quick = engine.submit(Request(PROMPTS[2], SamplingParams(temperature=0, max_new_tokens=3)))
+    finished = quick.result(timeout=60)
+    (again,) = engine.abort([quick])
+    assert again == finished and finished.finish_reason in ("stop", "length")
