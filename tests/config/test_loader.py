@@ -67,15 +67,6 @@ def test_resolved_yaml_round_trips(tmp_path):
             r"^rollout\.in_flight='keep' is not allowed.*'resume', 'restart'",
         ),
         (["rollout.in_flight=restart"], r"in_flight='restart' takes effect only with .*partial"),
-        (
-            [
-                "rollout.partial=true",
-                "rollout.max_staleness=1",
-                "rollout.engine=vllm",
-                "rollout.vllm.launch=true",
-            ],
-            r"rollout\.partial=true with rollout\.engine=vllm is not supported yet",
-        ),
         (["max_steps"], r"not of the form key=value"),
     ],
 )

@@ -22,58 +22,27 @@ from collections.abc import Sequence
 
 import torch
 
-from ardea.rollout.engine import Completion, Request, RequestHandle
 from ardea.rollout.kv_cache import merge_caches
+from ardea.rollout.request_state import RequestState
 
 
 @dataclasses.dataclass(eq=False)
-class Row:
-    """A request inside the engine: its handle, the completion so far (``tokens``,
-    ``logprobs``, ``spans``: a resumed prefix, then what earlier admissions produced), its
-    random numbers for every position (``uniforms (T,)``, None when greedy) and its stop-string
+class Row(RequestState):
+    """A request inside the in-process engine: its state (:class:`RequestState`), its random
+    numbers for every position (``uniforms (T,)``, None when greedy) and its stop-string
     state."""
 
-    handle: RequestHandle
-    uniforms: torch.Tensor | None
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    uniforms: torch.Tensor | None = None
     stop_seen: bool = False
-
-    @classmethod
-    def of(cls, handle: RequestHandle, uniforms: torch.Tensor | None) -> Row:
-        prefix = handle.request.prefix
-        if prefix is None:
-            return cls(handle, uniforms)
-        return cls(handle, uniforms, list(prefix.token_ids), list(prefix.logprobs),
-                   list(prefix.spans))  # fmt: skip
 
     def restart(self) -> None:
         """Drop what was generated since the request's own prefix (same random numbers)."""
-        fresh = Row.of(self.handle, self.uniforms)
-        self.tokens, self.logprobs, self.spans = fresh.tokens, fresh.logprobs, fresh.spans
+        self.reset()
         self.stop_seen = False
-
-    @property
-    def request(self) -> Request:
-        return self.handle.request
 
     @property
     def input_ids(self) -> list[int]:
         return list(self.request.prompt_ids) + self.tokens
-
-    def extend(self, tokens: list[int], logprobs: list[float], version: int) -> None:
-        """Append what one admission generated, under weights ``version``."""
-        if tokens and (not self.spans or self.spans[-1][1] != version):
-            self.spans.append((len(self.tokens), version))
-        self.tokens += tokens
-        self.logprobs += logprobs
-
-    def completion(self, finish: str, version: int) -> Completion:
-        """The completion so far; ``version``: the engine's, for a row with no tokens yet."""
-        spans = self.spans or [(0, version)]
-        return Completion(list(self.request.prompt_ids), list(self.tokens),
-                          list(self.logprobs), finish, spans[0][1], list(spans))  # fmt: skip
 
 
 class DecodeBatch:

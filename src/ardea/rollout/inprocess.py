@@ -277,7 +277,7 @@ class InProcessEngine(GenerationEngine):
             )
             params = request.params
             uniforms = table[i] if table is not None else row_uniforms(params, request.row_id)
-            rows.append(Row.of(RequestHandle(request), uniforms))
+            rows.append(Row(RequestHandle(request), uniforms=uniforms))
         return rows
 
     def _enqueue(self, rows: list[Row]) -> None:

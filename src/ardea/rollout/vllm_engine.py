@@ -1,15 +1,19 @@
 """``rollout.engine=vllm``: generation on vLLM OpenAI-compatible servers.
 
 Token ids in, token ids and behaviour log-probs out, over HTTP (``POST /v1/completions``
-with ``prompt`` as token ids, ``logprobs: 0`` and ``return_token_ids``): one request per
-prompt (its ``n`` samples), sent concurrently; vLLM batches them. Several servers
+with ``prompt`` as token ids, ``logprobs: 0``, ``return_token_ids`` and ``stream``): one
+streamed request per row, each on a thread of its own (:mod:`ardea.rollout.vllm_requests`:
+``submit``, ``abort``; ``generate`` submits a batch's rows and waits), vLLM batching them
+continuously. Several servers
 (``rollout.vllm.urls``, or ``rollout.vllm.servers`` launched) are a pool
 (:mod:`ardea.rollout.vllm_pool`): requests spread by load, every call of one episode on one
 server, a server that dies taken out and its requests run elsewhere with the same seed.
 Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
-min new tokens, stop ids (the model's eos ids always stop), stop strings, and the seed: a seeded call
-gives each prompt the seed ``hash(seed, row id of its first sample)``, so a rollout split
-over calls or processes samples what one call would (``SamplingParams.row_ids``).
+min new tokens, stop ids (the model's eos ids always stop), stop strings, and the seed: a
+seeded call gives each row the seed ``hash(seed, row id)``, so a rollout split over calls
+or processes samples what one call would (``SamplingParams.row_ids``); a request resumed
+after ``k`` tokens uses ``hash(seed, row id, k)`` (vLLM's random stream restarts with each
+request, so a resumed request does not sample what an uninterrupted one would).
 
 Behaviour log-probs must describe the distribution sampled from: a server is accepted only
 in ``--logprobs-mode processed_logprobs`` (after temperature and top-k/top-p, as ardea's
@@ -32,10 +36,9 @@ naming every server. A launched server that died is restarted on the current wei
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,8 @@ from ardea.rollout.engine import (
     Completion,
     EngineSpec,
     GenerationEngine,
+    Request,
+    RequestHandle,
     SamplingParams,
     Weights,
     check_next_version,
@@ -59,16 +64,11 @@ from ardea.rollout.engine import (
 )
 from ardea.rollout.vllm_extension import FOLDER, WORKER_EXTENSION
 from ardea.rollout.vllm_pool import PoolServer, ServerPool, VLLMServerDown
+from ardea.rollout.vllm_requests import Running, StreamedRequests, completion_body, stream_segment
 from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError, check_servers, log_tail
 
 PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
 WEIGHTS_FILE = "model.safetensors"
-
-
-def row_seed(seed: int, row: int) -> int:
-    """A 63-bit request seed from the call's seed and a row id (a stable hash)."""
-    digest = hashlib.sha256(f"{seed}:{row}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class VLLMEngine(GenerationEngine):
@@ -100,7 +100,9 @@ class VLLMEngine(GenerationEngine):
         self._version = version
         self._lock = threading.Lock()
         self._metrics: dict[str, float] = {}
-        self.http = httpx.Client(timeout=self.options.timeout_s)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self.http = httpx.Client(timeout=self.options.timeout_s, limits=limits)
+        self.requests = StreamedRequests(self._segment, lambda: self._version)
         self._write_model_dir()
         if self.options.launch:
             servers = self._launch(self.options.servers)
@@ -137,33 +139,46 @@ class VLLMEngine(GenerationEngine):
         """The servers' base URLs, in pool order (a restarted server has a new one)."""
         return [s.url for s in self.pool.servers]
 
+    @property
+    def in_flight(self) -> str:
+        return self.requests.in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: str) -> None:
+        self.requests.in_flight = value
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Stream ``request`` on the server of its row id (module docstring)."""
+        prefix = [] if request.prefix is None else list(request.prefix.token_ids)
+        self._check(
+            [list(request.prompt_ids) + prefix], request.params.max_new_tokens - len(prefix)
+        )
+        return self.requests.submit(request, request.row_id)
+
+    def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
+        return self.requests.abort(handles)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """``len(prompts) * params.n`` completions, prompt-major (module docstring)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        vocab = int(self.spec.model_config.vocab_size)
-        check_prompts(prompts, vocab_size=vocab, max_new_tokens=params.max_new_tokens,
-                      max_positions=self._max_context)  # fmt: skip
-        if not prompts:
-            return []
+        self._check(prompts, params.max_new_tokens)
         rows = params.rows(len(prompts) * params.n)
         # a call that names its rows keeps each on one server (an episode's calls share one)
-        keys = [rows[i * params.n] if params.row_ids is not None else None for i in range(len(prompts))]  # fmt: skip
-        with self._lock:
-            version = self._version
-            bodies = [self._body(p, params, rows[i * params.n]) for i, p in enumerate(prompts)]
-            replies = self._complete_all(bodies, keys)
-        out = []
-        for prompt, reply in zip(prompts, replies):
-            choices = sorted(reply["choices"], key=lambda c: c["index"])
-            out += [self._completion(prompt, c, version) for c in choices]
-        return out
+        named = params.row_ids is not None
+        handles = [
+            self.requests.submit(
+                Request(list(prompts[i // params.n]), params, row), row if named else None
+            )
+            for i, row in enumerate(rows)
+        ]
+        return [h.result() for h in handles]
 
     def update_weights(self, weights: Weights, version: int) -> None:
         """Write ``weights`` (a state dict or a directory of safetensors) into the servers'
         weights directory, have every server reload them, then publish ``version`` (module
         docstring)."""
-        with self._lock:
+        with self._lock, self.requests.paused():
             check_next_version(version, self._version)
             tensors = load_weights(weights)
             self._adopt(tensors)
@@ -176,39 +191,28 @@ class VLLMEngine(GenerationEngine):
             self._version = version
 
     def close(self) -> None:
+        self.requests.close()
         for server in self.pool.servers:
             if server.launched is not None:
                 server.launched.stop()
         self.http.close()
 
     # ------------------------------------------------------------ requests
-    def _body(self, prompt: list[int], params: SamplingParams, first_row: int) -> dict[str, Any]:
-        body = {
-            "model": "ardea",
-            "prompt": list(prompt),
-            "n": params.n,
-            "max_tokens": params.max_new_tokens,
-            "min_tokens": params.min_new_tokens,
-            "temperature": float(params.temperature),
-            "top_p": float(params.top_p),
-            "top_k": int(params.top_k) if params.top_k else -1,
-            "stop_token_ids": sorted(set(self.stop_token_ids) | set(params.stop_token_ids)),
-            "stop": list(params.stop),  # the tokens through the one completing it are kept
-            "include_stop_str_in_output": True,
-            "logprobs": 0,
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if params.seed is not None:
-            body["seed"] = row_seed(params.seed, first_row)
-        return body
+    def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        vocab = int(self.spec.model_config.vocab_size)
+        check_prompts(prompts, vocab_size=vocab, max_new_tokens=max_new_tokens,
+                      max_positions=self._max_context)  # fmt: skip
 
-    def _complete_all(
-        self, bodies: list[dict[str, Any]], keys: list[int | None]
-    ) -> list[dict[str, Any]]:
-        """Every request at once, routed by the pool; vLLM batches them."""
-        with ThreadPoolExecutor(max_workers=min(len(bodies), 64)) as threads:
-            return list(threads.map(self.pool.complete, bodies, keys))
+    def _segment(self, run: Running, version: int) -> str | None:
+        """Stream one segment of ``run`` on its server (:mod:`ardea.rollout.vllm_requests`)."""
+        request = run.request
+        prompt = list(request.prompt_ids) + run.tokens
+        body = completion_body(
+            prompt, request.params, request.row_id, self.stop_token_ids, len(run.tokens)
+        )
+        return self.pool.stream(
+            run.key, lambda url: stream_segment(self.http, url, body, run, version, self._log(url))
+        )
 
     def _completion(self, prompt: list[int], choice: dict[str, Any], version: int) -> Completion:
         ids = [int(t) for t in choice["token_ids"]]
@@ -343,7 +347,8 @@ class VLLMEngine(GenerationEngine):
         if tolerance <= 0:
             return
         prompt = list(self.spec.tokenizer("1+1=", add_special_tokens=False)["input_ids"])
-        body = self._body(prompt, SamplingParams(temperature=0.0, max_new_tokens=PROBE_TOKENS), 0)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=PROBE_TOKENS)
+        body = completion_body(prompt, greedy, 0, self.stop_token_ids)
         worst = 0.0
         for url in [server.url for server in self.pool.live]:
             reply = self._request(url, "/v1/completions", body, "the sync probe")

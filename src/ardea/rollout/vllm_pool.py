@@ -1,7 +1,7 @@
 """A pool of vLLM servers: requests spread by load, the calls of one episode on one server,
 a server that dies taken out and its requests run elsewhere.
 
-**Routing** (:meth:`ServerPool.complete`). A request may carry an affinity key: the engine
+**Routing** (:meth:`ServerPool.stream`). A request may carry an affinity key: the engine
 gives the row id of its first sample when the call names its rows
 (:attr:`~ardea.rollout.SamplingParams.row_ids`), and every call of an agent episode or a
 workflow episode carries its episode's row id. The first request of a key goes to the live
@@ -12,8 +12,9 @@ change (:meth:`ServerPool.forget`: a reload empties every prefix cache anyway).
 
 **Failures.** A server that does not answer (refused or dropped connection, or no answer
 within ``rollout.vllm.timeout_s``) is taken out of the pool, its keys are forgotten, and the
-request runs again on another live server with the same body: the same seed, so the same
-tokens where the servers hold the same weights. When no server is left, servers the pool
+request goes on on another live server from the tokens it has (a request with none yet runs
+again with the same body: the same seed, so the same tokens where the servers hold the same
+weights). When no server is left, servers the pool
 launched are restarted on the current weights (up to ``rollout.vllm.max_restarts`` each);
 otherwise the call fails naming every server. At each weight update the engine restarts the
 launched servers that died (before the reload, so they load the new weights); a server the
@@ -93,26 +94,29 @@ class ServerPool:
         return [s for s in self.servers if s.up]
 
     # ------------------------------------------------------------------ requests
-    def complete(self, body: dict[str, Any], key: int | None) -> dict[str, Any]:
-        """``POST /v1/completions`` with ``body`` on the key's server (module docstring),
-        again on another server while the chosen one does not answer."""
-        while True:
-            server = self._take(key)
-            url = server.url
-            try:
-                reply = self.request(url, "/v1/completions", body, "a generation")
-            except VLLMServerDown as error:
-                self.take_out(server, url, error)
-                with self._lock:
-                    self.retried += 1
-                continue
-            finally:
-                with self._lock:
-                    server.in_flight -= 1
+    def stream(
+        self, key: int | None, segment: Callable[[str], tuple[str | None, int]]
+    ) -> str | None:
+        """One segment of a request on the key's server (module docstring):
+        ``segment(url)`` streams it and returns its finish reason (None: stopped) and the
+        tokens it generated. A server that does not answer is taken out and None returned,
+        so the request's next segment goes on from its tokens so far on another server."""
+        server = self._take(key)
+        url = server.url
+        try:
+            finish, tokens = segment(url)
+        except VLLMServerDown as error:
+            self.take_out(server, url, error)
             with self._lock:
-                server.requests += 1
-                server.tokens += sum(len(c.get("token_ids") or ()) for c in reply["choices"])
-            return reply
+                self.retried += 1
+            return None
+        finally:
+            with self._lock:
+                server.in_flight -= 1
+        with self._lock:
+            server.requests += 1
+            server.tokens += tokens
+        return finish
 
     def _take(self, key: int | None) -> PoolServer:
         """The server for ``key``, one more request in flight on it; restarts launched

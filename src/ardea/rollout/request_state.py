@@ -1,0 +1,48 @@
+"""What an engine keeps of a request while it serves it: the completion so far (a resumed
+prefix, then what each stretch of decoding under one policy version added), so that it can
+be handed out when the request ends or is aborted, and go on under new weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ardea.rollout.engine import Completion, Request, RequestHandle
+
+
+@dataclasses.dataclass(eq=False)
+class RequestState:
+    """A request being served: its ``handle`` and the completion so far (``tokens``,
+    ``logprobs``, ``spans``)."""
+
+    handle: RequestHandle
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.reset()
+
+    @property
+    def request(self) -> Request:
+        return self.handle.request
+
+    def reset(self) -> None:
+        """Back to the request's own prefix (none: nothing)."""
+        prefix = self.request.prefix
+        self.tokens = [] if prefix is None else list(prefix.token_ids)
+        self.logprobs = [] if prefix is None else list(prefix.logprobs)
+        self.spans = [] if prefix is None else list(prefix.spans)
+
+    def extend(self, tokens: list[int], logprobs: list[float], version: int) -> None:
+        """Append tokens generated under weights ``version`` (a new span when it changed)."""
+        if tokens and (not self.spans or self.spans[-1][1] != version):
+            self.spans.append((len(self.tokens), version))
+        self.tokens += tokens
+        self.logprobs += logprobs
+
+    def completion(self, finish: str, version: int) -> Completion:
+        """The completion so far; ``version``: the engine's, for a request with no tokens."""
+        spans = self.spans or [(0, version)]
+        return Completion(list(self.request.prompt_ids), list(self.tokens),
+                          list(self.logprobs), finish, spans[0][1], list(spans))  # fmt: skip

@@ -1,0 +1,242 @@
+"""Requests on vLLM servers: each one streamed (``"stream": true``) on a thread of its own,
+its tokens and log-probs kept as they arrive, so it can be stopped at any token and go on
+from there (:class:`StreamedRequests`, the request side of
+:class:`~ardea.rollout.vllm_engine.VLLMEngine`).
+
+A request runs as one or more *segments*: a streamed ``/v1/completions`` call whose prompt
+is the request's prompt followed by its tokens so far and whose ``max_tokens`` is what is
+left. A segment ends when the server says so (stop or length: the request is done), when
+the request is aborted (the stream is closed, which makes vLLM drop it: the request is done
+with finish reason "abort"), when its server fails (the next segment goes to another server
+from the tokens so far) or when the engine pauses every request for a weight update
+(:meth:`StreamedRequests.paused`): the next segment starts once the new weights are loaded,
+under the new version, so each token keeps the version that produced it
+(``Completion.spans``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ardea.rollout.engine import Completion, Request, RequestHandle, SamplingParams
+from ardea.rollout.request_state import RequestState
+from ardea.rollout.vllm_pool import VLLMServerDown
+from ardea.rollout.vllm_server import VLLMServerError
+
+
+@dataclass(eq=False)
+class Running(RequestState):
+    """A request being served (:class:`RequestState`): its affinity ``key``, whether a
+    segment is being streamed (and its open response, to close it), and why it should
+    stop."""
+
+    key: int | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    streaming: bool = False
+    aborted: bool = False
+    response: Any = None
+
+    def close(self) -> None:
+        """Stop the segment being streamed (closing its response ends it at once)."""
+        self.stop.set()
+        response = self.response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.close()
+
+
+Stream = Callable[[Running, int], "str | None"]
+"""``stream(run, version)``: one segment of ``run`` (module docstring), appending its
+tokens under ``version``; the finish reason, or None when the segment was stopped."""
+
+
+class StreamedRequests:
+    """The running requests of one engine (module docstring).
+
+    Args:
+        stream: serves one segment (:data:`Stream`).
+        version: the engine's current policy version.
+    """
+
+    def __init__(self, stream: Stream, version: Callable[[], int]) -> None:
+        self.stream = stream
+        self.version = version
+        self._cond = threading.Condition()
+        self._running: set[Running] = set()
+        self._paused = False
+        self.in_flight = "resume"
+
+    def submit(self, request: Request, key: int | None) -> RequestHandle:
+        """Start ``request`` on a thread of its own (``key``: its affinity key)."""
+        run = Running(RequestHandle(request), key=key)
+        with self._cond:
+            self._running.add(run)
+        threading.Thread(target=self._serve, args=(run,), name="ardea-vllm", daemon=True).start()
+        return run.handle
+
+    def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
+        """Stop the requests of ``handles``; per handle its completion (module docstring)."""
+        wanted = {id(h) for h in handles}
+        with self._cond:
+            for run in self._running:
+                if id(run.handle) in wanted:
+                    run.aborted = True
+                    run.close()
+            self._cond.notify_all()
+        return [h.result() for h in handles]
+
+    def progress(self, handle: RequestHandle) -> int:
+        """The tokens the request of ``handle`` has so far (0 once it is done)."""
+        with self._cond:
+            return next((len(r.tokens) for r in self._running if r.handle is handle), 0)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Every running request stopped between two tokens while the block runs (a weight
+        update); they go on after it, from their tokens so far (``in_flight`` "resume") or
+        from their prompts ("restart")."""
+        with self._cond:
+            self._paused = True
+            for run in self._running:
+                run.close()
+            while any(run.streaming for run in self._running):
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused = False
+                for run in self._running:
+                    if self.in_flight == "restart":
+                        run.reset()
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop every request (they fail)."""
+        with self._cond:
+            for run in self._running:
+                run.aborted = True
+                run.close()
+            self._cond.notify_all()
+
+    def _serve(self, run: Running) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while self._paused and not run.aborted:
+                        self._cond.wait()
+                    if run.aborted:
+                        run.handle.finish(run.completion("abort", self.version()))
+                        return
+                    run.stop.clear()
+                    run.streaming = True
+                    version = self.version()
+                try:
+                    finish = self.stream(run, version)
+                finally:
+                    with self._cond:
+                        run.streaming, run.response = False, None
+                        self._cond.notify_all()
+                if finish is not None:
+                    run.handle.finish(run.completion(finish, version))
+                    return
+        except BaseException as error:  # noqa: BLE001 - the request's caller raises it
+            run.handle.finish(None, error)
+        finally:
+            with self._cond:
+                self._running.discard(run)
+                self._cond.notify_all()
+
+
+def row_seed(seed: int, row: int, offset: int = 0) -> int:
+    """A 63-bit request seed from the call's seed, a row id and, for a resumed request, the
+    tokens it already has (a stable hash)."""
+    text = f"{seed}:{row}" if offset == 0 else f"{seed}:{row}:{offset}"
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def completion_body(
+    prompt: list[int], params: SamplingParams, row: int, stop_ids: list[int], done: int = 0
+) -> dict[str, Any]:
+    """The ``/v1/completions`` body of one row (``stop_ids``: the engine's eos ids);
+    ``done``: the tokens it already has (a resumed request)."""
+    body = {
+        "model": "ardea",
+        "prompt": list(prompt),
+        "max_tokens": params.max_new_tokens - done,
+        "min_tokens": max(0, params.min_new_tokens - done),
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k) if params.top_k else -1,
+        "stop_token_ids": sorted(set(stop_ids) | set(params.stop_token_ids)),
+        "stop": list(params.stop),  # the tokens through the one completing it are kept
+        "include_stop_str_in_output": True,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if params.seed is not None:
+        body["seed"] = row_seed(params.seed, row, done)
+    return body
+
+
+def stream_segment(
+    http: httpx.Client, url: str, body: dict[str, Any], run: Running, version: int, log: str
+) -> tuple[str | None, int]:
+    """Stream ``body`` from ``url`` into ``run`` (its tokens under ``version``): the finish
+    reason (None when stopped) and the tokens received; ``log``: the end of the server's
+    log for errors. A server that fails or stalls raises :class:`VLLMServerDown`."""
+    received, finish = 0, None
+    try:
+        with http.stream(
+            "POST", url + "/v1/completions", json={**body, "stream": True}
+        ) as response:
+            run.response = response
+            if response.status_code != 200:
+                response.read()
+                raise VLLMServerError(
+                    f"the vLLM server {url} answered a generation with HTTP "
+                    f"{response.status_code}: {response.text[:500]}{log}"
+                )
+            for line in response.iter_lines():
+                if run.stop.is_set():
+                    return None, received
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choice = json.loads(line[6:])["choices"][0]
+                ids = [int(t) for t in choice.get("token_ids") or ()]
+                logprobs = [
+                    float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or ()
+                ]
+                if len(logprobs) != len(ids):
+                    raise VLLMServerError(
+                        f"a vLLM server returned {len(ids)} tokens but {len(logprobs)} log-probs"
+                    )
+                run.extend(ids, logprobs, version)
+                received += len(ids)
+                finish = choice.get("finish_reason") or finish
+    except (httpx.HTTPError, httpx.StreamError) as error:
+        if run.stop.is_set():  # the stream was closed to stop it
+            return None, received
+        if isinstance(error, httpx.TimeoutException):
+            raise VLLMServerDown(
+                f"the vLLM server {url} did not answer a generation within "
+                f"{http.timeout.read:.0f} s (rollout.vllm.timeout_s){log}"
+            ) from None
+        raise VLLMServerDown(f"the vLLM server {url} failed a generation: {error}{log}") from None
+    if run.stop.is_set() and finish is None:
+        return None, received
+    if finish is None:
+        raise VLLMServerDown(
+            f"the vLLM server {url} ended a generation without a finish reason{log}"
+        )
+    return ("stop" if finish == "stop" else "length"), received
