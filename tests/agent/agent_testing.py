@@ -165,3 +165,19 @@ def interface_engine(spec: EngineSpec, *, module=None, version: int = 0) -> Inte
     """``rollout.engine=tests.agent.agent_testing.interface_engine``: ignores the live
     module, as an engine on another machine must."""
     return InterfaceEngine(spec, version)
+
+
+class UpdatingEnv(TurnsEnv):
+    """:class:`TurnsEnv` that calls ``UPDATE()`` (set by a test) after the first reply of an
+    episode: a weight update landing between two turns of one episode."""
+
+    UPDATE = None
+
+    def step(self, reply):
+        if self.left == int(self.row_turns) and UpdatingEnv.UPDATE is not None:
+            UpdatingEnv.UPDATE()
+        return super().step(reply)
+
+    def reset(self, row):
+        self.row_turns = int(row["turns"])
+        return super().reset(row)

@@ -98,3 +98,21 @@ def test_the_default_recipe_runs_under_torchrun_unchanged(tmp_path):
     assert results["sft"]["steps"] == results["rl"]["steps"] == 3
     rl = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").open()]
     assert any("rollout/groups_kept" in r for r in rl)  # dynamic sampling ran
+
+
+def test_partial_rollouts_run_under_torchrun(tmp_path):
+    """rollout.partial under ``torchrun --nproc-per-node 2``: rank 0's worker loads each
+    published version at once and the ranks train on its rollouts; where an update lands is
+    timing-dependent (so not compared with one process), every token lags by at most η."""
+    ardea = str(Path(sys.executable).parent / "ardea")
+    overrides = ["configs/online_grpo.yaml", "model.hidden_size=32", "model.num_layers=1",
+                 "model.intermediate_size=64", "rollout.max_staleness=1", "rollout.partial=true",
+                 "rollout.max_new_tokens=32", "rollout.min_new_tokens=32", "trainer.max_steps=4",
+                 "trainer.batch_size=8", "rollout.group_size=4", "trainer.eval_every=0",
+                 "trainer.save_every=0", "trainer.num_threads=1", "logging.progress=false",
+                 "logging.log_every=1", f"trainer.output_dir={tmp_path}"]  # fmt: skip
+    run(torchrun(ardea, "train", *overrides), timeout=600)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    rollouts = [r for r in records if "rollout/staleness" in r]
+    assert len(rollouts) == 4 and {r["rollout/staleness"] for r in rollouts} <= {0.0, 1.0}
+    assert all(0.0 <= r["rollout/resumed_fraction"] <= 1.0 for r in rollouts)

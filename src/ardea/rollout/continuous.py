@@ -103,6 +103,7 @@ class Decoder:
         self.pad, self.cache_kwarg, self.keep_last = pad_token_id, cache_kwarg, keep_last
         self.tokenizer = tokenizer
         self.watches: dict[Kind, StopWatch] = {}
+        self.stops: dict[Kind, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def device(self) -> torch.device:
@@ -142,11 +143,9 @@ class Decoder:
         """One decode step of ``batch``; the rows that ended with it and their finish reason
         (their outputs folded into them)."""
         logits = batch.logits
-        stop_ids = torch.tensor(kind.stop_ids, dtype=torch.long, device=logits.device)
-        early = batch.count < batch.min_new  # (N,) rows whose stop tokens are suppressed
+        stop_ids, stop_cols = self._stops(kind, logits)
         if batch.has_min_new and len(kind.stop_ids):
-            stop_cols = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            stop_cols[stop_ids] = True
+            early = batch.count < batch.min_new  # (N,) rows whose stop tokens are suppressed
             logits = logits.masked_fill(early[:, None] & stop_cols, float("-inf"))
         tok, lp = next_tokens(
             logits, temperature=kind.temperature, top_k=kind.top_k, top_p=kind.top_p,
@@ -181,6 +180,15 @@ class Decoder:
             batch.logits = self.forward(feed[:, None], mask, batch.positions[:, None], batch.cache)
         batch.advance()
         return done
+
+    def _stops(self, kind: Kind, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kind``'s stop ids (K,) and their (V,) column mask, made once per kind."""
+        if kind not in self.stops:
+            ids = torch.tensor(kind.stop_ids, dtype=torch.long, device=logits.device)
+            cols = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            cols[ids] = True
+            self.stops[kind] = (ids, cols)
+        return self.stops[kind]
 
     def forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """One cached forward of input_ids (N, S); returns the last position's logits (N, V)."""

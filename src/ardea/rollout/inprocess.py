@@ -5,11 +5,12 @@ Notation: ``N`` rows being decoded (prompts × n samples), ``T`` ``max_new_token
 vocabulary.
 
 Requests (:meth:`InProcessEngine.submit`, one row each; :meth:`~InProcessEngine.generate`
-submits a batch's rows at once and waits for them) wait in a queue; one scheduler thread
-serves them. Before every decode step it lets waiting rows join (up to ``max_batch_size``
-rows per kind of sampling, :class:`~ardea.rollout.continuous.Kind`): they are prefilled
-together and their KV cache merged into the running rows' (:mod:`ardea.rollout.decode_batch`),
-then every running row samples one token. A row that ends (stop token, stop string,
+submits a batch's rows at once and waits for them) wait in a queue and are decoded one step
+at a time (:mod:`ardea.rollout.step_loop`: by a scheduler thread, or by a batch call in its
+own thread). Before every decode step waiting rows join (up to ``max_batch_size`` rows per
+kind of sampling, :class:`~ardea.rollout.continuous.Kind`): they are prefilled together and
+their KV cache merged into the running rows' (:mod:`ardea.rollout.decode_batch`), then every
+running row samples one token. A row that ends (stop token, stop string,
 ``max_new_tokens``) leaves at once and its handle is done, so a long completion holds back no
 other request. The model's layers must allow merging caches (the preallocated layers of
 :mod:`ardea.rollout.kv_cache`); otherwise rows join only a kind with nothing running.
@@ -44,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,8 +78,7 @@ from ardea.rollout.engine import (
 )
 from ardea.rollout.fast_decode import fast_decoder
 from ardea.rollout.kv_cache import can_merge
-
-IDLE_S = 30.0  # an idle scheduler thread ends after this long (the next request starts one)
+from ardea.rollout.step_loop import StepLoop
 
 
 class InProcessEngine(GenerationEngine):
@@ -145,13 +144,8 @@ class InProcessEngine(GenerationEngine):
         )  # fmt: skip
         self._modules = list(model.modules())
         self._merge_ok: bool | None = None  # learnt from the first cache built
-        self._cond = threading.Condition()
-        self._waiting: list[Row] = []
         self._batches: dict[Kind, DecodeBatch] = {}
-        self._thread: threading.Thread | None = None
-        self._stepping = False
-        self._exclusive = 0  # update_weights / abort calls waiting for the step to end
-        self._closed = False
+        self._loop = StepLoop(self._take, self._iterate, lambda: bool(self._batches), self._fail)
         self.resumed_requests = 0  # requests a weight update stopped and resumed
 
     @property
@@ -171,7 +165,7 @@ class InProcessEngine(GenerationEngine):
     def submit(self, request: Request) -> RequestHandle:
         """Queue ``request`` (module docstring); its handle is done when it ends."""
         rows = self._rows([request], None)
-        self._enqueue(rows)
+        self._loop.enqueue(rows)
         return rows[0].handle
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -192,7 +186,8 @@ class InProcessEngine(GenerationEngine):
         order = list(range(len(rows)))
         if self.max_batch_size is not None and self.max_batch_size < len(rows):
             order.sort(key=lambda r: len(inputs[r]))  # similar lengths join together
-        self._enqueue([rows[r] for r in order])
+        self._loop.enqueue([rows[r] for r in order], drive=True)
+        self._loop.drive([row.handle for row in rows])
         completions = [row.handle.result() for row in rows]
         count_generation(self._model, prompts, inputs, [len(c.token_ids) for c in completions])
         return completions
@@ -200,10 +195,10 @@ class InProcessEngine(GenerationEngine):
     def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
         """Stop the requests of ``handles`` before the next decode step; per handle its
         finished completion, or the tokens so far (``finish_reason`` "abort")."""
-        with self._exclusively():
+        with self._loop.exclusively():
             wanted = {id(h) for h in handles if not h.done()}
-            stopped = [r for r in self._waiting if id(r.handle) in wanted]
-            self._waiting = [r for r in self._waiting if id(r.handle) not in wanted]
+            stopped = [r for r in self._loop.waiting if id(r.handle) in wanted]
+            self._loop.waiting = [r for r in self._loop.waiting if id(r.handle) not in wanted]
             for kind, batch in list(self._batches.items()):
                 batch.fold()
                 keep = [
@@ -227,7 +222,7 @@ class InProcessEngine(GenerationEngine):
         the trainer's module) is not copied, so publishing costs only the check.
         """
         named_tensors = load_weights(weights)
-        with self._exclusively():
+        with self._loop.exclusively():
             check_next_version(version, self._version)
             own = self._model.state_dict()
             check_state_dict(own, named_tensors)
@@ -241,7 +236,9 @@ class InProcessEngine(GenerationEngine):
                 for row in running:
                     row.restart()
             self._batches.clear()
-            self._waiting = running + self._waiting  # they join first, under the new weights
+            self._loop.waiting = (
+                running + self._loop.waiting
+            )  # they join first, under the new weights
             self.resumed_requests += len(running)
             with torch.no_grad():
                 for name, tensor in named_tensors.items():
@@ -253,11 +250,10 @@ class InProcessEngine(GenerationEngine):
 
     def close(self) -> None:
         """Stop the scheduler; requests not done fail."""
-        with self._exclusively():
-            self._closed = True
-            rows = self._waiting + [r for b in self._batches.values() for r in b.rows]
-            self._waiting, self._batches = [], {}
-            self._cond.notify_all()
+        with self._loop.exclusively():
+            self._loop.closed = True
+            rows = self._loop.waiting + [r for b in self._batches.values() for r in b.rows]
+            self._loop.waiting, self._batches = [], {}
         for row in rows:
             row.handle.finish(None, RuntimeError("the generation engine was closed"))
 
@@ -280,63 +276,21 @@ class InProcessEngine(GenerationEngine):
             rows.append(Row(RequestHandle(request), uniforms=uniforms))
         return rows
 
-    def _enqueue(self, rows: list[Row]) -> None:
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the generation engine was closed")
-            self._waiting += rows
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ardea-engine", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+    def _take(self, waiting: list[Row]) -> tuple[list[Row], list[Row]]:
+        return take_joining(waiting, self._batches, self.max_batch_size, self.eos_token_ids,
+                            self._merge_ok)  # fmt: skip
 
-    @contextlib.contextmanager
-    def _exclusively(self):
-        """Hold the engine between two decode steps (the scheduler waits); the batches'
-        tensors are inference tensors, changed only in inference mode."""
-        with self._cond, torch.inference_mode():
-            self._exclusive += 1
-            try:
-                while self._stepping:
-                    self._cond.wait()
-                yield
-            finally:
-                self._exclusive -= 1
-                self._cond.notify_all()
-
-    def _ready(self) -> bool:
-        return not self._closed and not self._exclusive and bool(self._waiting or self._batches)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._ready():
-                    idle = not self._cond.wait(IDLE_S) and not self._ready()
-                    if self._closed or idle and not self._exclusive:
-                        self._thread = None  # the next request starts the thread again
-                        return
-                self._stepping = True
-                joining, self._waiting = take_joining(
-                    self._waiting, self._batches, self.max_batch_size, self.eos_token_ids,
-                    self._merge_ok,
-                )  # fmt: skip
-            try:
-                self._iterate(joining)
-            except BaseException as exc:  # noqa: BLE001 - handed to every request it broke
-                rows = joining + [r for b in self._batches.values() for r in b.rows]
-                self._batches = {}
-                for row in rows:
-                    row.handle.finish(None, exc)
-            finally:
-                with self._cond:
-                    self._stepping = False
-                    self._cond.notify_all()
+    def _fail(self, joining: list[Row], error: BaseException) -> None:
+        rows = joining + [r for b in self._batches.values() for r in b.rows]
+        self._batches = {}
+        for row in rows:
+            row.handle.finish(None, error)
 
     def _iterate(self, joining: list[Row]) -> None:
         """Let ``joining`` in, then one decode step of every kind (module docstring)."""
         autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
-        flags = [m.training for m in self._modules]
-        for m in self._modules:
+        training = [m for m in self._modules if m.training]  # none for an engine's own copy
+        for m in training:
             m.training = False
         try:
             with torch.inference_mode(), autocast:
@@ -357,8 +311,8 @@ class InProcessEngine(GenerationEngine):
                     if batch.n_alive == 0:
                         del self._batches[kind]
         finally:
-            for m, training in zip(self._modules, flags):
-                m.training = training
+            for m in training:
+                m.training = True
 
     def _keep(self, kind: Kind, batch: DecodeBatch, keep: list[int]) -> None:
         """Keep only rows ``keep`` of ``kind``'s batch (none: the batch goes)."""

@@ -207,10 +207,10 @@ def stream_segment(
                     f"the vLLM server {url} answered a generation with HTTP "
                     f"{response.status_code}: {response.text[:500]}{log}"
                 )
-            for line in response.iter_lines():
+            for line in _event_lines(response):
                 if run.stop.is_set():
                     return None, received
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 choice = json.loads(line[6:])["choices"][0]
                 ids = [int(t) for t in choice.get("token_ids") or ()]
@@ -240,3 +240,15 @@ def stream_segment(
             f"the vLLM server {url} ended a generation without a finish reason{log}"
         )
     return ("stop" if finish == "stop" else "length"), received
+
+
+def _event_lines(response: httpx.Response):
+    """The stream's lines, split on b"\n" only: a token's text may hold characters that
+    text line splitting also breaks at (U+2028, U+0085, ...), which JSON leaves unescaped."""
+    pending = b""
+    for chunk in response.iter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from (line.rstrip(b"\r") for line in lines)
+    if pending:
+        yield pending
