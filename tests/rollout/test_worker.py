@@ -7,7 +7,15 @@ import pytest
 import torch
 from runner_testing import EXAMPLES, make_runner
 
-from ardea.rollout import EngineSpec, RolloutWorker, RolloutWorkerError, make_engine, own_copy
+from ardea.errors import ConfigError
+from ardea.rollout import (
+    EngineSpec,
+    GenerationEngine,
+    RolloutWorker,
+    RolloutWorkerError,
+    make_engine,
+    own_copy,
+)
 
 MODULES = weakref.WeakKeyDictionary()  # engine -> the module copy it generates with
 
@@ -154,3 +162,22 @@ def test_stopped_worker_unknown_steps_and_late_rollouts_are_errors():
         worker.result(5)
     with pytest.raises(RolloutWorkerError, match="stopped"):
         worker.submit(6, EXAMPLES)
+
+
+class BatchOnly(GenerationEngine):
+    """An engine with the batch call only (no submit / abort), as a user's own may be."""
+
+    version, max_context, stop_token_ids = 0, None, [1]
+
+    def generate(self, prompts, params):
+        raise AssertionError("never called")
+
+    def update_weights(self, weights, version):
+        raise AssertionError("never called")
+
+
+def test_partial_rollouts_need_an_engine_that_serves_requests():
+    with pytest.raises(
+        ConfigError, match=r"rollout\.partial=true needs an engine that serves requests.*BatchOnly"
+    ):
+        RolloutWorker(BatchOnly(), lambda *a: None, max_staleness=1, start_step=0, partial=True)

@@ -146,7 +146,6 @@ class InProcessEngine(GenerationEngine):
         self._merge_ok: bool | None = None  # learnt from the first cache built
         self._batches: dict[Kind, DecodeBatch] = {}
         self._loop = StepLoop(self._take, self._iterate, lambda: bool(self._batches), self._fail)
-        self.resumed_requests = 0  # requests a weight update stopped and resumed
 
     @property
     def version(self) -> int:
@@ -239,7 +238,6 @@ class InProcessEngine(GenerationEngine):
             self._loop.waiting = (
                 running + self._loop.waiting
             )  # they join first, under the new weights
-            self.resumed_requests += len(running)
             with torch.no_grad():
                 for name, tensor in named_tensors.items():
                     if own[name].data_ptr() != tensor.data_ptr():

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from ardea.errors import ArdeaError
+from ardea.errors import ArdeaError, ConfigError
 from ardea.rollout.engine import GenerationEngine
 from ardea.rollout.runner import Generation
 
@@ -109,6 +109,11 @@ class RolloutWorker:
         self._stopping = False
         self.partial = partial
         if partial:
+            if type(engine).submit is GenerationEngine.submit:
+                raise ConfigError(
+                    f"rollout.partial=true needs an engine that serves requests (submit, abort); "
+                    f"the {type(engine).__name__} engine answers whole batches only"
+                )
             engine.in_flight = in_flight
         self._job_threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name="ardea-rollouts", daemon=True)
