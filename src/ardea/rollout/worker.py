@@ -228,10 +228,12 @@ class RolloutWorker:
         waiting: list[_Job] = []
         while True:
             with self._cond:
-                while not self._stopping and not self._newer() and not self._startable(waiting):
-                    self._cond.wait(POLL_SECONDS)
+                while True:
                     waiting += self._jobs
                     self._jobs = []
+                    if self._stopping or self._newer() or self._startable(waiting):
+                        break
+                    self._cond.wait(POLL_SECONDS)
                 if self._stopping:
                     return
                 newest = self._newer()
