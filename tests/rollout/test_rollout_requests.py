@@ -113,16 +113,18 @@ def test_an_update_during_a_request_relabels_only_the_tokens_after_it():
     assert done.token_ids == expected
 
 
-def test_abort_of_waiting_finished_and_unknown_states():
-    """Abort hands back a finished request's completion unchanged and an aborted waiting
-    request's empty prefix (version of the engine)."""
+def test_abort_of_running_waiting_and_finished_requests():
+    """Abort stops queued requests before any step (no tokens, the engine's version) and
+    hands back a finished request's completion unchanged. The engine is held while the
+    requests are submitted, so no step can run before the abort (the condition is
+    reentrant, so abort may take it again)."""
     engine = engine_for(make_model("qwen2"), max_batch_size=1)
     params = SamplingParams(temperature=0, max_new_tokens=30, min_new_tokens=30)
-    running = engine.submit(Request(PROMPTS[0], params))
-    waiting = engine.submit(Request(PROMPTS[1], params))
-    a, b = engine.abort([running, waiting])
-    assert a.finish_reason == "abort" and b.finish_reason == "abort"
-    assert b.token_ids == [] or len(b.token_ids) < 30
+    with engine._loop.exclusively():
+        handles = [engine.submit(Request(p, params)) for p in PROMPTS[:2]]
+        a, b = engine.abort(handles)
+    assert a.finish_reason == b.finish_reason == "abort"
+    assert a.token_ids == b.token_ids == [] and a.spans == b.spans == [(0, 0)]
     quick = engine.submit(Request(PROMPTS[2], SamplingParams(temperature=0, max_new_tokens=3)))
     finished = quick.result(timeout=60)
     (again,) = engine.abort([quick])

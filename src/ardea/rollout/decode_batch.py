@@ -50,7 +50,8 @@ class DecodeBatch:
     count, limits, random numbers, outputs and whether it is still running, plus the shared
     KV cache and the logits of every row's next token.
 
-    Built by :meth:`start` from freshly prefilled rows and grown by :meth:`join`."""
+    Built by :meth:`ardea.rollout.continuous.Decoder.prefill` from freshly prefilled rows
+    and grown by :meth:`join`."""
 
     def __init__(self, rows: list[Row], logits, cache, length, keys, positions, version):
         self.rows, self.logits, self.cache, self.length = rows, logits, cache, length
@@ -69,8 +70,7 @@ class DecodeBatch:
             self.uniforms = torch.zeros(len(rows), width, dtype=torch.float64, device=device)
             for i, row in enumerate(rows):
                 self.uniforms[i, : len(row.uniforms)] = row.uniforms.to(device)
-        pad = 0
-        self.tokens = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # (N, T)
         self.token_logprobs = torch.zeros(len(rows), width, device=device)  # (N, T)
         self.alive = torch.ones(len(rows), dtype=torch.bool, device=device)
         self.n_alive = len(rows)

@@ -200,11 +200,11 @@ class InProcessEngine(GenerationEngine):
             self._loop.waiting = [r for r in self._loop.waiting if id(r.handle) not in wanted]
             for kind, batch in list(self._batches.items()):
                 batch.fold()
-                keep = [
-                    i for i in batch.running().tolist() if id(batch.rows[i].handle) not in wanted
-                ]
-                stopped += [batch.rows[i] for i in batch.running().tolist() if i not in keep]
-                self._keep(kind, batch, keep)
+                running = batch.running().tolist()
+                stopped += [batch.rows[i] for i in running if id(batch.rows[i].handle) in wanted]
+                self._keep(
+                    kind, batch, [i for i in running if id(batch.rows[i].handle) not in wanted]
+                )
             for row in stopped:
                 row.handle.finish(row.completion("abort", self._version))
         return [h.result() for h in handles]
