@@ -57,7 +57,7 @@ def measure(turns: int, kind: str) -> dict[str, float]:
         max_context = None
         stop_token_ids = stops
 
-    client = RecordingClient(Canned(), tokenizer, max_tokens=64, batch_window=0)
+    client = RecordingClient(Canned(), tokenizer, max_tokens=64)
     messages = [{"role": "user", "content": "Let us begin: how long is the word heron?"}]
     times = []
     for turn in range(turns):

@@ -149,20 +149,35 @@ def test_a_changed_reply_is_detected(tokenizer):
         client.chat.completions.create(messages=messages)
 
 
-def test_concurrent_calls_are_generated_in_one_engine_call(engine, tokenizer):
-    client = RecordingClient(engine, tokenizer, max_tokens=4, batch_window=0.3)
+def test_concurrent_calls_sample_what_they_sample_alone(engine, tokenizer):
+    """Four seeded calls made at once (decoded together by the engine, each joining the
+    running ones) reply the tokens each replies alone, with its recorded log-probs within
+    float32 rounding of its lone ones (a batch of one sums its matmuls in another order: the
+    1e-4 bound of test_workflows' concurrency test); each is recorded once."""
+    messages = [[{"role": "user", "content": f"guess 1-{i + 2}"}] for i in range(4)]
+    together = RecordingClient(engine, tokenizer, max_tokens=4)
     replies = {}
 
     def play(i):
-        msg = [{"role": "user", "content": f"guess 1-{i + 2}"}]
-        replies[i] = client.chat.completions.create(messages=msg)
+        replies[i] = together.chat.completions.create(messages=messages[i], seed=7)
 
     threads = [threading.Thread(target=play, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(replies) == 4 and client.engine_calls == 1
+    alone = RecordingClient(engine, tokenizer, max_tokens=4)
+    for m in messages:
+        alone.chat.completions.create(messages=m, seed=7)
+    assert len(together.interactions) == 4
+    by_prompt = {tuple(c.input_ids): c for c in together.interactions}
+    for call in alone.interactions:
+        other = by_prompt[tuple(call.input_ids)]
+        assert other.output_ids == call.output_ids
+        torch.testing.assert_close(
+            torch.tensor(other.logprobs), torch.tensor(call.logprobs), rtol=0, atol=1e-4
+        )
+    assert sorted(r.id for r in replies.values()) == sorted(c.id for c in together.interactions)
 
 
 def test_unsupported_options_are_errors(engine, tokenizer):

@@ -200,10 +200,8 @@ def test_a_stop_sequence_stops_the_engine_not_only_the_reply(engine, tokenizer):
     free = client.interactions[0].output_ids
     stop = stop_from(tokenizer, free)
     generated = []  # what the engine itself returned (the client cuts at the match anyway)
-    real = engine.generate
-    engine.generate = lambda prompts, params: [
-        generated.append(c.token_ids) or c for c in real(prompts, params)
-    ]
+    real = engine.wait
+    engine.wait = lambda handles: [generated.append(c.token_ids) or c for c in real(handles)]
     reply = client.chat.completions.create(messages=messages, stop=[stop])
     call = client.interactions[1]
     expected = cut_where(tokenizer, free, stop)

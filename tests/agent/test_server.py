@@ -17,7 +17,7 @@ from .agent_testing import recomputed_logprobs
 
 @pytest.fixture
 def served(engine, tokenizer):
-    client = RecordingClient(engine, tokenizer, max_tokens=5, batch_window=0.3)
+    client = RecordingClient(engine, tokenizer, max_tokens=5)
     with ChatServer(client) as server:
         yield client, openai.OpenAI(base_url=server.url, api_key="-", max_retries=0)
 
@@ -42,7 +42,7 @@ def test_http_conversation_is_recorded_with_exact_logprobs(served, model, tokeni
     torch.testing.assert_close(b.logprobs[b.loss_mask], reference[b.loss_mask], atol=1e-5, rtol=0)
 
 
-def test_concurrent_http_calls_share_one_engine_call(served):
+def test_concurrent_http_calls_are_each_served_and_recorded(served):
     client, api = served
     done = []
 
@@ -55,7 +55,8 @@ def test_concurrent_http_calls_share_one_engine_call(served):
         t.start()
     for t in threads:
         t.join()
-    assert len(done) == 4 and client.engine_calls == 1
+    assert len(done) == 4 and len(client.interactions) == 4
+    assert {r.id for r in done} == {c.id for c in client.interactions}
 
 
 def test_bad_requests_are_400s_naming_the_problem(served):

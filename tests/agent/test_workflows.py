@@ -62,27 +62,31 @@ def test_a_workflow_samples_what_the_environment_runner_samples(engine, tokenize
 
 def test_a_runner_builds_its_app_and_server_once(engine, tokenizer, monkeypatch):
     """Two rollout calls of one runner over HTTP: one FastAPI app (built with the runner),
-    one server (started by the first call, stopped by close), and one serving thread per
-    call however many batches it serves (none per batch)."""
-    import ardea.agent.scheduler as scheduler
+    one server (started by the first call, stopped by close), and each call's episodes
+    released to the engine turn by turn (a release per turn, at least 3 turns)."""
+    import ardea.agent.lockstep as lockstep
     import ardea.agent.workflows as workflows
 
-    apps, servers, serving = [], [], []
-    build, start, run = (
+    apps, servers, locksteps = [], [], []
+    build, start, attach = (
         workflows.build_app,
         workflows.ChatServer.start,
-        scheduler.CallScheduler._run,
+        lockstep.Lockstep.attach,
     )
     monkeypatch.setattr(workflows, "build_app", lambda *a, **k: apps.append(1) or build(*a, **k))
     monkeypatch.setattr(workflows.ChatServer, "start", lambda s: servers.append(s) or start(s))
-    monkeypatch.setattr(scheduler.CallScheduler, "_run", lambda s: serving.append(s) or run(s))
+    monkeypatch.setattr(
+        lockstep.Lockstep, "attach", lambda s, e: locksteps.append(s) or attach(s, e)
+    )
     w = runner(engine, tokenizer, "guess_number", transport="http")
     played = [w.generate(ROWS, seed_index=k) for k in (0, 1)]
     assert len(apps) == 1 and len(servers) == 1 and servers[0]._thread.is_alive()
     w.close()
     assert not servers[0]._thread.is_alive()
-    assert len(serving) == 2 and all(s.batches >= 3 for s in serving)  # a batch per turn
-    assert all(len(p.calls) > len(ROWS) * 2 for p in played)
+    assert len(locksteps) == 2
+    for p, s in zip(played, locksteps):
+        assert len(p.calls) > len(ROWS) * 2
+        assert s.releases >= max(e.turns for e in p.episodes) >= 3  # one release per turn
 
 
 def test_concurrency_changes_the_batches_not_the_samples(engine, tokenizer):

@@ -129,3 +129,56 @@ def test_abort_of_running_waiting_and_finished_requests():
     finished = quick.result(timeout=60)
     (again,) = engine.abort([quick])
     assert again == finished and finished.finish_reason in ("stop", "length")
+
+
+def test_submit_all_and_wait_sample_what_one_batch_call_does():
+    """Requests submitted together (mixed seeds and max_new_tokens) and waited for in this
+    thread: each gives the tokens and log-probs of a batch call of its own seed and length
+    at its row id; done callbacks run once each, also one added after the end."""
+    model = make_model("qwen2")
+    engine = engine_for(model)
+    a = SamplingParams(temperature=1.0, max_new_tokens=12, min_new_tokens=12, seed=3)
+    b = SamplingParams(temperature=1.0, max_new_tokens=7, min_new_tokens=7, seed=4)
+    requests = [Request(PROMPTS[i], a if i % 2 else b, row_id=i) for i in range(len(PROMPTS))]
+    handles = engine.submit_all(requests)
+    called = []
+    handles[0].add_done_callback(lambda h: called.append(h))
+    got = engine.wait(handles)
+    handles[1].add_done_callback(lambda h: called.append(h))
+    assert called == [handles[0], handles[1]]
+    reference = engine_for(model)
+    for request, completion in zip(requests, got, strict=True):
+        params = SamplingParams(**{**vars(request.params), "row_ids": [request.row_id]})
+        (expected,) = reference.generate([request.prompt_ids], params)
+        assert completion.token_ids == expected.token_ids
+        assert len(completion.token_ids) == request.params.max_new_tokens
+        assert close(completion.logprobs, expected.logprobs)
+
+
+def test_an_engine_answering_batches_only_serves_submit_all_with_its_generate():
+    """The base class's submit_all on an engine with generate only: one generate call per
+    distinct sampling options, each request at its own row id, done handles in order."""
+    from ardea.rollout import GenerationEngine
+
+    model = make_model("qwen2")
+    inner = engine_for(model)
+    calls = []
+
+    class BatchOnly(GenerationEngine):
+        version, max_context, stop_token_ids = 0, None, [EOS]
+
+        def generate(self, prompts, params):
+            calls.append(list(params.row_ids))
+            return inner.generate(prompts, params)
+
+        def update_weights(self, weights, version):
+            raise NotImplementedError
+
+    a = SamplingParams(temperature=1.0, max_new_tokens=6, seed=5)
+    b = SamplingParams(temperature=1.0, max_new_tokens=6, seed=6)
+    requests = [Request(PROMPTS[0], a, 2), Request(PROMPTS[1], b, 0), Request(PROMPTS[2], a, 7)]
+    handles = BatchOnly().submit_all(requests)
+    assert all(h.done() for h in handles) and calls == [[2, 7], [0]]
+    for request, handle in zip(requests, handles):
+        expected = inner.wait(inner.submit_all([request]))[0]
+        assert handle.result().token_ids == expected.token_ids

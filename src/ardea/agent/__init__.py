@@ -2,8 +2,8 @@
 recording client and the episode runner (``interaction`` for calls and their export into
 trajectories, ``conversation`` for appending a call to its parent's tokens, ``tools`` for
 tool calls, ``env`` for the environment protocol and registry, ``builtin_envs`` for
-``guess_number`` and ``calculator``, ``reply`` for a reply parsed once, ``scheduler`` and
-``lockstep`` for when waiting calls go to the engine, ``client`` and ``server`` for the
+``guess_number`` and ``calculator``, ``reply`` for a reply parsed once, ``calls`` and
+``lockstep`` for how and when calls go to the engine, ``client`` and ``server`` for the
 chat-completions interface in process and over HTTP, ``episodes`` for G episodes per
 environment row, ``workflows`` for the user's own agent code).
 

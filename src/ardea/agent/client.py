@@ -39,17 +39,19 @@ parts other than text and unknown options are errors naming them. A reply that w
 delivered (the HTTP client went away or retried) is marked an orphan
 (:meth:`RecordingClient.mark_orphan`): not continued, not exported, counted.
 
-Batching. Calls wait in the client's :class:`~ardea.agent.scheduler.CallScheduler`. By
-default its policy is a time window: calls made concurrently (threads, the HTTP server's
-worker threads) are generated together: the first waits ``batch_window`` seconds for
-others, then every waiting call with the same sampling options goes to the engine in one
-``generate``; calls arriving meanwhile form the next batch. While agent workflows run, the
-policy is their :class:`~ardea.agent.lockstep.Lockstep`.
+Batching is the engine's: a call is submitted as soon as it is tokenised
+(:mod:`ardea.agent.calls`), and calls made concurrently (threads, the HTTP server's worker
+threads) are decoded together, each joining the others at the engine's next decode step
+(an in-process engine decodes in the waiting callers' threads). Calls are recorded in the
+order they were submitted. While agent workflows run, their calls enter the engine in
+lockstep instead (:class:`~ardea.agent.lockstep.Lockstep`).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import threading
 import uuid
 from types import SimpleNamespace
@@ -57,6 +59,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
+from ardea.agent.calls import EngineRequest, submit_calls, wait_calls
 from ardea.agent.chat_reply import chat_completion, recorded_reply
 from ardea.agent.conversation import ChatTemplate, normalize
 from ardea.agent.interaction import (
@@ -67,10 +70,9 @@ from ardea.agent.interaction import (
 )
 from ardea.agent.lineage import Lineage
 from ardea.agent.request_checks import RequestError, check_chat_request, fail
-from ardea.agent.scheduler import CallScheduler, EngineRequest, TimeWindow, generate_together
 from ardea.agent.streaming import ChunkStream, check_stream_options, completion_chunks
 from ardea.agent.tool_parsers import make_tool_parser
-from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
+from ardea.rollout.engine import GenerationEngine, SamplingParams
 
 PARENT_KEY = "parent_id"  # metadata={"parent_id": <completion id>}: the call this one continues
 
@@ -85,7 +87,7 @@ class ContextLengthError(RequestError):
 @dataclasses.dataclass(eq=False, kw_only=True)
 class ChatRequest(EngineRequest):
     """One chat-completions request after checking (module docstring): an
-    :class:`~ardea.agent.scheduler.EngineRequest` (input ids, sampling options, ``n``, row
+    :class:`~ardea.agent.calls.EngineRequest` (input ids, sampling options, ``n``, row
     id, episode) with what the reply and the record need."""
 
     messages: list[dict[str, Any]]
@@ -116,7 +118,6 @@ class RecordingClient:
         temperature: default temperature.
         history: ``error``, ``new_trajectory`` or ``keep_tokens`` (what a request whose
             history was rewritten does: :mod:`ardea.agent.lineage`).
-        batch_window: seconds a concurrent call waits for others to join its batch.
         tool_parser: the model family's tool-call format (:mod:`ardea.agent.tool_parsers`:
             ``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v3``, ``auto`` or a dotted
             path).
@@ -130,7 +131,6 @@ class RecordingClient:
         max_tokens: int = 64,
         temperature: float = 1.0,
         history: str = "error",
-        batch_window: float = 0.005,
         tool_parser: str = "hermes",
     ) -> None:
         if history not in HISTORY_POLICIES:
@@ -148,20 +148,30 @@ class RecordingClient:
         self._by_id: dict[str, Interaction] = {}
         self._choices: dict[str, int] = {}  # completion id → its number of choices
         self._lock = threading.Lock()
-        self.scheduler = CallScheduler(self.serve_batch, TimeWindow(batch_window))
+        self._submitted = itertools.count()  # the order of calls submitted (and recorded)
+        self._submit_lock = threading.Lock()
+        self._recorded_order: list[tuple[tuple[int, ...], int]] = []  # per interaction
         self._longest_token: int | None = None
-        self.engine_calls = 0
         self.tool_choice_unmet = 0  # replies without the call tool_choice required
         self.rewritten_turns_kept = 0  # requests that replaced a reply (keep_tokens kept it)
         self.lockstep = None  # its policy while agent workflows run (:mod:`ardea.agent.lockstep`)
 
     # ------------------------------------------------------------------ the API
     def create(self, **options: Any) -> ChatCompletion | ChunkStream:
-        """``chat.completions.create``: serve one request (batched with concurrent ones);
+        """``chat.completions.create``: serve one request (decoded with concurrent ones);
         with ``stream=True`` the completion comes as chunks (:mod:`ardea.agent.streaming`)."""
         request = self.request(**options)
-        self.prepare(request)  # tokenised here, in the caller's thread: not in the batch
-        self.scheduler.wait(request)
+        self.prepare(request)  # tokenised here, in the caller's thread
+        with self._submit_lock:  # the order of submission is the order of the record
+            request.order = (next(self._submitted),)
+            submit_calls(self.engine, [request])
+        wait_calls(self.engine, [request])
+        return self.serve(request)
+
+    def serve(self, request: ChatRequest) -> ChatCompletion | ChunkStream:
+        """Record a request whose completions (or error) are in, and return its result."""
+        error = request.error
+        request.result = error if error is not None else self._record(request)
         return self.result(request)
 
     def result(self, request: ChatRequest) -> ChatCompletion | ChunkStream:
@@ -302,19 +312,12 @@ class RecordingClient:
                 self._lineages[episode] = Lineage(self.template, self.history)
             return self._lineages[episode]
 
-    def serve_batch(self, batch: list[ChatRequest]) -> None:
-        """Serve prepared requests (the scheduler calls this with each batch): generated
-        together (:func:`~ardea.agent.scheduler.generate_together`), then recorded in the
-        batch's order; each request's ``result`` is its completion or error."""
-        self.engine_calls += generate_together(self.engine, batch)
-        for r in batch:
-            r.result = r.error if r.error is not None else self._record(r, r.completions)
-
-    def _record(self, r: ChatRequest, completions: list[Completion]) -> ChatCompletion:
-        """Record each choice as a call; the completion returned to the client."""
+    def _record(self, r: ChatRequest) -> ChatCompletion:
+        """Record each choice as a call (at the request's ``order`` among the recorded
+        ones); the completion returned to the client."""
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         choices = []
-        for k, c in enumerate(completions):
+        for k, c in enumerate(r.completions):
             recorded = recorded_reply(self.template, c, r, self.tool_parser)
             kept = recorded.completion
             call = Interaction(
@@ -326,7 +329,9 @@ class RecordingClient:
                 rendered=r.rendered, rewritten=r.rewritten,
             )  # fmt: skip
             with self._lock:
-                self.interactions.append(call)
+                at = bisect.bisect_right(self._recorded_order, (r.order, k))
+                self._recorded_order.insert(at, (r.order, k))
+                self.interactions.insert(at, call)
                 self._by_id[call.id] = call
                 self.tool_choice_unmet += recorded.unmet
             self.lineage(r.episode).add(call)

@@ -4,12 +4,11 @@
 
 - :meth:`EpisodeRunner.generate`: every episode of the call starts (``env.reset(row)``)
   a :class:`~ardea.agent.conversation.Conversation`; then, turn after turn, **all episodes
-  waiting for the model are generated together**: each sends its next call to the call
-  scheduler (:mod:`ardea.agent.scheduler`) under the lockstep policy that serves agent
-  workflows (:mod:`ardea.agent.lockstep`), which makes one engine call of them once every
-  playing episode's call is there; each reply goes to its environment (``env.step``), whose
-  observation
-  joins the conversation, until every episode is done, hit ``max_turns`` or no longer fits
+  waiting for the model are generated together**: each hands its next call to the lockstep
+  that admits agent workflows' calls (:mod:`ardea.agent.lockstep`), which submits them to
+  the engine together once every playing episode's call is there (an in-process engine
+  then decodes them in this thread); each reply goes to its environment (``env.step``),
+  whose observation joins the conversation, until every episode is done, hit ``max_turns`` or no longer fits
   the engine's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
   k)`` and each episode with its own row of that turn's random numbers (its row id
   ``first_prompt * G + i``, whichever episodes are still playing), so an episode is the
@@ -30,12 +29,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ardea.agent.calls import EngineRequest, wait_calls
 from ardea.agent.conversation import ChatTemplate, Conversation, normalize
 from ardea.agent.env import Environment, make_env
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.agent.lockstep import Lockstep
 from ardea.agent.reply import Reply
-from ardea.agent.scheduler import CallScheduler, EngineRequest, generate_together
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
@@ -193,15 +192,14 @@ class EpisodeRunner(StoredEpisodes):
             rows={i: e.row_id for i, e in enumerate(episodes)},
             groups={i: e.group for i, e in enumerate(episodes)},
         )  # fmt: skip
-        scheduler = CallScheduler(lambda batch: generate_together(engine, batch), lockstep)
-        lockstep.drive(scheduler)
+        lockstep.attach(engine)
         for i in range(len(episodes)):
             lockstep.start(i)
         try:
             for turn in range(self.max_turns):
-                calls += self._turn(episodes, turn, engine, lockstep, scheduler)
+                calls += self._turn(episodes, turn, engine, lockstep)
         finally:
-            scheduler.close()
+            lockstep.close()
         for episode in episodes:
             episode.truncated |= not episode.done
         return Episodes(list(examples), episodes, calls, time.perf_counter() - start)
@@ -212,11 +210,11 @@ class EpisodeRunner(StoredEpisodes):
         turn: int,
         engine: GenerationEngine,
         lockstep: Lockstep,
-        scheduler: CallScheduler,
     ) -> list[Interaction]:
-        """One turn: the next call of every episode still playing, served together by the
-        lockstep policy (call ``turn`` of each: its seed and row of random numbers), each
-        reply handed to its environment; an episode that ends leaves the lockstep."""
+        """One turn: the next call of every episode still playing, released together by the
+        lockstep (call ``turn`` of each: its seed and row of random numbers) once the last
+        one arrives or ends, each reply handed to its environment; an episode that ends
+        leaves the lockstep."""
         sent = []
         for i, episode in enumerate(episodes):
             ids = None if episode.done else self._next_input(episode, engine)
@@ -225,10 +223,11 @@ class EpisodeRunner(StoredEpisodes):
                 continue
             request = EngineRequest(ids, self.params)
             lockstep.tag(request, i, turn)
-            sent.append((episode, request, scheduler.enqueue(request).event))
+            lockstep.arrive(request)
+            sent.append((episode, request))
+        wait_calls(engine, [request for _, request in sent])  # every one was released
         calls = []
-        for episode, request, served in sent:
-            served.wait()
+        for episode, request in sent:
             if request.error is not None:
                 raise request.error
             calls.append(self._advance(episode, request.input_ids, request.completions[0]))

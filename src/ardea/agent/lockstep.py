@@ -1,19 +1,22 @@
-"""The lockstep policy of the call scheduler (:mod:`ardea.agent.scheduler`): the model calls
-of a known set of running agent episodes, served together and the same way every time.
+"""Lockstep admission of agents' model calls: the calls of a known set of running agent
+episodes enter the engine together and the same way every time.
 
 An agent workflow (:mod:`ardea.agent.workflows`) calls the model whenever its code gets
-there; a time window (what :class:`~ardea.agent.client.RecordingClient` uses for clients it
-does not know) would batch calls by how fast the code between them ran, so two runs of
-the same step would differ. Here the episodes are known (:meth:`Lockstep.start`,
-:meth:`Lockstep.finish`), and the rule is:
+there. Submitted as they come (:mod:`ardea.agent.calls`, what
+:class:`~ardea.agent.client.RecordingClient` does for callers it does not know), the calls
+would share decode steps according to how fast the code between them ran, and a row's
+logits (in their last bits) with them, so two runs of the same step could differ. Here the
+episodes are known (:meth:`Lockstep.start`, :meth:`Lockstep.finish`), and the rule is:
 
-    the waiting calls are served, as one batch, once every running episode has a call
-    waiting and none on its way (made by the code but not yet received, or still being
-    tokenised).
+    the waiting calls are submitted to the engine, together and in (episode, call number)
+    order, once every running episode has a call waiting and none on its way (made by the
+    code but not yet received, or still being tokenised).
 
-A batch therefore holds the next call of every episode still running, whatever the timing
-of its code, tools or transport: one turn of the environment runner, which plays its turns
-through the same policy (:mod:`ardea.agent.episodes`). Randomness
+A release therefore holds the next call of every episode still running, whatever the
+timing of its code, tools or transport, and enters an engine with none of the episodes'
+calls running: one turn of the environment runner, which plays its turns through the same
+rule (:mod:`ardea.agent.episodes`). There is no thread: whoever completes the rule (the
+last call to arrive, an episode that ends) submits the release. Randomness
 follows the episode, not the batch: an episode's ``k``-th call samples with the engine seed
 ``sampling_seed(seed, *index, k)`` (``index``: the rollout call's seed index) and the
 episode's own row of that seed's random numbers (its row id), so a workflow that plays an
@@ -33,15 +36,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from ardea.agent.calls import EngineRequest, collect, submit_calls, when_done
 from ardea.agent.client import RecordingClient
 from ardea.agent.request_checks import RequestError
-from ardea.agent.scheduler import CallScheduler, EngineRequest, Waiting
-from ardea.rollout import SamplingParams, sampling_seed
+from ardea.rollout import GenerationEngine, SamplingParams, sampling_seed
 
 EPISODE_HEADER = "x-ardea-episode"  # the header naming a request's episode over HTTP
 CALL_HEADER = "x-ardea-call"  # its number among the episode's calls, given when it was made
+
+
+def _nothing() -> None:
+    pass
 
 
 class Lockstep:
@@ -72,40 +80,57 @@ class Lockstep:
         self.sampling = sampling
         self.locked = locked
         self.closed = False
-        self.scheduler: CallScheduler | None = None  # whose policy this is (:meth:`drive`)
+        self.engine: GenerationEngine | None = None  # where released calls go (:meth:`attach`)
+        self.releases = 0  # how many times calls were submitted
         self._lock = threading.Lock()
         self._running: set[int] = set()
         self._calls: dict[int, int] = {}  # episode → calls it made
         self._on_the_way: dict[int, set[int]] = {}  # episode → numbers sent, not yet waiting
+        self._waiting: list[tuple[EngineRequest, Callable[[], None]]] = []
 
-    def drive(self, scheduler: CallScheduler) -> None:
-        """Become ``scheduler``'s policy."""
-        self.scheduler = scheduler
-        scheduler.policy = self
-        scheduler.wake()
+    def attach(self, engine: GenerationEngine) -> None:
+        """Submit released calls to ``engine``."""
+        self.engine = engine
 
-    # ------------------------------------------------------------------ the policy
-    def take(self, waiting: list[Waiting], now: float) -> tuple[list[Waiting], float | None]:
-        """Every waiting call, in (episode, call number) order, once every running episode
-        has one waiting and none on its way; otherwise none (until woken)."""
+    # ------------------------------------------------------------------ admission
+    def arrive(self, call: EngineRequest, on_done: Callable[[], None] = _nothing) -> None:
+        """``call`` (tagged: :meth:`tag`) waits for its release; ``on_done()`` once it is
+        served (its ``completions`` or ``error`` to be collected: :func:`collect`), in the
+        thread that finished it."""
         with self._lock:
+            if self.closed:
+                raise RuntimeError("the lockstep was closed")
+            self._waiting.append((call, on_done))
+            self._on_the_way[call.episode].discard(call.number)
+        self._release()
+
+    def _release(self) -> None:
+        """Submit the waiting calls if the rule holds (module docstring)."""
+        with self._lock:
+            waiting = self._waiting
             if not waiting or any(self._on_the_way[e] for e in self._running):
-                return [], None
-            if not self._running <= {w.request.episode for w in waiting}:
-                return [], None
-        return sorted(waiting, key=lambda w: (w.request.episode, w.request.number)), None
+                return
+            if not self._running <= {c.episode for c, _ in waiting}:
+                return
+            self._waiting = []
+            self.releases += 1
+        waiting.sort(key=lambda w: (w[0].episode, w[0].number))
+        for call, _ in waiting:
+            call.order = (self.releases, call.episode, call.number)
+        submit_calls(self.engine, [call for call, _ in waiting])
+        for call, on_done in waiting:
+            when_done(call, on_done)
 
     # ------------------------------------------------------------------ the episodes
     def start(self, episode: int) -> None:
-        """``episode`` is running: batches wait for its calls."""
+        """``episode`` is running: releases wait for its calls."""
         with self._lock:
             self._running.add(episode)
             self._calls.setdefault(episode, 0)
             self._on_the_way.setdefault(episode, set())
-        self._wake()
 
     def issue(self, episode: int) -> int:
-        """Number the call ``episode`` is sending (its transport calls this): batches wait
+        """Number the call ``episode`` is sending (its transport calls this): releases wait
         for it to arrive."""
         with self._lock:
             number = self._calls[episode]
@@ -117,23 +142,25 @@ class Lockstep:
         """Call ``number`` of ``episode`` will not arrive (its sending failed)."""
         with self._lock:
             self._on_the_way[episode].discard(number)
-        self._wake()
+        self._release()
 
     def finish(self, episode: int) -> None:
-        """``episode`` ended (returned, failed or timed out): batches no longer wait for it,
-        and a call of it still waiting is dropped."""
+        """``episode`` ended (returned, failed or timed out): releases no longer wait for
+        it, and a call of it still waiting is dropped (its caller is gone)."""
         with self._lock:
             self._running.discard(episode)
-        if self.scheduler is not None:
-            self.scheduler.drop(lambda r: r.episode != episode)
+            self._waiting = [w for w in self._waiting if w[0].episode != episode]
+        self._release()
 
     def close(self) -> None:
-        """Refuse every later call (the driver gave up on the episodes)."""
-        self.closed = True
-
-    def _wake(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.wake()
+        """Refuse every later call (the driver is done with the episodes, or gave up on
+        them); calls still waiting fail."""
+        with self._lock:
+            self.closed = True
+            left, self._waiting = self._waiting, []
+        for call, on_done in left:
+            call.error = RuntimeError("the lockstep was closed before the call was served")
+            on_done()
 
     # ------------------------------------------------------------------ the calls
     async def create(
@@ -160,12 +187,12 @@ class Lockstep:
         except BaseException:
             self.lost(episode, number)
             raise
-        waiting = self.scheduler.enqueue(request, loop=asyncio.get_running_loop())
-        with self._lock:
-            self._on_the_way[episode].discard(number)
-        self._wake()
-        await waiting.future
-        return client.result(request)
+        loop = asyncio.get_running_loop()
+        served = loop.create_future()
+        self.arrive(request, lambda: loop.call_soon_threadsafe(_resolve, served))
+        await served
+        collect(request)
+        return client.serve(request)
 
     def tag(self, r: EngineRequest, episode: int, number: int) -> None:
         """The request's episode, call number, group, row of random numbers and seed
@@ -187,6 +214,11 @@ class Lockstep:
         r.row_id = self.rows[episode]
         r.episode, r.number = episode, number
         r.group_id = self.groups[episode]
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():  # a cancelled caller (its episode timed out) gets nothing
+        future.set_result(None)
 
 
 def _small(request) -> bool:

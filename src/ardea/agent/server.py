@@ -216,7 +216,7 @@ async def _deliver(request: Request, client: RecordingClient, completion_id: str
 
 async def _serve(clients: Clients, request: Request, options: Any):
     """The client serving a chat request and its completion: in lockstep for an agent
-    workflow's call (the episode header set), else batched with concurrent calls in a
+    workflow's call (the episode header set), else decoded with concurrent calls, in a
     worker thread."""
     if not isinstance(options, dict):
         raise fail(None, f"the request body must be a JSON object, got {shown(options)}")

@@ -1,4 +1,4 @@
-"""How an agent workflow's calls reach the runner's scheduler: the runner's one app (or
+"""How an agent workflow's calls reach the runner's lockstep: the runner's one app (or
 server) serves every rollout call under way, :class:`Sessions` telling which call's
 recording client an episode's request belongs to, and :class:`NumberedTransport` numbering
 each call as the workflow's code sends it (:mod:`ardea.agent.lockstep`)."""

@@ -13,7 +13,7 @@ row of the run's data (a JSON object), and the result the episode's reward, or a
   time, each with its own client, in an event loop of their own thread. The client talks to
   the recording server (:mod:`ardea.agent.server`) in process (an ASGI transport: no
   socket) or over HTTP on loopback (``transport``), its requests carrying the episode's
-  number; the calls are served in lockstep (:mod:`ardea.agent.lockstep`): the same batches
+  number; the calls enter the engine in lockstep (:mod:`ardea.agent.lockstep`): the same batches
   and the same samples whatever the timing, and a workflow that plays an environment's game
   samples what the environment runner samples.
 - A workflow that raises, returns something else, or outlives ``timeout_s`` is a failed
@@ -186,7 +186,7 @@ class WorkflowRunner(StoredEpisodes):
         start = time.perf_counter()
         index = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         client = RecordingClient(
-            engine or self.engine, self.tokenizer, history=self.history, batch_window=0,
+            engine or self.engine, self.tokenizer, history=self.history,
             tool_parser=self.tool_parser,
         )  # fmt: skip
         client.defaults = dataclasses.replace(self.params, seed=None, row_ids=None)
@@ -203,7 +203,7 @@ class WorkflowRunner(StoredEpisodes):
             groups={n: e.group for n, e in episodes.items()},
         )  # fmt: skip
         client.lockstep = lockstep
-        lockstep.drive(client.scheduler)
+        lockstep.attach(client.engine)
         self._sessions.open(client, list(episodes))
         try:
             url = self._serving().url if self.transport == "http" else IN_PROCESS_URL
@@ -217,7 +217,7 @@ class WorkflowRunner(StoredEpisodes):
                         e.error += "synchronous call in async code?); the episodes were given up"
         finally:
             self._sessions.close(list(episodes))
-            client.scheduler.close()
+            lockstep.close()
         calls = self._kept_calls(client.interactions, episodes)
         played = list(episodes.values())
         self._check_failures(list(examples), played)

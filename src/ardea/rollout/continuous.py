@@ -17,13 +17,13 @@ padding until half of it has ended (then they are dropped with a copy of the cac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ardea.rollout.decode_batch import DecodeBatch, Row
-from ardea.rollout.engine import SamplingParams
+from ardea.rollout.decode_batch import DecodeBatch, Kind, Row
+from ardea.rollout.engine import Request, SamplingParams
 from ardea.rollout.fast_decode import FastDecoder
 from ardea.rollout.kv_cache import new_cache
 from ardea.rollout.sampling import next_tokens
@@ -32,27 +32,10 @@ from ardea.rollout.stop_watch import StopWatch
 COMPACT_MIN_ROWS = 8  # below this many rows, dropping ended rows is not worth a copy
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What rows decoded together share: how they sample and what stops them."""
-
-    temperature: float
-    top_k: int
-    top_p: float
-    stop_ids: tuple[int, ...]
-    stop: tuple[str, ...]
-
-    @classmethod
-    def of(cls, params, eos_ids) -> Kind:
-        stops = tuple(sorted(set(eos_ids) | set(params.stop_token_ids)))
-        return cls(params.temperature, params.top_k, params.top_p, stops, tuple(params.stop))
-
-
 def take_joining(
     waiting: list[Row],
     batches: dict[Kind, DecodeBatch],
     max_batch_size: int | None,
-    eos_ids: list[int],
     merge_ok: bool | None,
 ) -> tuple[list[Row], list[Row]]:
     """The waiting rows that join now and those left waiting, in arrival order: within
@@ -61,7 +44,7 @@ def take_joining(
     room: dict[Kind, int] = {}
     joining, left = [], []
     for row in waiting:
-        kind = Kind.of(row.request.params, eos_ids)
+        kind = row.kind
         if kind not in room:
             batch = batches.get(kind)
             running = 0 if batch is None else batch.n_alive
@@ -102,6 +85,7 @@ class Decoder:
         self.model, self.fast, self.mask_dtype = model, fast, mask_dtype
         self.pad, self.cache_kwarg, self.keep_last = pad_token_id, cache_kwarg, keep_last
         self.tokenizer = tokenizer
+        self.modules = list(model.modules())
         self.watches: dict[Kind, StopWatch] = {}
         self.stops: dict[Kind, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -160,10 +144,12 @@ class Decoder:
             stopped |= hits & (batch.count + 1 >= batch.min_new)
         ended = batch.record(tok, lp, stopped)
         done = []
-        for i in ended:
-            row = batch.rows[i]
-            row.extend(*batch.new_output(i), batch.version)
-            done.append((row, "stop" if bool(stopped[i]) else "length"))
+        if ended:
+            stops = stopped[ended].tolist()
+            for i, output, stop in zip(ended, batch.new_outputs(ended), stops):
+                row = batch.rows[i]
+                row.extend(*output, batch.version)
+                done.append((row, "stop" if stop else "length"))
         if kind.stop and done:
             self.watches[kind].forget([row for row, _ in done])
         if batch.n_alive == 0:
@@ -195,9 +181,16 @@ class Decoder:
         kwargs = {self.cache_kwarg: cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-        )
+        # in eval mode (no dropout); a module shared with the trainer gets its modes back
+        training = [m for m in self.modules if m.training]
+        for m in training:
+            m.training = False
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, **kwargs)  # fmt: skip
+        finally:
+            for m in training:
+                m.training = True
         return out.logits[:, -1, :]
 
 
@@ -215,16 +208,28 @@ def additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return model.get_input_embeddings().weight.dtype if full else None
 
 
-def row_uniforms(params: SamplingParams, row_id: int) -> torch.Tensor | None:
-    """(T,) float64: row ``row_id`` of the table of a call with ``params``
-    (:func:`_uniform_table`); drawn from the global RNG when ``params.seed`` is None."""
-    if params.temperature == 0:
-        return None
-    if params.seed is None:
-        return torch.rand(params.max_new_tokens, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(params.seed)
-    shape = (row_id + 1, params.max_new_tokens)
-    return torch.rand(shape, generator=generator, dtype=torch.float64)[row_id]
+def request_tables(requests: Sequence[Request]) -> list[tuple[torch.Tensor | None, int]]:
+    """Per request, the table (R, T) float64 holding its random numbers and its row in it:
+    row ``row_id`` of the table of a call with its ``params`` (:func:`uniform_table`), one
+    table shared by the requests with the same seed and ``max_new_tokens``; an unseeded
+    request's row drawn from the global RNG; (None, 0) when greedy."""
+    out: list[tuple[torch.Tensor | None, int]] = [(None, 0)] * len(requests)
+    seeded: dict[tuple[int, int], list[int]] = {}
+    for i, request in enumerate(requests):
+        params = request.params
+        if params.temperature == 0:
+            continue
+        if params.seed is None:
+            out[i] = (torch.rand(1, params.max_new_tokens, dtype=torch.float64), 0)
+        else:
+            seeded.setdefault((params.seed, params.max_new_tokens), []).append(i)
+    for (seed, width), members in seeded.items():
+        generator = torch.Generator().manual_seed(seed)
+        shape = (max(requests[i].row_id for i in members) + 1, width)
+        table = torch.rand(shape, generator=generator, dtype=torch.float64)
+        for i in members:
+            out[i] = (table, requests[i].row_id)
+    return out
 
 
 def uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:

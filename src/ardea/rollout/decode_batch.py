@@ -26,13 +26,31 @@ from ardea.rollout.kv_cache import merge_caches
 from ardea.rollout.request_state import RequestState
 
 
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What rows decoded together share: how they sample and what stops them."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    stop_ids: tuple[int, ...]
+    stop: tuple[str, ...]
+
+    @classmethod
+    def of(cls, params, eos_ids) -> Kind:
+        stops = tuple(sorted(set(eos_ids) | set(params.stop_token_ids)))
+        return cls(params.temperature, params.top_k, params.top_p, stops, tuple(params.stop))
+
+
 @dataclasses.dataclass(eq=False)
 class Row(RequestState):
-    """A request inside the in-process engine: its state (:class:`RequestState`), its random
-    numbers for every position (``uniforms (T,)``, None when greedy) and its stop-string
-    state."""
+    """A request inside the in-process engine: its state (:class:`RequestState`), its
+    ``kind``, its random numbers for every position (row ``table_row`` of ``table (R, T)``,
+    shared by the rows of one batch call; None when greedy) and its stop-string state."""
 
-    uniforms: torch.Tensor | None = None
+    kind: Kind | None = None
+    table: torch.Tensor | None = None
+    table_row: int = 0
     stop_seen: bool = False
 
     def restart(self) -> None:
@@ -65,11 +83,7 @@ class DecodeBatch:
         self.has_min_new = any(q.params.min_new_tokens > 0 for q in requests)
         self._additive: torch.Tensor | None = None  # (N, 1, 1, C) prepared mask
         width = int(self.limit.max())
-        self.uniforms = None  # (N, T) float64
-        if rows[0].uniforms is not None:
-            self.uniforms = torch.zeros(len(rows), width, dtype=torch.float64, device=device)
-            for i, row in enumerate(rows):
-                self.uniforms[i, : len(row.uniforms)] = row.uniforms.to(device)
+        self.uniforms = _uniforms(rows, width, device)  # (N, T) float64, None when greedy
         self.tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # (N, T)
         self.token_logprobs = torch.zeros(len(rows), width, device=device)  # (N, T)
         self.alive = torch.ones(len(rows), dtype=torch.bool, device=device)
@@ -107,10 +121,14 @@ class DecodeBatch:
         self.n_alive = int(self.alive.sum())
         return ended.nonzero()[:, 0].tolist()
 
-    def new_output(self, i: int) -> tuple[list[int], list[float]]:
-        """Row ``i``'s tokens and log-probs generated since it joined."""
-        first, end = int(self.first[i]), int(self.count[i])
-        return self.tokens[i, first:end].tolist(), self.token_logprobs[i, first:end].tolist()
+    def new_outputs(self, rows: list[int]) -> list[tuple[list[int], list[float]]]:
+        """Per row index of ``rows``, its tokens and log-probs generated since it joined."""
+        if not rows:
+            return []
+        index = torch.tensor(rows, device=self.tokens.device)
+        first, end = self.first[index].tolist(), self.count[index].tolist()
+        tokens, logprobs = self.tokens[index].tolist(), self.token_logprobs[index].tolist()
+        return [(t[a:b], lp[a:b]) for t, lp, a, b in zip(tokens, logprobs, first, end)]
 
     def step_keys(self) -> torch.Tensor:
         """(N, C) bool: the real keys when feeding the new tokens (column ``length``)."""
@@ -177,7 +195,23 @@ class DecodeBatch:
     def fold(self) -> None:
         """Move each running row's new tokens into the row itself (before the batch is
         rebuilt or abandoned) so that the next batch starts counting from there."""
-        for i in self.running().tolist():
-            tokens, logprobs = self.new_output(i)
+        running = self.running().tolist()
+        for i, (tokens, logprobs) in zip(running, self.new_outputs(running)):
             self.rows[i].extend(tokens, logprobs, self.version)
-            self.first[i] = self.count[i]
+        self.first = self.count.clone()
+
+
+def _uniforms(rows: list[Row], width: int, device: torch.device) -> torch.Tensor | None:
+    """(N, width) float64: each row's random numbers (zeros past its own), None when greedy;
+    one gather when the rows share one table of that width (a batch call's rows)."""
+    if rows[0].table is None:
+        return None
+    table = rows[0].table
+    if table.shape[1] == width and all(r.table is table for r in rows):
+        index = torch.tensor([r.table_row for r in rows], device=table.device)
+        return table.index_select(0, index).to(device)
+    out = torch.zeros(len(rows), width, dtype=torch.float64, device=device)
+    for i, row in enumerate(rows):
+        uniforms = row.table[row.table_row]
+        out[i, : len(uniforms)] = uniforms.to(device)
+    return out

@@ -17,12 +17,11 @@ import abc
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 
-from ardea.config.fields import check_temperature
 from ardea.registry import Registry, callable_check
 from ardea.rollout.checks import (  # noqa: F401 - part of the engine interface
     check_next_version,
@@ -30,134 +29,9 @@ from ardea.rollout.checks import (  # noqa: F401 - part of the engine interface
     check_state_dict,
     load_weights,
 )
+from ardea.rollout.sampling_params import SamplingParams, check_int
 
 FinishReason = Literal["stop", "length", "abort"]
-
-
-@dataclass
-class SamplingParams:
-    """How to sample completions. Validated on construction; errors name the field and range."""
-
-    temperature: float = field(
-        default=1.0,
-        metadata={"help": "Softmax temperature T: 0 means greedy (argmax); otherwise >= 1e-4."},
-    )
-    top_p: float = field(
-        default=1.0,
-        metadata={
-            "help": "Nucleus sampling: keep the smallest top set with mass >= top_p. 1 = off."
-        },
-    )
-    top_k: int = field(default=0, metadata={"help": "Keep only the k most likely tokens. 0 = off."})
-    max_new_tokens: int = field(
-        default=64, metadata={"help": "Most tokens generated per completion (>= 1)."}
-    )
-    min_new_tokens: int = field(
-        default=0,
-        metadata={
-            "help": "Stop tokens (eos and stop_token_ids) are masked out until this many "
-            "tokens exist (<= max_new_tokens); log-probs are those of the masked distribution."
-        },
-    )
-    stop_token_ids: list[int] = field(
-        default_factory=list,
-        metadata={"help": "Extra stop tokens; the engine's eos ids always stop too."},
-    )
-    stop: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "Stop strings: a completion ends at the token that completes one in its "
-            "text (kept, finish reason stop)."
-        },
-    )
-    seed: int | None = field(
-        default=None,
-        metadata={"help": "Seed for a reproducible call, independent of the global RNG state."},
-    )
-    n: int = field(default=1, metadata={"help": "Completions per prompt, grouped by prompt."})
-    row_ids: list[int] | None = field(
-        default=None,
-        metadata={
-            "help": "One id per row of the call (prompt × n, prompt-major), or None for "
-            "0, 1, ...: row r samples with the random numbers of row row_ids[r] of a seeded "
-            "call, so a rollout split over calls or processes, or played turn by turn, "
-            "samples what one call would."
-        },
-    )
-
-    @classmethod
-    def of(cls, rollout: Any, *, greedy: bool = False) -> SamplingParams:
-        """The sampling options of a run's ``rollout`` config section; ``greedy``: argmax
-        decoding (temperature 0, no truncation, no forced length)."""
-        if greedy:
-            return cls(temperature=0.0, max_new_tokens=rollout.max_new_tokens)
-        return cls(
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_new_tokens=rollout.max_new_tokens,
-            min_new_tokens=rollout.min_new_tokens,
-        )
-
-    @property
-    def logprob_sampling(self) -> dict[str, float | int]:
-        """The distribution the behaviour log-probs describe: ``temperature``, ``top_k``,
-        ``top_p`` (greedy decoding: the untempered, untruncated softmax)."""
-        if self.temperature == 0:
-            return {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
-        return {"temperature": float(self.temperature), "top_k": self.top_k, "top_p": self.top_p}
-
-    def __post_init__(self) -> None:
-        check_temperature("temperature", self.temperature)
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
-        _check_int("top_k", self.top_k, 0, "0 = off")
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
-        _check_int("min_new_tokens", self.min_new_tokens, 0, upper=self.max_new_tokens)
-        _check_int("n", self.n, 1)
-        if self.row_ids is not None:
-            if isinstance(self.row_ids, str | bytes) or not isinstance(self.row_ids, Sequence):
-                raise ValueError(f"row_ids must be a list of ints or None, got {self.row_ids!r}")
-            self.row_ids = list(self.row_ids)
-            for i, row in enumerate(self.row_ids):
-                _check_int(f"row_ids[{i}]", row, 0)
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, "or None", upper=2**63 - 1)
-        if isinstance(self.stop_token_ids, str | bytes) or not isinstance(
-            self.stop_token_ids, Sequence
-        ):
-            raise ValueError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
-        self.stop_token_ids = list(self.stop_token_ids)
-        for i, tok in enumerate(self.stop_token_ids):
-            _check_int(f"stop_token_ids[{i}]", tok, 0)
-        if isinstance(self.stop, str | bytes) or not isinstance(self.stop, Sequence):
-            raise ValueError(f"stop must be a list of strings, got {self.stop!r}")
-        self.stop = list(self.stop)
-        for i, text in enumerate(self.stop):
-            if not isinstance(text, str) or not text:
-                raise ValueError(f"stop[{i}] must be a non-empty string, got {text!r}")
-
-    def rows(self, n_rows: int) -> list[int]:
-        """The row ids of a call with ``n_rows`` rows (prompts × n); ValueError when
-        ``row_ids`` has another length."""
-        if self.row_ids is None:
-            return list(range(n_rows))
-        if len(self.row_ids) != n_rows:
-            raise ValueError(
-                f"row_ids has {len(self.row_ids)} ids for a call of {n_rows} rows (prompts × n)"
-            )
-        return self.row_ids
-
-
-def _check_int(name: str, value: object, lower: int, note: str = "", upper: int | None = None):
-    """Raise ValueError unless ``lower <= value (<= upper)`` and value is an int (not a bool)."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lower
-    ok = ok and (upper is None or value <= upper)
-    if not ok:
-        bound = f">= {lower}" if upper is None else f"in [{lower}, {upper}]"
-        extra = f" ({note})" if note else ""
-        raise ValueError(f"{name} must be an int {bound}{extra}, got {value!r}")
 
 
 @dataclass
@@ -217,7 +91,7 @@ class Request:
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(self.params).__name__}")
-        _check_int("row_id", self.row_id, 0)
+        check_int("row_id", self.row_id, 0)
         if self.prefix is not None and len(self.prefix.token_ids) >= self.params.max_new_tokens:
             raise ValueError(
                 f"the prefix already has {len(self.prefix.token_ids)} tokens, not fewer than "
@@ -226,31 +100,58 @@ class Request:
 
 
 class RequestHandle:
-    """A submitted :class:`Request`: :meth:`done`, and :meth:`result` when it is."""
+    """A submitted :class:`Request`: :meth:`done`, and :meth:`result` when it is.
+
+    The event a waiting :meth:`result` blocks on is made only when one waits: a batch call's
+    rows are polled, and thousands of events a call are garbage the collector must walk."""
+
+    _lock = threading.Lock()  # guards the lazily made events and callbacks of every handle
 
     def __init__(self, request: Request) -> None:
         self.request = request
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[RequestHandle], None]] = []
         self._completion: Completion | None = None
         self._error: BaseException | None = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
+
+    def add_done_callback(self, callback: Callable[[RequestHandle], None]) -> None:
+        """Call ``callback(handle)`` once it is done: at once when it is, else in the thread
+        that finishes it (keep it short: it runs between two decode steps)."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self)
 
     def result(self, timeout: float | None = None) -> Completion:
         """The completion (``finish_reason`` "abort" when it was aborted); waits up to
         ``timeout`` seconds (None: until done) and raises the request's error."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"the request was not done after {timeout} s")
+        if not self._done:
+            with self._lock:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"the request was not done after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._completion  # type: ignore[return-value]
 
     def finish(self, completion: Completion | None, error: BaseException | None = None) -> None:
         """Set the outcome (the engine's side); a second call changes nothing."""
-        if not self._event.is_set():
-            self._completion, self._error = completion, error
-            self._event.set()
+        with self._lock:
+            if self._done:
+                return
+            self._completion, self._error, self._done = completion, error, True
+            event, callbacks, self._callbacks = self._event, self._callbacks, []
+        if event is not None:
+            event.set()
+        for callback in callbacks:
+            callback(self)
 
 
 Weights = Mapping[str, torch.Tensor] | str | os.PathLike
@@ -319,18 +220,46 @@ class GenerationEngine(abc.ABC):
 
     def submit(self, request: Request) -> RequestHandle:
         """Start ``request``; its handle is done when the completion ends (or is aborted)."""
-        raise NotImplementedError(
-            f"the {type(self).__name__} engine answers whole batches only (generate); it does "
-            "not serve requests (submit / abort)"
-        )
+        raise NotImplementedError(_batch_only(self))
+
+    def submit_all(self, requests: Sequence[Request]) -> list[RequestHandle]:
+        """Start ``requests`` together (an engine that batches them decodes them from the
+        same step on); their handles, in order.
+
+        An engine that answers whole batches only (no :meth:`submit`) generates them here,
+        one :meth:`generate` call per distinct sampling options (each request's row of the
+        call's random numbers, ``SamplingParams.row_ids``), and returns done handles.
+        """
+        if type(self).submit is not GenerationEngine.submit:
+            return [self.submit(r) for r in requests]
+        handles = [RequestHandle(r) for r in requests]
+        groups: dict[str, list[RequestHandle]] = {}
+        for h in handles:
+            if h.request.prefix is not None:
+                raise NotImplementedError(_batch_only(self))
+            groups.setdefault(repr(h.request.params), []).append(h)
+        for group in groups.values():
+            rows = [h.request.row_id for h in group]
+            params = replace(group[0].request.params, n=1, row_ids=rows)
+            try:
+                completions = self.generate([h.request.prompt_ids for h in group], params)
+            except Exception as exc:  # noqa: BLE001 - the group's requests fail with it
+                for h in group:
+                    h.finish(None, exc)
+                continue
+            for h, completion in zip(group, completions, strict=True):
+                h.finish(completion)
+        return handles
+
+    def wait(self, handles: Sequence[RequestHandle]) -> list[Completion]:
+        """The completions of ``handles`` once all are done (raises the first one's error);
+        an engine decoding in this process may decode in the calling thread meanwhile."""
+        return [h.result() for h in handles]
 
     def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
         """Stop the requests of ``handles``; per handle its completion: the finished one, or
         the tokens so far with ``finish_reason`` "abort" (which ``Request.prefix`` resumes)."""
-        raise NotImplementedError(
-            f"the {type(self).__name__} engine answers whole batches only (generate); it does "
-            "not serve requests (submit / abort)"
-        )
+        raise NotImplementedError(_batch_only(self))
 
     @abc.abstractmethod
     def update_weights(self, weights: Weights, version: int) -> None:
@@ -359,6 +288,13 @@ class GenerationEngine(abc.ABC):
         """The engine's own metrics of its last weight update (e.g.
         ``vllm/sync_logprob_error``), logged with the step's; none by default."""
         return {}
+
+
+def _batch_only(engine: GenerationEngine) -> str:
+    return (
+        f"the {type(engine).__name__} engine answers whole batches only (generate); it does "
+        "not serve requests (submit / abort) or resume a prefix"
+    )
 
 
 EngineFactory = Callable[..., GenerationEngine]

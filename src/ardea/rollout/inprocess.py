@@ -55,13 +55,12 @@ from ardea.model import Precision
 from ardea.model.flops import count_generation
 from ardea.rollout.continuous import (
     Decoder,
-    Kind,
     additive_mask_dtype,
-    row_uniforms,
+    request_tables,
     take_joining,
     uniform_table,
 )
-from ardea.rollout.decode_batch import DecodeBatch, Row
+from ardea.rollout.decode_batch import DecodeBatch, Kind, Row
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -142,7 +141,6 @@ class InProcessEngine(GenerationEngine):
             "cache" if "cache" in params else "past_key_values",
             "logits_to_keep" in params, tokenizer,
         )  # fmt: skip
-        self._modules = list(model.modules())
         self._merge_ok: bool | None = None  # learnt from the first cache built
         self._batches: dict[Kind, DecodeBatch] = {}
         self._loop = StepLoop(self._take, self._iterate, lambda: bool(self._batches), self._fail)
@@ -163,9 +161,23 @@ class InProcessEngine(GenerationEngine):
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request) -> RequestHandle:
         """Queue ``request`` (module docstring); its handle is done when it ends."""
-        rows = self._rows([request], None)
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: Sequence[Request]) -> list[RequestHandle]:
+        """Queue ``requests`` at once: they join the same decode step (module docstring)."""
+        for request in requests:
+            prefix = [] if request.prefix is None else list(request.prefix.token_ids)
+            self._check([list(request.prompt_ids) + prefix],
+                        request.params.max_new_tokens - len(prefix))  # fmt: skip
+        rows = self._rows(list(requests), None)
         self._loop.enqueue(rows)
-        return rows[0].handle
+        return [row.handle for row in rows]
+
+    def wait(self, handles: Sequence[RequestHandle]) -> list[Completion]:
+        """The completions of ``handles``, decoding in the calling thread until they are done
+        (with every other running request: :meth:`StepLoop.drive`)."""
+        self._loop.drive(list(handles))
+        return [h.result() for h in handles]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Complete every prompt ``params.n`` times; see the module docstring.
@@ -261,22 +273,20 @@ class InProcessEngine(GenerationEngine):
                       max_positions=self._max_positions)  # fmt: skip
 
     def _rows(self, requests: list[Request], table: torch.Tensor | None) -> list[Row]:
-        """Rows for ``requests`` with their random numbers (row ``i`` of ``table``, or drawn
-        for its row id)."""
-        rows = []
+        """Rows for checked ``requests``, with their random numbers: row ``i`` of ``table``
+        (a batch call's), or, when None, their own (:func:`request_tables`)."""
+        tables = request_tables(requests) if table is None else None
+        rows, kind, params = [], None, None
         for i, request in enumerate(requests):
-            prefix = [] if request.prefix is None else list(request.prefix.token_ids)
-            self._check(
-                [list(request.prompt_ids) + prefix], request.params.max_new_tokens - len(prefix)
-            )
-            params = request.params
-            uniforms = table[i] if table is not None else row_uniforms(params, request.row_id)
-            rows.append(Row(RequestHandle(request), uniforms=uniforms))
+            if request.params is not params:  # a batch call's rows share one params
+                params = request.params
+                kind = Kind.of(params, self.eos_token_ids)
+            at, index = (table, i) if tables is None else tables[i]
+            rows.append(Row(RequestHandle(request), kind=kind, table=at, table_row=index))
         return rows
 
     def _take(self, waiting: list[Row]) -> tuple[list[Row], list[Row]]:
-        return take_joining(waiting, self._batches, self.max_batch_size, self.eos_token_ids,
-                            self._merge_ok)  # fmt: skip
+        return take_joining(waiting, self._batches, self.max_batch_size, self._merge_ok)
 
     def _fail(self, joining: list[Row], error: BaseException) -> None:
         rows = joining + [r for b in self._batches.values() for r in b.rows]
@@ -287,30 +297,21 @@ class InProcessEngine(GenerationEngine):
     def _iterate(self, joining: list[Row]) -> None:
         """Let ``joining`` in, then one decode step of every kind (module docstring)."""
         autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
-        training = [m for m in self._modules if m.training]  # none for an engine's own copy
-        for m in training:
-            m.training = False
-        try:
-            with torch.inference_mode(), autocast:
-                by_kind: dict[Kind, list[Row]] = {}
-                for row in joining:
-                    by_kind.setdefault(Kind.of(row.request.params, self.eos_token_ids), []).append(
-                        row
-                    )
-                for kind, rows in by_kind.items():
-                    fresh = self._decoder.prefill(rows, self._version)
-                    if self._merge_ok is None:
-                        self._merge_ok = can_merge(fresh.cache)
-                    old = self._batches.get(kind)
-                    self._batches[kind] = fresh if old is None else old.join(fresh)
-                for kind, batch in list(self._batches.items()):
-                    for row, finish in self._decoder.step(batch, kind):
-                        row.handle.finish(row.completion(finish, self._version))
-                    if batch.n_alive == 0:
-                        del self._batches[kind]
-        finally:
-            for m in training:
-                m.training = True
+        with torch.inference_mode(), autocast:
+            by_kind: dict[Kind, list[Row]] = {}
+            for row in joining:
+                by_kind.setdefault(row.kind, []).append(row)
+            for kind, rows in by_kind.items():
+                fresh = self._decoder.prefill(rows, self._version)
+                if self._merge_ok is None:
+                    self._merge_ok = can_merge(fresh.cache)
+                old = self._batches.get(kind)
+                self._batches[kind] = fresh if old is None else old.join(fresh)
+            for kind, batch in list(self._batches.items()):
+                for row, finish in self._decoder.step(batch, kind):
+                    row.handle.finish(row.completion(finish, self._version))
+                if batch.n_alive == 0:
+                    del self._batches[kind]
 
     def _keep(self, kind: Kind, batch: DecodeBatch, keep: list[int]) -> None:
         """Keep only rows ``keep`` of ``kind``'s batch (none: the batch goes)."""

@@ -20,7 +20,7 @@ class RequestState:
     spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.tokens:
+        if not self.tokens and self.request.prefix is not None:
             self.reset()
 
     @property

@@ -37,6 +37,7 @@ from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_stat
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.evaluate import Evaluator, append_samples
+from ardea.trainer.frozen_heap import frozen_heap
 from ardea.trainer.metrics_log import MetricsLogger, open_logs
 from ardea.trainer.profile import StepProfile
 from ardea.trainer.progress import TrainingProgress
@@ -368,7 +369,8 @@ class Trainer:
                 else:
                     self._evaluate(logger, progress)
                 finished = self._done()  # resumed from the final checkpoint
-                self._loop(logger, progress)
+                with frozen_heap():
+                    self._loop(logger, progress)
                 if not finished:
                     self._evaluate(logger, progress)
             checkpoint = self.resume_from if finished else self.save()
