@@ -182,3 +182,18 @@ def test_an_engine_answering_batches_only_serves_submit_all_with_its_generate():
     for request, handle in zip(requests, handles):
         expected = inner.wait(inner.submit_all([request]))[0]
         assert handle.result().token_ids == expected.token_ids
+
+
+def test_completions_are_timed_from_submission_and_the_tail_is_the_slowest_tenth():
+    """A 2-token and a 40-token request submitted together: the short one ends first.
+    tail_seconds by hand: 10 finish times 1..9 and 30 s: 90 % were done at 9 s, the last
+    at 30 s, so 21 s."""
+    from ardea.rollout.runner import tail_seconds
+
+    engine = engine_for(make_model("qwen2"))
+    short = SamplingParams(temperature=1.0, max_new_tokens=2, min_new_tokens=2, seed=1)
+    long = SamplingParams(temperature=1.0, max_new_tokens=40, min_new_tokens=40, seed=1)
+    a, b = engine.wait(engine.submit_all([Request(PROMPTS[0], short), Request(PROMPTS[1], long)]))
+    assert 0 < a.seconds < b.seconds
+    assert tail_seconds([1, 2, 3, 4, 5, 6, 7, 8, 9, 30]) == 21
+    assert tail_seconds([]) == 0.0 and tail_seconds([4.0]) == 0.0

@@ -97,5 +97,8 @@ def test_an_update_during_a_vllm_request_continues_it_under_the_new_weights(
         for v in set(versions):
             at = torch.tensor([i for i, w in enumerate(versions) if w == v])
             assert (reference[v][1][at] - served[at]).abs().max() < 1e-5
+        metrics = engine.metrics()  # two segments, one request, every token counted
+        assert metrics["vllm/server0_requests"] == 1
+        assert metrics["vllm/server0_tokens"] == LONG
     finally:
         engine.close()

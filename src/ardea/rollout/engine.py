@@ -46,7 +46,8 @@ class Completion:
     the last span starting at or before ``i``; one span ``[(0, version)]`` unless a weight
     update came while the completion was being generated (it then went on under the new
     weights from the tokens so far). ``version`` is the first span's: the oldest weights the
-    completion holds tokens of.
+    completion holds tokens of. ``seconds``: from its submission to its end, when the engine
+    timed it (None otherwise; not compared).
     """
 
     prompt_ids: list[int]
@@ -55,6 +56,7 @@ class Completion:
     finish_reason: FinishReason
     version: int
     spans: list[tuple[int, int]] = field(default_factory=list)
+    seconds: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.spans = [(int(a), int(v)) for a, v in self.spans] or [(0, self.version)]

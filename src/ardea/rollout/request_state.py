@@ -5,19 +5,21 @@ be handed out when the request ends or is aborted, and go on under new weights."
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from ardea.rollout.engine import Completion, Request, RequestHandle
 
 
 @dataclasses.dataclass(eq=False)
 class RequestState:
-    """A request being served: its ``handle`` and the completion so far (``tokens``,
-    ``logprobs``, ``spans``)."""
+    """A request being served: its ``handle``, the completion so far (``tokens``,
+    ``logprobs``, ``spans``) and when it was ``submitted`` (``time.perf_counter``)."""
 
     handle: RequestHandle
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         if not self.tokens and self.request.prefix is not None:
@@ -44,5 +46,6 @@ class RequestState:
     def completion(self, finish: str, version: int) -> Completion:
         """The completion so far; ``version``: the engine's, for a request with no tokens."""
         spans = self.spans or [(0, version)]
+        seconds = time.perf_counter() - self.submitted
         return Completion(list(self.request.prompt_ids), list(self.tokens),
-                          list(self.logprobs), finish, spans[0][1], list(spans))  # fmt: skip
+                          list(self.logprobs), finish, spans[0][1], list(spans), seconds)  # fmt: skip

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -72,13 +73,16 @@ def sampling_seed(seed: int, *indices: int) -> int:
 @dataclasses.dataclass
 class Generation:
     """The completions of one rollout call, before scoring: the task ``examples``, their
-    ``prompts`` (token ids), ``completions`` (``group_size`` per prompt, prompt-major) and
-    the ``seconds`` generation took."""
+    ``prompts`` (token ids), ``completions`` (``group_size`` per prompt, prompt-major), the
+    ``seconds`` generation took, and ``tail_seconds``: from when 90 % of the completions
+    were done to when the last one was (the wait on the slowest tenth; 0 for an engine
+    that does not time its completions)."""
 
     examples: list[RolloutPrompt]
     prompts: list[list[int]]
     completions: list[Completion]
     seconds: float
+    tail_seconds: float = 0.0
 
 
 @dataclasses.dataclass
@@ -90,6 +94,15 @@ class Rollout:
     batch: TrajectoryBatch
     metrics: dict[str, float]
     samples: list[tuple[str, str, float]]
+
+
+def tail_seconds(done: list[float]) -> float:
+    """Seconds from the time 90 % of ``done`` (completions' seconds from submission to
+    their end, submitted together) had passed to the last one."""
+    if not done:
+        return 0.0
+    times = sorted(done)
+    return times[-1] - times[math.ceil(0.9 * len(times)) - 1]
 
 
 class RolloutRunner:
@@ -171,7 +184,8 @@ class RolloutRunner:
             ],
         )
         completions = (engine or self.engine).generate(prompts, params)
-        return Generation(list(examples), prompts, completions, time.perf_counter() - start)
+        tail = tail_seconds([c.seconds for c in completions if c.seconds is not None])
+        return Generation(list(examples), prompts, completions, time.perf_counter() - start, tail)
 
     def score(self, generation: Generation) -> Rollout:
         """Score ``generation`` and collate it into a trajectory batch (module docstring)."""
@@ -200,6 +214,7 @@ class RolloutRunner:
         ]
         # the engine's throughput, wherever it ran (in a background worker too)
         metrics["perf/generate_tokens_per_s"] = sum(lengths) / max(generation.seconds, 1e-9)
+        metrics["perf/time_generate_tail"] = generation.tail_seconds
         return Rollout(batch, metrics, samples)
 
     def generation_state(self, generation: Generation) -> dict[str, Any]:
@@ -208,6 +223,7 @@ class RolloutRunner:
         return {
             "prompts": generation.prompts,
             "seconds": generation.seconds,
+            "tail_seconds": generation.tail_seconds,
             "completions": [dataclasses.asdict(c) for c in generation.completions],
         }
 
@@ -220,7 +236,8 @@ class RolloutRunner:
                 "data gives those steps; resume with the data and config of the run that wrote it"
             )
         completions = [Completion(**c) for c in state["completions"]]
-        return Generation(list(examples), encoded, completions, float(state["seconds"]))
+        seconds, tail = float(state["seconds"]), float(state.get("tail_seconds", 0.0))
+        return Generation(list(examples), encoded, completions, seconds, tail)
 
     def close(self) -> None:
         """Nothing held between calls."""

@@ -102,12 +102,12 @@ class VLLMEngine(GenerationEngine):
         self._metrics: dict[str, float] = {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self.http = httpx.Client(timeout=self.options.timeout_s, limits=limits)
-        self.requests = StreamedRequests(self._segment, lambda: self._version)
         self._write_model_dir()
         if self.options.launch:
             servers = self._launch(self.options.servers)
         else:
             servers = [PoolServer(i, u.rstrip("/")) for i, u in enumerate(self.options.urls)]
+        self.requests = StreamedRequests(self._segment, lambda: self._version, len(servers))
         self.pool = ServerPool(
             servers,
             request=self._request,

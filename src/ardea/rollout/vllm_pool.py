@@ -114,7 +114,7 @@ class ServerPool:
             with self._lock:
                 server.in_flight -= 1
         with self._lock:
-            server.requests += 1
+            server.requests += finish is not None  # a request counts once: where it ends
             server.tokens += tokens
         return finish
 

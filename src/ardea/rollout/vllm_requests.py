@@ -1,7 +1,10 @@
 """Requests on vLLM servers: each one streamed (``"stream": true``) on a thread of its own,
 its tokens and log-probs kept as they arrive, so it can be stopped at any token and go on
 from there (:class:`StreamedRequests`, the request side of
-:class:`~ardea.rollout.vllm_engine.VLLMEngine`).
+:class:`~ardea.rollout.vllm_engine.VLLMEngine`). At most ``max_streams`` requests stream at
+once (a thread and a connection each); later ones wait in order and start as streams end,
+on the threads that served those (``MAX_STREAMS_PER_SERVER`` per server: as many as vLLM
+schedules at once by default, ``max_num_seqs``; more would only wait in its queue).
 
 A request runs as one or more *segments*: a streamed ``/v1/completions`` call whose prompt
 is the request's prompt followed by its tokens so far and whose ``max_tokens`` is what is
@@ -16,6 +19,7 @@ under the new version, so each token keeps the version that produced it
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -30,6 +34,8 @@ from ardea.rollout.engine import Completion, Request, RequestHandle, SamplingPar
 from ardea.rollout.request_state import RequestState
 from ardea.rollout.vllm_pool import VLLMServerDown
 from ardea.rollout.vllm_server import VLLMServerError
+
+MAX_STREAMS_PER_SERVER = 256  # vLLM's default max_num_seqs (module docstring)
 
 
 @dataclass(eq=False)
@@ -64,22 +70,32 @@ class StreamedRequests:
     Args:
         stream: serves one segment (:data:`Stream`).
         version: the engine's current policy version.
+        servers: how many servers serve the segments (``max_streams`` is
+            ``MAX_STREAMS_PER_SERVER`` for each).
     """
 
-    def __init__(self, stream: Stream, version: Callable[[], int]) -> None:
+    def __init__(self, stream: Stream, version: Callable[[], int], servers: int) -> None:
         self.stream = stream
         self.version = version
+        self.max_streams = MAX_STREAMS_PER_SERVER * servers
         self._cond = threading.Condition()
-        self._running: set[Running] = set()
+        self._running: set[Running] = set()  # streaming, or waiting for a stream
+        self._queued: collections.deque[Running] = collections.deque()
+        self._threads = 0
         self._paused = False
         self.in_flight = "resume"
 
     def submit(self, request: Request, key: int | None) -> RequestHandle:
-        """Start ``request`` on a thread of its own (``key``: its affinity key)."""
+        """Start ``request`` on a thread of its own, or queue it behind ``max_streams``
+        running ones (``key``: its affinity key)."""
         run = Running(RequestHandle(request), key=key)
         with self._cond:
             self._running.add(run)
-        threading.Thread(target=self._serve, args=(run,), name="ardea-vllm", daemon=True).start()
+            if self._threads >= self.max_streams:
+                self._queued.append(run)
+                return run.handle
+            self._threads += 1
+        threading.Thread(target=self._work, args=(run,), name="ardea-vllm", daemon=True).start()
         return run.handle
 
     def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
@@ -90,6 +106,10 @@ class StreamedRequests:
                 if id(run.handle) in wanted:
                     run.aborted = True
                     run.close()
+            for run in [r for r in self._queued if id(r.handle) in wanted]:
+                self._queued.remove(run)  # never started: done at once
+                self._running.discard(run)
+                run.handle.finish(run.completion("abort", self.version()))
             self._cond.notify_all()
         return [h.result() for h in handles]
 
@@ -126,6 +146,16 @@ class StreamedRequests:
                 run.aborted = True
                 run.close()
             self._cond.notify_all()
+
+    def _work(self, run: Running) -> None:
+        """Serve ``run``, then the queued requests one after another (a thread's work)."""
+        while run is not None:
+            self._serve(run)
+            with self._cond:
+                if self._queued:
+                    run = self._queued.popleft()
+                else:
+                    run, self._threads = None, self._threads - 1
 
     def _serve(self, run: Running) -> None:
         try:
