@@ -181,3 +181,21 @@ class UpdatingEnv(TurnsEnv):
     def reset(self, row):
         self.row_turns = int(row["turns"])
         return super().reset(row)
+
+
+class CrashingEnv(TurnsEnv):
+    """A TurnsEnv whose ``reset`` raises for rows with ``crash: "reset"`` and whose second
+    ``step`` raises for rows with ``crash: "step"`` (a sandbox that went down)."""
+
+    def reset(self, row):
+        self.crash = row.get("crash")
+        if self.crash == "reset":
+            raise ConnectionError("sandbox unreachable")
+        self.steps = 0
+        return super().reset(row)
+
+    def step(self, reply):
+        self.steps += 1
+        if self.crash == "step" and self.steps == 2:
+            raise RuntimeError("sandbox died")
+        return super().step(reply)

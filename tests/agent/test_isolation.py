@@ -76,7 +76,9 @@ def test_reward_functions_in_processes_are_killed_not_abandoned():
         assert result.counts["reward/timeouts"] == 0 and result.counts["reward/errors"] == 2
     assert multiprocessing.active_children() == []
     with pytest.raises(Exception, match=r"'crash' raised ChildProcessError: its process died"):
-        RewardScorer([(crash, 1.0)], timeout_s=5, executor="process").score(["p"], ["c"], [{}])
+        RewardScorer([(crash, 1.0)], timeout_s=5, on_error="fail", executor="process").score(
+            ["p"], ["c"], [{}]
+        )
 
 
 def test_executors_are_checked_with_the_config():

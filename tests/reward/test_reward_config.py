@@ -20,7 +20,7 @@ def from_yaml(text):
 def test_defaults():
     config = RewardConfig()
     assert config.functions == [RewardFunctionConfig(name="task", weight=1.0, kwargs={})]
-    assert (config.timeout_s, config.on_error) == (10.0, "fail")
+    assert (config.timeout_s, config.on_error) == (10.0, "mask")
 
 
 def test_every_field_has_help_text():
@@ -62,7 +62,10 @@ def test_yaml_with_a_list_of_functions_round_trips():
         ),
         ({"timeout_s": 0.0}, r"reward.timeout_s=0.0 must be a positive"),
         ({"timeout_s": float("inf")}, r"reward.timeout_s=inf"),
-        ({"on_error": "ignore"}, r"reward.on_error='ignore' is not allowed.*'fail', 'zero'"),
+        (
+            {"on_error": "ignore"},
+            r"reward.on_error='ignore' is not allowed.*'mask', 'zero', 'fail'",
+        ),
     ],
 )
 def test_bad_values_name_the_field(kwargs, pattern):
@@ -137,6 +140,10 @@ def test_build_scorer_errors_name_the_entry(functions, task, pattern):
 
 
 def test_build_scorer_failures_follow_on_error():
-    scorer = build_scorer(RewardConfig(functions=[{"name": "exact_match"}], timeout_s=1.0), None)
+    functions = [{"name": "exact_match"}]
+    masked = build_scorer(RewardConfig(functions=functions, timeout_s=1.0), None)
+    result = masked.score(["q"], ["1"], [{"question": "no answer here"}])  # the default: mask
+    assert result.failed == [True] and "'exact_match' raised KeyError" in result.first_problem
+    strict = build_scorer(RewardConfig(functions=functions, timeout_s=1.0, on_error="fail"), None)
     with pytest.raises(RewardError, match="'exact_match' raised KeyError"):
-        scorer.score(["q"], ["1"], [{"question": "no answer here"}])
+        strict.score(["q"], ["1"], [{"question": "no answer here"}])

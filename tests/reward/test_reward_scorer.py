@@ -66,11 +66,18 @@ def test_inputs_reach_the_function_and_numbers_of_any_kind_are_accepted():
     assert seen == {"prompts": PROMPTS, "completions": COMPLETIONS, "rows": ROWS}
 
 
-@pytest.mark.parametrize("on_error", ["fail", "zero"])
-def test_none_is_skipped_and_counted_under_both_policies(on_error):
+@pytest.mark.parametrize("on_error", ["mask", "zero"])
+def test_none_fails_its_sample_and_is_counted(on_error):
     result = score([(const("maybe", [None, 1.0, None]), 1.0)], on_error)
     assert result.rewards == [0.0, 1.0, 0.0]
     assert result.counts == zero_counts(skipped=2)
+    assert result.failed == [True, False, True] and result.failed_by_function == {"maybe": 2}
+    assert result.first_problem == "'maybe' returned None at index 0"
+
+
+def test_none_under_fail_stops_naming_the_sample():
+    with pytest.raises(RewardError, match=r"'maybe' returned None at index 0.*sample #0"):
+        score([(const("maybe", [None, 1.0, None]), 1.0)], "fail")
 
 
 def test_repeated_names_are_made_unique():
@@ -110,6 +117,8 @@ def test_failures_zero_the_affected_samples_and_count_them(case):
     assert result.per_function["good"] == [1.0, 1.0, 1.0]
     assert result.rewards == [0.5 + (0.0 if i in affected else 1.0) for i in range(3)]
     assert result.counts == zero_counts(**{kind: count})
+    assert result.failed == [i in affected for i in range(3)]
+    assert result.failed_by_function == {name: len(affected), "good": 0}
 
 
 @pytest.mark.parametrize("case", sorted(FAILURES))
@@ -120,7 +129,7 @@ def test_failures_raise_with_the_function_problem_and_sample(case):
     message = str(info.value)
     first = {"nan": 1, "string": 1}.get(case, 0)
     assert f"first offending sample #{first}: prompt='p{first}' completion='c{first}'" in message
-    assert "reward.on_error=zero" in message
+    assert "reward.on_error=mask leaves such samples out of training" in message
     assert isinstance(info.value, ArdeaError)
 
 

@@ -157,3 +157,50 @@ def test_rollout_accuracy_reuses_the_task_rewards_scores():
     expected = [len(t) % 2 == 0 for t in texts]
     assert 0 < sum(expected) < len(expected)
     assert scored.metrics["rollout/accuracy"] == sum(expected) / len(expected)
+
+
+SCORES = [1.0, 0.0, None, 1.0, float("nan"), 0.5, 0.0, 1.0, 2.0, None, None, None]
+
+
+def scripted(prompts, completions, rows):
+    """Fixed scores by position (4 groups of 3): None and NaN cannot be scored."""
+    return list(SCORES)
+
+
+@pytest.mark.parametrize("on_error", ["mask", "zero"])
+def test_failed_scores_are_left_out_of_the_batch_and_its_baselines(on_error):
+    """Groups (1, 0, None), (1, NaN, 0.5), (0, 1, 2), (None, None, None). Under mask the
+    failed rows are not in the batch: GRPO's baselines by hand are group 0: [1, 0] → mean
+    0.5, std 0.5 → ±1; group 1: [1, 0.5] → ±1; group 2: [0, 1, 2] → mean 1, std √(2/3) →
+    ∓1.2247, 0; group 3 is gone. Under zero every row is trained, failures scored 0."""
+    from ardea.algo import compute_advantages
+    from ardea.config import PPOConfig
+
+    runner, _ = make_runner(reward=scripted)
+    runner.scorer.on_error = on_error
+    out = rollout(runner)
+    batch = out.batch
+    assert out.metrics["reward/failed_fraction"] == 5 / 12
+    assert out.metrics["reward/scripted/failed_fraction"] == 5 / 12
+    assert (out.metrics["reward/skipped"], out.metrics["reward/nonfinite"]) == (4.0, 1.0)
+    inputs = batch.advantage_inputs()
+    adv = compute_advantages(inputs, PPOConfig(adv_estimator="grpo")).advantages
+    per_row = adv.sum(-1) / inputs.mask.sum(-1)  # the same on every token of a row
+    if on_error == "zero":
+        assert batch.rows == 12 and batch.rewards.tolist()[:3] == [1.0, 0.0, 0.0]
+        return
+    assert batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 2]
+    assert batch.rewards.tolist() == [1.0, 0.0, 1.0, 0.5, 0.0, 1.0, 2.0]
+    s = (2 / 3) ** 0.5
+    expected = [1.0, -1.0, 1.0, -1.0, -1 / s, 0.0, 1 / s]
+    torch.testing.assert_close(per_row, torch.tensor(expected), atol=1e-6, rtol=0)
+    assert out.metrics["rollout/reward_mean"] == pytest.approx(5.5 / 7)
+    assert [s[2] for s in out.samples] == [1.0, 1.0, 0.0]  # each group's first kept row
+
+
+def test_a_rollout_whose_every_score_failed_stops_naming_the_function():
+    from ardea.reward import RewardError
+
+    runner, _ = make_runner(reward=lambda p, c, r: [None] * len(c))
+    with pytest.raises(RewardError, match=r"every completion.*'<lambda>' returned None"):
+        rollout(runner)

@@ -377,6 +377,7 @@ def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(
     overrides = [
         *RUN,
         "reward.functions=[{name: flaky_reward.flaky}]",
+        "reward.on_error=fail",
         f"rollout.max_staleness={staleness}",
         "trainer.max_steps=6",
         "trainer.save_every=1",
@@ -407,3 +408,29 @@ def test_on_error_zero_scores_the_failure_zero_and_counts_it(tmp_path, write_rew
     rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
     assert errors == [0.0, 0.0, 64.0, 0.0]  # the third rollout: all 8 x 8 completions
     assert rewards[2] == 0.0
+
+
+HALF_SCORED = '''
+def half(prompts, completions, rows):
+    """Digit share; None (cannot score) for every other completion of a group."""
+    return [None if i % 2 else sum(ch.isdigit() for ch in c) / max(len(c), 1)
+            for i, c in enumerate(completions)]
+'''
+
+
+def test_failed_scores_are_left_out_of_training_by_default(tmp_path, write_reward_module):
+    """reward.on_error=mask (the default): half of each group cannot be scored; the run
+    trains on the other half (which rows: tests/rollout/test_runner.py), logs the failures
+    and a finite loss."""
+    write_reward_module("half_reward", HALF_SCORED)
+    run = tmp_path / "run"
+    overrides = [*RUN, "reward.functions=[{name: half_reward.half}]", "trainer.max_steps=2",
+                 f"trainer.output_dir={run}"]  # fmt: skip
+    trainer = Trainer(load_config(None, overrides))
+    trainer.train()
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward/failed_fraction" in r]
+    assert [r["reward/failed_fraction"] for r in steps] == [0.5, 0.5]
+    assert [r["reward/half/failed_fraction"] for r in steps] == [0.5, 0.5]
+    assert [r["reward/skipped"] for r in steps] == [32.0, 32.0]  # 8 x 8 completions, half
+    assert all(math.isfinite(r["train/loss"]) for r in steps)

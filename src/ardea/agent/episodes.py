@@ -37,10 +37,14 @@ from ardea.agent.lockstep import Lockstep
 from ardea.agent.reply import Reply
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.data import TrajectoryBatch
-from ardea.errors import ConfigError
-from ardea.rollout import Completion, GenerationEngine, Rollout, SamplingParams
+from ardea.errors import ArdeaError, ConfigError
+from ardea.rollout import GenerationEngine, Rollout, SamplingParams
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
+
+
+class EnvironmentFailure(ArdeaError):
+    """An agent environment raised (under ``reward.on_error=fail``, or in every episode)."""
 
 
 @dataclasses.dataclass
@@ -122,6 +126,10 @@ class EpisodeRunner(StoredEpisodes):
         executor: see ``AgentConfig``.
         reward_discount: see ``AgentConfig``.
         seed: the run seed.
+        on_error: an environment whose ``reset`` or ``step`` raises (an infrastructure
+            failure, not a mistake of the model): ``mask`` ends the episode, counts it
+            (``agent/env_failures``) and leaves its calls out of training; ``fail`` raises
+            :class:`EnvironmentFailure`.
     """
 
     def __init__(
@@ -140,7 +148,12 @@ class EpisodeRunner(StoredEpisodes):
         executor: str = "thread",
         reward_discount: float = 1.0,
         seed: int = 0,
+        on_error: str = "mask",
     ) -> None:
+        if on_error not in ("mask", "fail"):
+            raise ConfigError(f"reward.on_error={on_error!r} with an agent environment: a crashed "
+                              "episode's calls are never trained; choose mask or fail")  # fmt: skip
+        self.on_error = on_error
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env
@@ -180,11 +193,17 @@ class EpisodeRunner(StoredEpisodes):
                 env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
                 if env.toolbox is not None:
                     env.toolbox.executor = self.executor
+                row_id = first_prompt * self.group_size + len(episodes)
+                try:
+                    first = env.reset(row)
+                except Exception as exc:  # noqa: BLE001 - the environment's failure, not ours
+                    episodes.append(Episode(env, group, None, [], row_id=row_id, done=True))
+                    self._env_failed(episodes[-1], row, "reset", exc)
+                    continue
                 conversation = Conversation(
-                    template, env.reset(row), env.tools, history=self.history,
+                    template, first, env.tools, history=self.history,
                     group_id=group, tool_parser=self.tool_parser,
                 )  # fmt: skip
-                row_id = first_prompt * self.group_size + len(episodes)
                 messages = conversation.messages
                 episodes.append(Episode(env, group, conversation, messages, row_id=row_id))
         lockstep = Lockstep(
@@ -197,12 +216,28 @@ class EpisodeRunner(StoredEpisodes):
             lockstep.start(i)
         try:
             for turn in range(self.max_turns):
-                calls += self._turn(episodes, turn, engine, lockstep)
+                calls += self._turn(episodes, turn, engine, lockstep, examples)
         finally:
             lockstep.close()
         for episode in episodes:
-            episode.truncated |= not episode.done
-        return Episodes(list(examples), episodes, calls, time.perf_counter() - start)
+            episode.truncated |= not episode.done and episode.error is None
+        if all(e.error is not None for e in episodes):
+            raise EnvironmentFailure(
+                f"the environment {self.env} failed in every episode of the rollout; the "
+                f"first: {episodes[0].error}"
+            )
+        kept = [call for episode, call in calls if episode.error is None]
+        return Episodes(list(examples), episodes, kept, time.perf_counter() - start)
+
+    def _env_failed(self, episode: Episode, row: Any, where: str, error: Exception) -> None:
+        """``episode``'s environment raised in ``where``: it ends, failed (class docstring)."""
+        message = f"{where} raised {type(error).__name__}: {error}"
+        if self.on_error == "fail":
+            raise EnvironmentFailure(
+                f"the environment {self.env} failed on row {row!r:.200} (reward.on_error=fail): "
+                f"{message}"
+            ) from error
+        episode.error, episode.done = message, True
 
     def _turn(
         self,
@@ -210,7 +245,8 @@ class EpisodeRunner(StoredEpisodes):
         turn: int,
         engine: GenerationEngine,
         lockstep: Lockstep,
-    ) -> list[Interaction]:
+        rows: Sequence[dict[str, Any]],
+    ) -> list[tuple[Episode, Interaction]]:
         """One turn: the next call of every episode still playing, released together by the
         lockstep (call ``turn`` of each: its seed and row of random numbers) once the last
         one arrives or ends, each reply handed to its environment; an episode that ends
@@ -230,7 +266,12 @@ class EpisodeRunner(StoredEpisodes):
         for episode, request in sent:
             if request.error is not None:
                 raise request.error
-            calls.append(self._advance(episode, request.input_ids, request.completions[0]))
+            call = episode.conversation.record(request.input_ids, request.completions[0])
+            try:
+                self._advance(episode, call)
+            except Exception as exc:  # noqa: BLE001 - the environment's failure, not ours
+                self._env_failed(episode, rows[episode.group], "step", exc)
+            calls.append((episode, call))
         return calls
 
     def _next_input(self, episode: Episode, engine: GenerationEngine) -> list[int] | None:
@@ -244,10 +285,9 @@ class EpisodeRunner(StoredEpisodes):
         return ids
 
     @staticmethod
-    def _advance(episode: Episode, input_ids: list[int], completion: Completion) -> Interaction:
-        """Record the reply and hand it, parsed (:class:`~ardea.agent.reply.Reply`), to the
+    def _advance(episode: Episode, call: Interaction) -> None:
+        """Hand the recorded reply, parsed (:class:`~ardea.agent.reply.Reply`), to the
         environment, whose observation joins the conversation."""
-        call = episode.conversation.record(input_ids, completion)
         observation, reward, done, info = episode.env.step(call.reply)
         call.reward = float(reward)
         episode.conversation.messages += [normalize(m) for m in observation]
@@ -257,7 +297,6 @@ class EpisodeRunner(StoredEpisodes):
         episode.tool_errors += int(info.get("tool_errors", 0))
         episode.success = bool(info.get("success", episode.success))
         episode.done = bool(done)
-        return call
 
     def score(self, played: Episodes) -> Rollout:
         """The episodes' trajectories and metrics (module docstring)."""
@@ -270,7 +309,10 @@ class EpisodeRunner(StoredEpisodes):
             pad_token_id=self.tokenizer.pad_token_id,
             **self.params.logprob_sampling,
         )
-        metrics = episode_metrics(played.episodes, batch)
+        good = [e for e in played.episodes if e.error is None]  # a crashed env: not trained
+        metrics = episode_metrics(good, batch)
+        n = len(played.episodes)
+        metrics["agent/env_failures"] = (n - len(good)) / n
         generated = float(batch.loss_mask.sum())
         metrics["perf/generate_tokens_per_s"] = generated / max(played.seconds, 1e-9)
         return Rollout(batch, metrics, self._samples(played))

@@ -120,8 +120,10 @@ class WorkflowRunner(StoredEpisodes):
         group_size: G episodes per row; ``params``: the run's sampling options (a request's
             defaults; ``locked``: a request may not change temperature or top_p).
         transport: ``in_process`` or ``http``; ``max_concurrency``: episodes running at once;
-        timeout_s: seconds one episode may take; ``on_error``: ``zero`` counts a failed
-            episode and goes on, ``fail`` raises :class:`WorkflowError`.
+        timeout_s: seconds one episode may take; ``on_error``: ``mask`` counts a failed
+            episode and leaves its calls out of training, ``fail`` raises
+            :class:`WorkflowError` (``zero`` is refused: a failed episode may stop
+            mid-conversation, so its calls are never trained).
         export: see ``AgentConfig``.
         history: see ``AgentConfig``.
         tool_parser: see ``AgentConfig``.
@@ -140,7 +142,7 @@ class WorkflowRunner(StoredEpisodes):
         transport: str = "in_process",
         max_concurrency: int = 256,
         timeout_s: float = 300.0,
-        on_error: str = "zero",
+        on_error: str = "mask",
         export: str = "conversation",
         history: str = "error",
         tool_parser: str = "hermes",
@@ -150,6 +152,12 @@ class WorkflowRunner(StoredEpisodes):
     ) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(f"agent.transport={transport!r}: choose {' or '.join(TRANSPORTS)}")
+        if on_error not in ("mask", "fail"):
+            raise ConfigError(
+                f"reward.on_error={on_error!r} with an agent workflow: a failed episode may stop "
+                "mid-conversation, so its calls are never trained; choose mask (count it and "
+                "go on) or fail (stop)"
+            )
         self.engine = engine
         self.tokenizer = tokenizer
         self.name = workflow

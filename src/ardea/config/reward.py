@@ -12,7 +12,7 @@ YAML::
         - {name: numeric_match}
         - {name: format_regex, weight: 0.1, kwargs: {pattern: '#### -?\\d+$'}}
       timeout_s: 10.0
-      on_error: zero
+      on_error: mask
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from ardea.config.fields import check_choices, option
 from ardea.errors import ConfigError
 
-ON_ERROR = ("fail", "zero")
+ON_ERROR = ("mask", "zero", "fail")
 EXECUTORS = ("thread", "process")
 
 
@@ -83,9 +83,11 @@ class RewardConfig:
         choices=EXECUTORS,
     )
     on_error: str = option(
-        "fail",
-        "A reward function that raises, times out or returns NaN/a wrong length: 'fail' stops "
-        "the run showing the sample; 'zero' scores it 0 and counts it in reward/* metrics.",
+        "mask",
+        "A reward function that raises, times out, or returns None, NaN or a wrong length: "
+        "'mask' leaves the failed completions out of training (out of their group's baseline "
+        "and the loss), 'zero' trains them with reward 0, 'fail' stops the run showing the "
+        "sample; mask and zero count them (reward/failed_fraction).",
         choices=ON_ERROR,
     )
 

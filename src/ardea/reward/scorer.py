@@ -2,16 +2,18 @@
 
 ``RewardScorer.score`` calls every function once on the whole batch and returns
 ``rewards[i] = sum_k weight_k * value_k[i]``. A call that raises, outlives ``timeout_s``,
-returns something other than one number (or None) per completion, or returns NaN/inf is
-a *problem*: with ``on_error="fail"`` it raises :class:`RewardError` naming the function,
-the problem and the first offending sample; with ``on_error="zero"`` the affected samples
-score 0 for that function and are counted. ``None`` ("no opinion") always scores 0 and is
-counted as skipped. Counts are numbers of samples:
+returns something other than one number (or None) per completion, or returns None or
+NaN/inf for a completion is a *problem*, and its samples *failed*: with
+``on_error="fail"`` it raises :class:`RewardError` naming the function, the problem and the
+first offending sample; otherwise the failed samples score 0 for that function, are
+counted, and are marked (``ScoreResult.failed``): under ``on_error="mask"`` (the default)
+the rollout leaves them out of training (:class:`~ardea.rollout.RolloutRunner`), under
+``"zero"`` they are trained with that 0. Counts are numbers of samples:
 
 - ``reward/errors``    samples of calls that raised or returned a wrong length / non-number
 - ``reward/timeouts``  samples of calls that did not return within ``timeout_s``
 - ``reward/nonfinite`` values that were NaN or +-inf
-- ``reward/skipped``   values that were None
+- ``reward/skipped``   values that were None (the function could not score the sample)
 
 Why threads and not processes: each call runs in its own daemon thread, all functions of
 a batch at once, and ``score`` waits at most ``timeout_s`` in total. Threads cost
@@ -54,14 +56,20 @@ class ScoreResult:
     """Scores of one batch.
 
     Attributes:
-        rewards: weighted sum per sample; problems and None count as 0.
+        rewards: weighted sum per sample; a function's problem counts 0 in it.
         per_function: each function's unweighted value per sample, by name.
         counts: the four ``reward/*`` sample counts of the module docstring.
+        failed: per sample, whether any function failed on it.
+        failed_by_function: per function name, the samples it failed on.
+        first_problem: the first failure, as ``'<function>' <what happened>`` ("" if none).
     """
 
     rewards: list[float]
     per_function: dict[str, list[float]]
     counts: dict[str, int]
+    failed: list[bool]
+    failed_by_function: dict[str, int]
+    first_problem: str = ""
 
 
 @dataclass
@@ -131,30 +139,30 @@ def _unique_names(functions: Sequence[tuple[RewardFn, float]]) -> list[str]:
 
 def _values(
     call: _Call, finished: bool, n: int, timeout_s: float
-) -> tuple[list[float], list[_Problem], int]:
-    """The call's values (0 where there was a problem), its problems and its None count."""
+) -> tuple[list[float], list[_Problem]]:
+    """The call's values (0 where there was a problem) and its problems."""
     everything = list(range(n))
     if call.killed:
         what = f"did not return within timeout_s={timeout_s:g} (its process was killed)"
-        return [0.0] * n, [_Problem("timeouts", what, 0, everything)], 0
+        return [0.0] * n, [_Problem("timeouts", what, 0, everything)]
     if not finished:
         what = f"did not return within timeout_s={timeout_s:g} (its thread is abandoned)"
-        return [0.0] * n, [_Problem("timeouts", what, 0, everything)], 0
+        return [0.0] * n, [_Problem("timeouts", what, 0, everything)]
     if call.error is not None:
         err = call.error
         what = f"raised {type(err).__name__}: {_clip(' '.join(str(err).split()), 300)}"
-        return [0.0] * n, [_Problem("errors", what, 0, everything)], 0
+        return [0.0] * n, [_Problem("errors", what, 0, everything)]
     out = call.value
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
         what = f"returned a {type(out).__name__}, not a list of {n} numbers"
-        return [0.0] * n, [_Problem("errors", what, 0, everything)], 0
+        return [0.0] * n, [_Problem("errors", what, 0, everything)]
     if len(out) != n:
         what = f"returned {len(out)} values for {n} completions"
-        return [0.0] * n, [_Problem("errors", what, 0, everything)], 0
-    values, problems, skipped = [0.0] * n, [], 0
+        return [0.0] * n, [_Problem("errors", what, 0, everything)]
+    values, problems = [0.0] * n, []
     for i, raw in enumerate(out):
         if raw is None:
-            skipped += 1
+            problems.append(_Problem("skipped", f"returned None at index {i}", i, [i]))
             continue
         try:
             if isinstance(raw, (str, bytes)):
@@ -167,7 +175,7 @@ def _values(
             problems.append(_Problem("nonfinite", f"returned {value} at index {i}", i, [i]))
             continue
         values[i] = value
-    return values, problems, skipped
+    return values, problems
 
 
 class RewardScorer:
@@ -177,7 +185,8 @@ class RewardScorer:
         functions: ``(fn, weight)`` pairs; a function's name is its ``__name__`` (names
             that repeat get ``_2``, ``_3``, ...).
         timeout_s: how long one ``score`` call waits for the functions (> 0).
-        on_error: ``"fail"`` raises :class:`RewardError`; ``"zero"`` scores 0 and counts.
+        on_error: ``"fail"`` raises :class:`RewardError`; ``"mask"`` and ``"zero"`` score 0,
+            count and mark the failed samples (module docstring).
         max_abandoned: timed-out calls allowed to still be running before ``score``
             refuses to go on.
         executor: ``thread`` (module docstring) or ``process``: each call in a forked child
@@ -190,7 +199,7 @@ class RewardScorer:
         functions: Sequence[tuple[RewardFn, float]],
         *,
         timeout_s: float,
-        on_error: str = "fail",
+        on_error: str = "mask",
         max_abandoned: int = 16,
         executor: str = "thread",
     ) -> None:
@@ -237,7 +246,8 @@ class RewardScorer:
         return RewardError(
             f"reward function {name!r} {problem.what};{where} first offending sample #{i}: "
             f"prompt={_short(prompts[i])} completion={_short(completions[i])} "
-            "(reward.on_error=zero scores such samples 0 and counts them instead)"
+            "(reward.on_error=mask leaves such samples out of training, zero trains them with "
+            "0; both count them)"
         )
 
     def score(self, prompts: list[str], completions: list[str], rows: list[dict]) -> ScoreResult:
@@ -250,7 +260,8 @@ class RewardScorer:
             )
         counts = dict.fromkeys(COUNT_KEYS, 0)
         if n == 0:
-            return ScoreResult([], {name: [] for name in self.names}, counts)
+            return ScoreResult([], {name: [] for name in self.names}, counts, [],
+                               dict.fromkeys(self.names, 0))  # fmt: skip
         self._check_abandoned()
         in_process = self.timeout_s if self.executor == "process" else None
         calls = [  # each call gets its own lists: one function cannot reorder another's
@@ -264,14 +275,20 @@ class RewardScorer:
             call.done.wait(max(0.0, deadline - time.monotonic()))
         finished = [call.done.is_set() for call in calls]  # decided once, at the deadline
         self._abandoned += [call for call, done in zip(calls, finished) if not done]
-        rewards, per_function = [0.0] * n, {}
+        rewards, per_function, failed, failed_by, first = [0.0] * n, {}, [False] * n, {}, ""
         for name, call, done, (_, weight) in zip(self.names, calls, finished, self.functions):
-            values, problems, skipped = _values(call, done, n, self.timeout_s)
+            values, problems = _values(call, done, n, self.timeout_s)
             if problems and self.on_error == "fail":
                 raise self._fail(name, problems[0], prompts, completions)
+            if problems and not first:
+                first = f"{name!r} {problems[0].what}"
+            bad: set[int] = set()
             for problem in problems:
                 counts[f"reward/{problem.kind}"] += len(problem.samples)
-            counts["reward/skipped"] += skipped
+                bad.update(problem.samples)
+            for i in bad:
+                failed[i] = True
+            failed_by[name] = len(bad)
             per_function[name] = values
             rewards = [r + weight * v for r, v in zip(rewards, values)]
-        return ScoreResult(rewards, per_function, counts)
+        return ScoreResult(rewards, per_function, counts, failed, failed_by, first)

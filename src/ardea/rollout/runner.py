@@ -34,7 +34,7 @@ import torch
 
 from ardea.data import RolloutPrompt, Segment, Task, Trajectory, TrajectoryBatch, rollout_prompt_ids
 from ardea.errors import ArdeaError, ConfigError
-from ardea.reward import RewardScorer, example_row, overlong_penalty
+from ardea.reward import RewardError, RewardScorer, ScoreResult, example_row, overlong_penalty
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 SAMPLES_KEPT = 4  # prompts per rollout whose first completion is kept for samples.jsonl
@@ -103,6 +103,25 @@ def tail_seconds(done: list[float]) -> float:
         return 0.0
     times = sorted(done)
     return times[-1] - times[math.ceil(0.9 * len(times)) - 1]
+
+
+def failure_metrics(scored: ScoreResult) -> dict[str, float]:
+    """``reward/failed_fraction`` (completions any reward function failed on) and, per
+    function, ``reward/<name>/failed_fraction``."""
+    n = max(len(scored.failed), 1)
+    out = {"reward/failed_fraction": sum(scored.failed) / n}
+    out |= {
+        f"reward/{name}/failed_fraction": k / n for name, k in scored.failed_by_function.items()
+    }
+    return out
+
+
+def _first_of_groups(rows: list[int], group_size: int) -> list[int]:
+    """The first of ``rows`` (ascending indices) of each group of ``group_size``."""
+    first: dict[int, int] = {}
+    for i in rows:
+        first.setdefault(i // group_size, i)
+    return list(first.values())
 
 
 class RolloutRunner:
@@ -188,7 +207,10 @@ class RolloutRunner:
         return Generation(list(examples), prompts, completions, time.perf_counter() - start, tail)
 
     def score(self, generation: Generation) -> Rollout:
-        """Score ``generation`` and collate it into a trajectory batch (module docstring)."""
+        """Score ``generation`` and collate it into a trajectory batch (module docstring):
+        under ``reward.on_error=mask`` the completions whose reward failed are left out of
+        the batch (so out of their group's baseline and the loss) and of the reward
+        metrics."""
         completions = generation.completions
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         groups = [e for e in generation.examples for _ in range(self.group_size)]
@@ -203,19 +225,39 @@ class RolloutRunner:
             penalty=self.overlong_penalty,
         )
         rewards = [r + p for r, p in zip(scored.rewards, penalties)]
-        metrics = self._metrics(rewards, lengths, completions, texts, groups, scored.per_function)
+        keep = self._kept(scored)
+        metrics = self._metrics(
+            [rewards[i] for i in keep], [lengths[i] for i in keep], [completions[i] for i in keep],
+            [texts[i] for i in keep], [groups[i] for i in keep],
+            {name: [v[i] for i in keep] for name, v in scored.per_function.items()},
+        )  # fmt: skip
         if self.overlong_buffer:
             metrics["rollout/overlong_penalty"] = sum(penalties) / len(penalties)
         metrics.update({k: float(v) for k, v in scored.counts.items()})
-        batch = self._collate(completions, rewards)
-        samples = [  # the first completion of the first few prompts, for samples.jsonl
+        metrics |= failure_metrics(scored)
+        batch = self._collate(completions, rewards, keep)
+        samples = [  # the first kept completion of the first few prompts, for samples.jsonl
             (groups[i].prompt, texts[i], rewards[i])
-            for i in range(0, min(len(groups), SAMPLES_KEPT * self.group_size), self.group_size)
-        ]
+            for i in _first_of_groups(keep, self.group_size)
+        ][:SAMPLES_KEPT]
         # the engine's throughput, wherever it ran (in a background worker too)
         metrics["perf/generate_tokens_per_s"] = sum(lengths) / max(generation.seconds, 1e-9)
         metrics["perf/time_generate_tail"] = generation.tail_seconds
         return Rollout(batch, metrics, samples)
+
+    def _kept(self, scored: ScoreResult) -> list[int]:
+        """The completions trained: all, or under ``on_error=mask`` those whose reward did
+        not fail (none left: a RewardError naming the failing functions)."""
+        if self.scorer.on_error != "mask":
+            return list(range(len(scored.failed)))
+        keep = [i for i, failed in enumerate(scored.failed) if not failed]
+        if not keep:
+            raise RewardError(
+                f"the reward of every completion of the rollout failed (first: reward function "
+                f"{scored.first_problem}); under reward.on_error=mask nothing is left to train "
+                "on: fix the function or its service"
+            )
+        return keep
 
     def generation_state(self, generation: Generation) -> dict[str, Any]:
         """A generation as plain lists (checkpoints load with ``weights_only=True``); its
@@ -265,19 +307,22 @@ class RolloutRunner:
             metrics["rollout/accuracy"] = sum(correct) / len(correct)
         return metrics
 
-    def _collate(self, completions: Sequence[Completion], rewards) -> TrajectoryBatch:
-        """One row per completion: its prompt, then what the engine generated."""
+    def _collate(
+        self, completions: Sequence[Completion], rewards, rows: list[int]
+    ) -> TrajectoryBatch:
+        """One row per completion of ``rows`` (indices): its prompt, then what the engine
+        generated; its group the prompt's."""
         trajectories = [
             Trajectory(
                 (
                     Segment.prompt(c.prompt_ids),
                     Segment.generated(c.token_ids, c.logprobs, version=c.token_versions),
                 ),
-                reward=reward,
+                reward=rewards[i],
                 group_id=i // self.group_size,
                 no_eos=c.finish_reason == "length",
             )
-            for i, (c, reward) in enumerate(zip(completions, rewards))
+            for i, c in ((i, completions[i]) for i in rows)
         ]
         return TrajectoryBatch.from_trajectories(
             trajectories,

@@ -129,7 +129,9 @@ def evaluate_rewards(
     batch_size: int = 256,
 ) -> EvalResult:
     """One greedy completion per held-out prompt record, scored by the reward functions
-    with the record's row; metrics ``reward_mean`` (the weighted sum, averaged over prompts)."""
+    with the record's row; metrics ``reward_mean`` (the weighted sum, averaged over prompts;
+    under ``reward.on_error=mask`` over those whose reward did not fail) and
+    ``reward_failed_fraction``."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     texts = [
         t[0]
@@ -138,7 +140,14 @@ def evaluate_rewards(
         )
     ]
     scored = scorer.score([p.prompt for p in prompts], texts, [reward_row(p) for p in prompts])
-    metrics = {"reward_mean": sum(scored.rewards) / len(scored.rewards)}
+    counted = [
+        r for r, failed in zip(scored.rewards, scored.failed)
+        if not (failed and scorer.on_error == "mask")
+    ]  # fmt: skip
+    metrics = {
+        "reward_mean": sum(counted) / len(counted) if counted else float("nan"),
+        "reward_failed_fraction": sum(scored.failed) / len(scored.failed),
+    }
     return EvalResult(
         metrics, [(p.prompt, t, r) for p, t, r in zip(prompts, texts, scored.rewards)]
     )

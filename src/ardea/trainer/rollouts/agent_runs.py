@@ -121,6 +121,7 @@ def episode_runner(
         executor=agent.executor,
         reward_discount=agent.reward_discount,
         seed=config.trainer.seed,
+        on_error=config.reward.on_error,
     )
 
 

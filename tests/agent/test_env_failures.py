@@ -1,0 +1,48 @@
+"""An environment that crashes (reset or step raises: an infrastructure failure, not a
+mistake of the model) ends its episode, which is counted and left out of training under
+reward.on_error=mask, and stops the run under fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from ardea.agent.episodes import EnvironmentFailure, EpisodeRunner
+from ardea.errors import ConfigError
+from ardea.rollout import SamplingParams
+
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=4)
+ROWS = [{"turns": 3}, {"turns": 3, "crash": "step"}, {"turns": 2, "crash": "reset"}]
+
+
+def runner(engine, tokenizer, on_error="mask"):
+    return EpisodeRunner(
+        engine, tokenizer, env="tests.agent.agent_testing.CrashingEnv", group_size=2,
+        params=PARAMS, max_turns=4, seed=1, on_error=on_error,
+    )  # fmt: skip
+
+
+def test_crashed_episodes_are_counted_and_not_trained(engine, tokenizer):
+    played = runner(engine, tokenizer).generate(ROWS, seed_index=0)
+    errors = [e.error for e in played.episodes]
+    assert errors[:2] == [None, None]
+    assert errors[2:4] == ["step raised RuntimeError: sandbox died"] * 2
+    assert errors[4:] == ["reset raised ConnectionError: sandbox unreachable"] * 2
+    # row 0's two episodes play 3 turns each; the crashed ones leave no call behind
+    assert len(played.calls) == 6 and {c.group_id for c in played.calls} == {0}
+    rollout = runner(engine, tokenizer).score(played)
+    assert rollout.batch.group_ids.tolist() == [0, 0]
+    assert rollout.metrics["agent/env_failures"] == 4 / 6
+    assert rollout.metrics["agent/turns_per_episode"] == 3.0  # over the two that ran
+    assert not any(e.truncated for e in played.episodes[2:])
+
+
+def test_a_crash_under_fail_stops_naming_the_row(engine, tokenizer):
+    with pytest.raises(EnvironmentFailure, match=r"row \{'turns': 3, 'crash': 'step'\}.*died"):
+        runner(engine, tokenizer, "fail").generate(ROWS[:2], seed_index=0)
+
+
+def test_every_episode_crashing_stops_and_zero_is_refused(engine, tokenizer):
+    with pytest.raises(EnvironmentFailure, match="every episode.*sandbox unreachable"):
+        runner(engine, tokenizer).generate(ROWS[2:], seed_index=0)
+    with pytest.raises(ConfigError, match="reward.on_error='zero' with an agent environment"):
+        runner(engine, tokenizer, "zero")
