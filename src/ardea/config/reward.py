@@ -50,7 +50,8 @@ class RewardFunctionConfig:
     name: str = field(  # required: no default
         metadata={
             "help": "Reward function by registered name (task, exact_match, numeric_match, "
-            "math_verify, format_boxed, format_regex) or dotted path package.module.function."
+            "math_verify, format_boxed, format_regex, reward_model) or dotted path "
+            "package.module.function."
         }
     )
     weight: float = option(1.0, "Weight of this function in the summed reward (may be negative).")

@@ -5,8 +5,9 @@ A reward function maps a batch to one value per completion::
     fn(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]
 
 Built-ins (:mod:`ardea.reward.builtins`): ``exact_match``, ``numeric_match``,
-``math_verify``, ``format_boxed``, ``format_regex`` and ``task``; user functions are named
-by dotted path. :class:`RewardScorer` sums them with weights under a per-call timeout and
+``math_verify``, ``format_boxed``, ``format_regex`` and ``task``, and ``reward_model``, a
+learned reward model from a local directory (:mod:`ardea.reward.reward_model`); user
+functions are named by dotted path. :class:`RewardScorer` sums them with weights under a per-call timeout and
 a configurable policy for functions that fail (:mod:`ardea.reward.scorer`);
 :func:`build_scorer` makes one from a :class:`~ardea.config.reward.RewardConfig`.
 """
@@ -20,6 +21,7 @@ from ardea.reward.registry import (
     register_reward,
     reward_names,
 )
+from ardea.reward.reward_model import reward_model
 from ardea.reward.scorer import COUNT_KEYS, RewardError, RewardScorer, ScoreResult
 from ardea.reward.shaping import overlong_penalty
 
@@ -37,6 +39,7 @@ __all__ = [
     "make_reward",
     "overlong_penalty",
     "register_reward",
+    "reward_model",
     "reward_names",
     "task_reward",
 ]

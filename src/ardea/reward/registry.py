@@ -8,7 +8,8 @@ A reward function is called on a batch::
 conversational prompt record) and ``rows[i]`` its row: a prompt record's columns at the top
 level, as in the file (``prompt``, ``answer``, any other column), or a task example's
 ``{"prompt", "answer", "meta"}`` (see :func:`ardea.reward.example_row`). It returns one
-number per completion, or ``None`` for "no opinion" (scored 0 and counted as skipped).
+number per completion, or ``None`` where it cannot score one (a failed sample:
+``reward.on_error``, :mod:`ardea.reward.scorer`).
 Options are explicit keyword-only arguments after the three lists; :func:`make_reward`
 binds them and rejects unknown or missing ones.
 

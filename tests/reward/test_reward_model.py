@@ -1,0 +1,67 @@
+"""The reward_model function: a sequence-classification checkpoint (saved by plain
+transformers) scores prompt + completion; batched scores equal one text at a time.
+
+Tolerance 1e-5: the same float32 forward of a text alone or right-padded in a batch of
+others differs by rounding only (padding changes matmul shapes: ~1e-7 per op, 2 layers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from ardea.errors import ConfigError
+from ardea.model import build_char_tokenizer, tiny_config
+from ardea.reward import make_reward
+
+
+def save_rm(tmp_path, num_labels=1):
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
+    config.num_labels = num_labels
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config)
+    path = tmp_path / f"rm{num_labels}"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path), model.eval(), tokenizer
+
+
+def test_scores_are_the_models_logit_of_prompt_plus_completion(tmp_path):
+    path, model, tokenizer = save_rm(tmp_path)
+    prompts = ["12+34=", "7+8=", "100+1="]
+    completions = ["46", "15 and more text", ""]
+    score = make_reward("reward_model", path=path, batch_size=2)
+    got = score(prompts, completions, [{}] * 3)
+    alone = []
+    for p, c in zip(prompts, completions):
+        ids = torch.tensor([tokenizer(p + c, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            alone.append(float(model(input_ids=ids).logits[0, 0]))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-5, rtol=0)
+    assert len(set(got)) == 3  # different texts, different scores
+
+
+def test_a_conversational_prompt_is_rendered_with_the_chat_template(tmp_path):
+    path, model, tokenizer = save_rm(tmp_path)
+    messages = [{"role": "user", "content": "2+2="}]
+    got = make_reward("reward_model", path=path)([messages], ["4"], [{}])
+    text = tokenizer.apply_chat_template(
+        messages + [{"role": "assistant", "content": "4"}], tokenize=False
+    )
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert got[0] == pytest.approx(float(model(input_ids=ids).logits[0, 0]), abs=1e-5)
+
+
+def test_bad_options_and_models_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"path='/nowhere' is not a model directory"):
+        make_reward("reward_model", path="/nowhere")
+    path, _, _ = save_rm(tmp_path)
+    with pytest.raises(ConfigError, match=r"batch_size=0 must be an integer >= 1"):
+        make_reward("reward_model", path=path, batch_size=0)
+    with pytest.raises(ConfigError, match=r"dtype='float16'; choose one of float32, bfloat16"):
+        make_reward("reward_model", path=path, dtype="float16")
+    two, _, _ = save_rm(tmp_path, num_labels=2)
+    with pytest.raises(ConfigError, match=r"num_labels=2; a reward model gives one score"):
+        make_reward("reward_model", path=two)(["a"], ["b"], [{}])
