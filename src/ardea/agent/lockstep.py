@@ -189,7 +189,7 @@ class Lockstep:
             raise
         loop = asyncio.get_running_loop()
         served = loop.create_future()
-        self.arrive(request, lambda: loop.call_soon_threadsafe(_resolve, served))
+        self.arrive(request, lambda: _resolve_from_any_thread(loop, served))
         await served
         collect(request)
         return client.serve(request)
@@ -219,6 +219,15 @@ class Lockstep:
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():  # a cancelled caller (its episode timed out) gets nothing
         future.set_result(None)
+
+
+def _resolve_from_any_thread(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    """Resolve ``future`` on its loop; nothing when the loop has closed (its caller, an
+    episode given up with the loop, waits no more)."""
+    try:
+        loop.call_soon_threadsafe(_resolve, future)
+    except RuntimeError:  # the event loop is closed
+        pass
 
 
 def _small(request) -> bool:

@@ -242,7 +242,7 @@ class RolloutRunner:
         ][:SAMPLES_KEPT]
         # the engine's throughput, wherever it ran (in a background worker too)
         metrics["perf/generate_tokens_per_s"] = sum(lengths) / max(generation.seconds, 1e-9)
-        metrics["perf/time_generate_tail"] = generation.tail_seconds
+        metrics["perf/generate_tail_s"] = generation.tail_seconds
         return Rollout(batch, metrics, samples)
 
     def _kept(self, scored: ScoreResult) -> list[int]:

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+JOIN_S = 10.0  # longest wait for the heartbeat thread to end (a store call in flight)
 INTERVAL_S = 1.0
 PREFIX = "ardea/heartbeat/"
 
@@ -72,7 +73,11 @@ class Heartbeat:
             self.store.wait([key], timedelta(seconds=wait_s))
 
     def close(self) -> None:
+        """Stop the heartbeat and wait for its thread: a daemon thread still inside a store
+        call when the process exits can abort it ("terminate called without an active
+        exception", seen at the end of torchrun runs)."""
         self._stop.set()
+        self._thread.join(timeout=JOIN_S)
 
 
 def is_collective_failure(error: BaseException) -> bool:
