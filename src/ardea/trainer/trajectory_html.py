@@ -44,13 +44,17 @@ def turn_colour(turn: int) -> str:
 
 
 def read_rows(path: Path) -> dict[int, list[dict[str, Any]]]:
-    """The rows of ``trajectories.jsonl`` by step (a ValueError naming a bad line)."""
+    """The rows of ``trajectories.jsonl`` by step (a ValueError naming a bad line). A line
+    torn by a killed run (not JSON; a resumed run appends after it) is skipped."""
     steps: dict[int, list[dict[str, Any]]] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # torn by a kill mid-write
+        try:
             steps.setdefault(int(row["step"]), []).append(row)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path} line {number}: not a trajectory record ({err})") from err
