@@ -1,7 +1,7 @@
 """At most ``max_streams`` requests stream at once on the vLLM engine; later ones wait in
 order, start as streams end, and abort at once while waiting. The segments here are a
-stand-in that holds until released: a server slow enough to hold 256 streams per server
-cannot be provoked on a CPU test machine, so the cap is checked at 2 on the real
+stand-in that holds until released: a server slow enough to hold 1,024 streams (the cap per
+server) cannot be provoked on a CPU test machine, so the cap is checked at 2 on the real
 StreamedRequests."""
 
 from __future__ import annotations

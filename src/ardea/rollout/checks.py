@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -36,6 +37,13 @@ def load_weights(weights: Weights) -> Mapping[str, torch.Tensor]:
     for file in files:
         tensors.update(load_file(file))
     return tensors
+
+
+def request_input(request: Any) -> tuple[list[int], int]:
+    """A request's input ids (its prompt, then its prefix's tokens) and the tokens it may
+    still generate: what an engine checks with :func:`check_prompts`."""
+    prefix = [] if request.prefix is None else list(request.prefix.token_ids)
+    return list(request.prompt_ids) + prefix, request.params.max_new_tokens - len(prefix)
 
 
 def check_prompts(

@@ -220,16 +220,22 @@ def request_tables(requests: Sequence[Request]) -> list[tuple[torch.Tensor | Non
         if params.temperature == 0:
             continue
         if params.seed is None:
-            out[i] = (torch.rand(1, params.max_new_tokens, dtype=torch.float64), 0)
+            out[i] = (seeded_table(None, 1, params.max_new_tokens), 0)
         else:
             seeded.setdefault((params.seed, params.max_new_tokens), []).append(i)
     for (seed, width), members in seeded.items():
-        generator = torch.Generator().manual_seed(seed)
-        shape = (max(requests[i].row_id for i in members) + 1, width)
-        table = torch.rand(shape, generator=generator, dtype=torch.float64)
+        table = seeded_table(seed, max(requests[i].row_id for i in members) + 1, width)
         for i in members:
             out[i] = (table, requests[i].row_id)
     return out
+
+
+def seeded_table(seed: int | None, rows: int, width: int) -> torch.Tensor:
+    """(rows, width) float64 uniforms in [0, 1): the first ``rows`` rows of ``seed``'s
+    table (a CPU generator fills it row by row, so a longer table starts with these), or
+    drawn from the global RNG when ``seed`` is None."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    return torch.rand((rows, width), generator=generator, dtype=torch.float64)
 
 
 def uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
@@ -238,12 +244,8 @@ def uniform_table(n_rows: int, params: SamplingParams) -> torch.Tensor | None:
     if params.temperature == 0:
         return None
     rows = params.rows(n_rows)
-    generator = None
-    if params.seed is not None:
-        generator = torch.Generator().manual_seed(params.seed)
     first = min(rows, default=0)
-    shape = (max(rows, default=-1) + 1, params.max_new_tokens)
-    table = torch.rand(shape, generator=generator, dtype=torch.float64)
+    table = seeded_table(params.seed, max(rows, default=-1) + 1, params.max_new_tokens)
     if rows == list(range(first, first + n_rows)):
         return table[first:]  # a contiguous slice: no copy
     return table[torch.tensor(rows, dtype=torch.long)]

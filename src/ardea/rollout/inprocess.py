@@ -53,6 +53,7 @@ from transformers import AutoModelForCausalLM
 
 from ardea.model import Precision
 from ardea.model.flops import count_generation
+from ardea.rollout.checks import request_input
 from ardea.rollout.continuous import (
     Decoder,
     additive_mask_dtype,
@@ -166,9 +167,8 @@ class InProcessEngine(GenerationEngine):
     def submit_all(self, requests: Sequence[Request]) -> list[RequestHandle]:
         """Queue ``requests`` at once: they join the same decode step (module docstring)."""
         for request in requests:
-            prefix = [] if request.prefix is None else list(request.prefix.token_ids)
-            self._check([list(request.prompt_ids) + prefix],
-                        request.params.max_new_tokens - len(prefix))  # fmt: skip
+            ids, left = request_input(request)
+            self._check([ids], left)
         rows = self._rows(list(requests), None)
         self._loop.enqueue(rows)
         return [row.handle for row in rows]

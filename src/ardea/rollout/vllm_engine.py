@@ -49,6 +49,7 @@ from safetensors.torch import save_file
 
 from ardea.config.vllm import VLLMConfig
 from ardea.errors import ConfigError
+from ardea.rollout.checks import request_input
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -149,10 +150,8 @@ class VLLMEngine(GenerationEngine):
 
     def submit(self, request: Request) -> RequestHandle:
         """Stream ``request`` on the server of its row id (module docstring)."""
-        prefix = [] if request.prefix is None else list(request.prefix.token_ids)
-        self._check(
-            [list(request.prompt_ids) + prefix], request.params.max_new_tokens - len(prefix)
-        )
+        ids, left = request_input(request)
+        self._check([ids], left)
         return self.requests.submit(request, request.row_id)
 
     def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:

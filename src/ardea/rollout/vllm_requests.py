@@ -3,8 +3,9 @@ its tokens and log-probs kept as they arrive, so it can be stopped at any token 
 from there (:class:`StreamedRequests`, the request side of
 :class:`~ardea.rollout.vllm_engine.VLLMEngine`). At most ``max_streams`` requests stream at
 once (a thread and a connection each); later ones wait in order and start as streams end,
-on the threads that served those (``MAX_STREAMS_PER_SERVER`` per server: as many as vLLM
-schedules at once by default, ``max_num_seqs``; more would only wait in its queue).
+on the threads that served those (``MAX_STREAMS_PER_SERVER`` per server: the largest
+``max_num_seqs`` vLLM picks by default, 1,024 on H100-class GPUs and larger, 256 on others,
+128 on CPUs; more would only wait in its queue).
 
 A request runs as one or more *segments*: a streamed ``/v1/completions`` call whose prompt
 is the request's prompt followed by its tokens so far and whose ``max_tokens`` is what is
@@ -35,7 +36,7 @@ from ardea.rollout.request_state import RequestState
 from ardea.rollout.vllm_pool import VLLMServerDown
 from ardea.rollout.vllm_server import VLLMServerError
 
-MAX_STREAMS_PER_SERVER = 256  # vLLM's default max_num_seqs (module docstring)
+MAX_STREAMS_PER_SERVER = 1024  # vLLM's largest default max_num_seqs (module docstring)
 
 
 @dataclass(eq=False)
