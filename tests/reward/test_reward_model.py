@@ -35,7 +35,8 @@ def test_scores_are_the_models_logit_of_prompt_plus_completion(tmp_path):
     got = score(prompts, completions, [{}] * 3)
     alone = []
     for p, c in zip(prompts, completions):
-        ids = torch.tensor([tokenizer(p + c, add_special_tokens=False)["input_ids"]])
+        text = p + c + tokenizer.eos_token  # what reward_model trains on ends with eos
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
             alone.append(float(model(input_ids=ids).logits[0, 0]))
     torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-5, rtol=0)
@@ -49,6 +50,8 @@ def test_a_conversational_prompt_is_rendered_with_the_chat_template(tmp_path):
     text = tokenizer.apply_chat_template(
         messages + [{"role": "assistant", "content": "4"}], tokenize=False
     )
+    assert text.endswith("<|im_end|>\n")
+    text = text.removesuffix("\n")  # the reply's turn ends at its end-of-turn marker
     ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
         assert got[0] == pytest.approx(float(model(input_ids=ids).logits[0, 0]), abs=1e-5)

@@ -120,3 +120,60 @@ def test_an_interrupted_stage_resumes_exactly(tmp_path, monkeypatch):
     assert again["rl"]["steps"] == 3
     resumed = load_file(final / "policy" / "model.safetensors")
     assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+
+
+RM_STAGES = (
+    "stages={sft: {algo: {name: sft}, data: {train_size: 64}, "
+    "trainer: {max_steps: 3, batch_size: 8, eval_every: 0}}, "
+    "rm: {algo: {name: reward_model}, data: {train_size: 64}, "
+    "trainer: {max_steps: 2, batch_size: 8, eval_every: 0}}, "
+    "rl: {algo: {name: online_grpo}, model: {path: 'stage:sft'}, "
+    "reward: {functions: [{name: reward_model, kwargs: {path: 'stage:rm'}}]}, "
+    "rollout: {group_size: 2, max_new_tokens: 4}, "
+    "trainer: {max_steps: 2, batch_size: 4, lr: 1e-4, eval_every: 0}}}"
+)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        (
+            "stages.rl.model.path=stage:rl",
+            r"model\.path=stage:'rl' names no earlier stage.*sft, rm",
+        ),
+        (
+            "stages.rl.reward.functions=[{name: reward_model, kwargs: {path: 'stage:nope'}}]",
+            r"reward\.functions\[0\]\.kwargs\.path=stage:'nope' names no earlier stage",
+        ),
+        (
+            "stages.rl.reward.functions=[{name: reward_modl, kwargs: {path: 'stage:rm'}}]",
+            r"unknown reward function 'reward_modl'.*\(stages\.rl\)",
+        ),
+        ("stages.sft.model.path=stage:rm", r"none: this is the first stage.*\(stages\.sft\)"),
+    ],
+)
+def test_a_bad_stage_reference_fails_before_any_work(override, match, tmp_path):
+    overrides = [*TINY, RM_STAGES, override, f"trainer.output_dir={tmp_path / 'r'}"]
+    with pytest.raises(ArdeaError, match=match):
+        run(load_config(None, overrides))
+    assert not (tmp_path / "r").exists()
+
+
+def test_stages_name_earlier_stages_models(tmp_path):
+    """sft → a reward model from the SFT policy → RL from the SFT policy (not the reward
+    model, the previous stage) scored by the reward model."""
+    top = tmp_path / "run"
+    results = run(load_config(None, [*TINY, RM_STAGES, f"trainer.output_dir={top}"]))
+    sft_final = top / "sft" / "checkpoints" / "step_0000003" / "policy"
+    rm_final = top / "rm" / "checkpoints" / "step_0000002" / "policy"
+    assert load_config(top / "rm" / "config.yaml").model.path == str(sft_final)
+    rl = load_config(top / "rl" / "config.yaml")
+    assert rl.model.path == str(sft_final)
+    assert rl.reward.functions[0].kwargs["path"] == str(rm_final)
+    rewards = [
+        json.loads(line)["rollout/reward_mean"]
+        for line in (top / "rl" / "metrics.jsonl").open()
+        if "rollout/reward_mean" in line
+    ]
+    assert rewards and all(r != 0.0 for r in rewards)  # scored by the trained RM's logits
+    assert results["rm"]["strategy"] == "reward_model"

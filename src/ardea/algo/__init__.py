@@ -72,6 +72,7 @@ from ardea.algo.policy_loss_registry import (
     get_policy_loss,
 )
 from ardea.algo.preference_loss import dpo_loss, ipo_loss
+from ardea.algo.reward_model_loss import bradley_terry_loss
 from ardea.algo.value_loss import explained_variance, value_loss
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "AdvantageOutputs",
     "agg_counts",
     "agg_loss",
+    "bradley_terry_loss",
     "build_lambda_context",
     "c_kernel_available",
     "check_turn_ids",

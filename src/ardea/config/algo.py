@@ -3,6 +3,7 @@ grpo and ppo are the nested :class:`~ardea.config.PPOConfig`, ``algo.ppo``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ardea.config.fields import check_choices, check_range, option
@@ -21,6 +22,16 @@ class AlgoConfig:
         "sum",
         "dpo: sequence log-prob as the sum or the mean of its token log-probs.",
         choices=("sum", "mean"),
+    )
+    rm_margin: float = option(
+        0.0,
+        "reward_model: margin the chosen reply's score must beat the rejected one's by, "
+        "-log sigmoid(r_chosen - r_rejected - margin) (0 = plain Bradley-Terry).",
+    )
+    rm_center_coef: float = option(
+        0.0,
+        "reward_model: weight of (r_chosen + r_rejected)^2, which keeps scores centred on 0 "
+        "(TRL's center_rewards_coefficient; 0 = off).",
     )
     moe_aux_loss_coef: float = option(
         0.01, "Weight of a mixture-of-experts model's load-balancing loss (0 = off)."
@@ -97,6 +108,9 @@ class AlgoConfig:
             )
         check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
         check_range("algo.beta", self.beta, low=0.0, low_open=True)
+        if not math.isfinite(self.rm_margin):
+            raise ConfigError(f"algo.rm_margin={self.rm_margin!r} must be a finite number")
+        check_range("algo.rm_center_coef", self.rm_center_coef, low=0.0)
         check_range("algo.moe_aux_loss_coef", self.moe_aux_loss_coef, low=0.0)
         check_range("algo.ppo_epochs", self.ppo_epochs, low=1)
         check_range("algo.ppo_mini_batches", self.ppo_mini_batches, low=1)

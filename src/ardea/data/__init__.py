@@ -15,7 +15,12 @@ from ardea.data.chat import chat_tokens
 from ardea.data.groups import GroupSample, collate_groups
 from ardea.data.load import Sample, load_samples, tokenize_records
 from ardea.data.packing import PackedSample, collate_packed, pack_samples
-from ardea.data.preference import PreferenceSample, collate_preference, preference_pairs
+from ardea.data.preference import (
+    PreferenceSample,
+    collate_preference,
+    preference_pairs,
+    task_preference_samples,
+)
 from ardea.data.prompt_data import PromptSample, RolloutPrompt, reward_row, rollout_prompt_ids
 from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.records import Record, read_records
@@ -57,6 +62,7 @@ __all__ = [
     "reward_row",
     "rollout_prompt_ids",
     "task_names",
+    "task_preference_samples",
     "tokenize_examples",
     "tokenize_records",
 ]

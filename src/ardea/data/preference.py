@@ -7,6 +7,7 @@ last. Both responses follow the same prompt ids.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,9 @@ from torch import Tensor
 
 from ardea.data.chat import check_fits, prompt_and_completion_ids
 from ardea.data.records import Record
+from ardea.data.tasks import Task
 from ardea.data.trajectory import Segment, Trajectory, TrajectoryBatch
+from ardea.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,45 @@ def tokenize_preference(
     longest = len(prompt_ids) + max(len(chosen), len(rejected))
     check_fits(record, len(prompt_ids), longest, max_length)
     return PreferenceSample(tuple(prompt_ids), tuple(chosen), tuple(rejected))
+
+
+def task_preference_samples(
+    task: Task,
+    split: str,
+    n: int,
+    tokenizer: Any,
+    *,
+    max_length: int,
+    chat_template: bool,
+) -> list[PreferenceSample]:
+    """``n`` preference pairs from ``task``'s ``split``: each example's prompt with its
+    reference answer as chosen and :meth:`~ardea.data.Task.wrong_answer` as rejected
+    (drawn from a generator seeded by the task and split: the same pairs on every call).
+
+    Raises:
+        ConfigError: the task has no wrong answers to offer.
+    """
+    rng = random.Random(f"preference:{task.name}:{split}")
+    samples = []
+    for index, example in enumerate(task.examples(split, n)):
+        wrong = task.wrong_answer(example, rng)
+        if wrong is None:
+            raise ConfigError(
+                f"task {task.name!r} has no built-in preference pairs (no wrong answers); "
+                "set data.path to a file of {prompt, chosen, rejected} records"
+            )
+        record = Record(
+            {"prompt": example.prompt, "chosen": example.answer, "rejected": wrong},
+            source=f"task {task.name} ({split})",
+            line=index,
+            unit="pair",
+        )
+        samples.append(
+            tokenize_preference(
+                tokenizer, record, max_length=max_length, chat_template=chat_template
+            )
+        )
+    return samples
 
 
 def collate_preference(samples: Sequence[PreferenceSample], pad_token_id: int) -> TrajectoryBatch:

@@ -112,8 +112,10 @@ def load_model_and_tokenizer(
     *,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
+    auto_class: type = AutoModelForCausalLM,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``AutoModelForCausalLM`` + ``AutoTokenizer`` from a local directory.
+    """Load ``AutoModelForCausalLM`` (or ``auto_class``) + ``AutoTokenizer`` from a local
+    directory.
 
     Args:
         path: a directory written by ``save_pretrained`` (config.json, *.safetensors and
@@ -132,7 +134,7 @@ def load_model_and_tokenizer(
     torch_dtype = resolve_dtype(dtype)
     tokenizer = load_tokenizer(root)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = auto_class.from_pretrained(
             root,
             dtype=torch_dtype,
             local_files_only=True,
@@ -145,6 +147,7 @@ def load_model_and_tokenizer(
     _check_loading_info(root, info)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+    generation = getattr(model, "generation_config", None)  # classifiers have none
+    if generation is not None and generation.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(device).eval(), tokenizer

@@ -24,9 +24,16 @@ POLICY_DIR = "policy"
 
 
 def apply_lora(
-    model: torch.nn.Module, *, r: int, alpha: float, dropout: float, target_modules: list[str]
+    model: torch.nn.Module,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float,
+    target_modules: list[str],
+    task_type: str = "CAUSAL_LM",
 ) -> PeftModel:
-    """Freeze ``model`` and add rank-``r`` adapters on ``target_modules``."""
+    """Freeze ``model`` and add rank-``r`` adapters on ``target_modules``; ``task_type``
+    ``SEQ_CLS`` (a reward model) also trains the score head in full."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [m for m in target_modules if m not in present]
     if missing:
@@ -39,7 +46,7 @@ def apply_lora(
         lora_alpha=alpha,
         lora_dropout=dropout,
         target_modules=list(target_modules),
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
     return get_peft_model(model, config)
 

@@ -7,10 +7,13 @@ a Hugging Face sequence-classification model of one label from a local directory
         - {name: reward_model, kwargs: {path: /models/my-rm}}
         - {name: task, weight: 0.5}
 
-The text scored is the prompt followed by the completion, tokenized by the directory's
-tokenizer; a conversational prompt (a list of messages) is rendered by its chat template
-with the completion as the assistant's reply. The score is the model's one logit at the
-last token of the text (for a Bradley–Terry model, the log-odds scale on which a preferred
+The text scored is the prompt followed by the completion and the tokenizer's eos token,
+tokenized by the directory's tokenizer; a conversational prompt (a list of messages) is
+rendered by its chat template with the completion as the assistant's reply, up to that
+reply's end-of-turn marker. Both end where a preference pair's replies end when
+``algo.name: reward_model`` trains on them (raw text: eos; chat: the end-of-turn marker),
+so the model judges a completion as it was trained to. The score is the model's one logit at
+the last token of the text (for a Bradley–Terry model, the log-odds scale on which a preferred
 reply scores higher). Texts longer than the model's context keep their last tokens (the
 completion's end is what is judged). Scoring is batched (``batch_size`` texts, longest
 first, padded on the right) without gradients, in ``dtype`` (``float32``, or ``bfloat16``
@@ -67,11 +70,15 @@ def _load(path: str, dtype: str, device: str) -> tuple[Any, Any]:
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 
-def _text(tokenizer: Any, prompt: Any, completion: str) -> str:
+def _ids(tokenizer: Any, prompt: Any, completion: str) -> list[int]:
+    """The token ids scored for ``prompt`` + ``completion`` (module docstring)."""
     if isinstance(prompt, str):
-        return prompt + completion
+        ids = tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]
+        eos = tokenizer.eos_token_id
+        return ids + [eos] if eos is not None and ids[-1:] != [eos] else ids
     messages = list(prompt) + [{"role": "assistant", "content": completion}]
-    return tokenizer.apply_chat_template(messages, tokenize=False)
+    text = tokenizer.apply_chat_template(messages, tokenize=False).rstrip()  # ends the turn
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @register_reward("reward_model", check=_check)
@@ -89,10 +96,7 @@ def reward_model(
     with _LOAD_LOCK:
         model, tokenizer = _load(path, dtype, device)
     limit = getattr(model.config, "max_position_embeddings", None)
-    ids = [
-        tokenizer(_text(tokenizer, p, c), add_special_tokens=False)["input_ids"]
-        for p, c in zip(prompts, completions)
-    ]
+    ids = [_ids(tokenizer, p, c) for p, c in zip(prompts, completions)]
     ids = [row[-limit:] if limit else row for row in ids]  # keep the completion's end
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     scores = [0.0] * len(ids)

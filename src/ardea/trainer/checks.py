@@ -11,18 +11,25 @@ for every stage of a staged run before the first one starts.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
+
 from ardea.config import ArdeaConfig
 from ardea.data import make_task
 from ardea.model import check_model_dir
-from ardea.reward import build_scorer, check_reward_names
+from ardea.reward import build_scorer, check_reward_names, get_reward
 from ardea.rollout import engine_factory
 from ardea.trainer.strategies import strategy_class
 from ardea.trainer.strategies.policy_gradient import resolve_policy_loss
 
 
-def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
+def check_config(
+    config: ArdeaConfig, *, model_path: bool = True, deferred: Collection[int] = ()
+) -> None:
     """Resolve every name ``config`` gives; ``model_path=False`` skips ``model.path``
-    (a stage that starts from the previous stage's policy).
+    (a stage that starts from an earlier stage's policy); the reward functions at the
+    ``deferred`` indices are checked by name only (their options name an earlier stage's
+    model, which does not exist yet: they are checked in full when their stage starts).
 
     Raises:
         ConfigError: one line naming the key, the value and the known values.
@@ -32,21 +39,28 @@ def check_config(config: ArdeaConfig, *, model_path: bool = True) -> None:
     engine_factory(config.rollout.engine)
     if config.algo.policy_loss is not None:
         resolve_policy_loss(config.algo.policy_loss, config.algo.ppo)
+    reward = config.reward
+    if deferred:
+        for i in deferred:
+            get_reward(reward.functions[i].name)
+        kept = [f for i, f in enumerate(reward.functions) if i not in deferred]
+        reward = replace(reward, functions=kept) if kept else None
     data = config.data
     task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
+    agent = config.agent.env is not None or config.agent.workflow is not None
     if config.agent.env is not None:  # the environment rewards the episodes
         from ardea.agent import check_env_args  # the agent layer: agent runs only
 
         check_env_args(config.agent.env, dict(config.agent.env_args))
-        check_reward_names(config.reward)
     elif config.agent.workflow is not None:  # the workflow rewards them
         from ardea.agent.workflows import load_workflow
 
         load_workflow(config.agent.workflow)
-        check_reward_names(config.reward)
-    elif strategy.sample_kind == "prompt":  # online strategies score their rollouts
-        build_scorer(config.reward, task)
+    if reward is None:  # every function names an earlier stage's model
+        pass
+    elif strategy.sample_kind == "prompt" and not agent:  # online: rollouts are scored
+        build_scorer(reward, task)
     else:
-        check_reward_names(config.reward)
+        check_reward_names(reward)
     if model_path and config.model.path:
         check_model_dir(config.model.path, what="model.path")

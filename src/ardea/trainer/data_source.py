@@ -3,7 +3,8 @@
 The strategy says which kind of sample it needs (``text``, ``sft``, ``preference``,
 ``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
 and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
-strategies, ``prompt`` examples (an ``agent.env`` gives its rows and demonstrations, an
+strategies, ``prompt`` examples, and for preference strategies pairs of its right and a
+plausibly wrong answer (an ``agent.env`` gives its rows and demonstrations, an
 ``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.trainer.rollouts.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
 packed into rows of ``max_length``. A prompt file's prompts must leave room for
 ``rollout.max_new_tokens`` within ``max_length``.
@@ -14,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from ardea.config import ArdeaConfig
-from ardea.data import Task, load_samples, pack_samples, tokenize_examples
+from ardea.data import (
+    Task,
+    load_samples,
+    pack_samples,
+    task_preference_samples,
+    tokenize_examples,
+)
 from ardea.errors import ConfigError
 from ardea.trainer.rollouts.agent_runs import agent_samples
 
@@ -70,6 +77,15 @@ def training_samples(
         )
     elif kind == "prompt" and task is not None:
         samples = task.examples("train", data.train_size)  # prompts; the runner samples answers
+    elif kind == "preference" and task is not None:  # right against plausibly wrong answers
+        samples = task_preference_samples(
+            task,
+            "train",
+            data.train_size,
+            tokenizer,
+            max_length=max_length,
+            chat_template=data.chat_template,
+        )
     else:
         raise ConfigError(
             f"algo.name={config.algo.name} trains on {kind!r} samples, which data.task="
@@ -82,10 +98,24 @@ def training_samples(
     return samples
 
 
-def eval_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length: int) -> list[Any]:
+def eval_samples(
+    config: ArdeaConfig, tokenizer: Any, kind: str, task: Task | None, *, max_length: int
+) -> list[Any]:
     """Held-out samples from ``data.eval_path`` (empty when it is not set); for online
     strategies a file of prompt records, scored by the reward functions (an agent
-    workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.rollouts.agent_runs`)."""
+    workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.rollouts.agent_runs`).
+    Preference strategies on a task without a file get ``data.eval_size`` pairs of the
+    task's held-out split."""
+    data = config.data
+    if kind == "preference" and task is not None and not data.eval_path and not data.path:
+        return task_preference_samples(
+            task,
+            "test",
+            data.eval_size,
+            tokenizer,
+            max_length=max_length,
+            chat_template=data.chat_template,
+        )
     if not config.data.eval_path or config.agent.workflow is not None:
         return []
     return _load(config, config.data.eval_path, tokenizer, kind, max_length)

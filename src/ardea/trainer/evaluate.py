@@ -159,7 +159,9 @@ class Evaluator:
     - ``eval/accuracy``: greedy exact match on the task's held-out split (when a task is set);
     - ``eval/reward_mean``: online strategies, mean reward of greedy completions of the
       ``data.eval_path`` prompt records (when set), by ``reward.functions``;
-    - ``eval/loss``: other strategies, the loss on ``data.eval_path`` samples (when set);
+    - ``eval/loss``: other strategies, the loss on ``data.eval_path`` samples (when set, or
+      a task's held-out preference pairs for preference strategies), with the strategy's
+      ``eval_metrics`` (e.g. ``eval/rm_accuracy``);
     - ``eval/success_rate`` (+ ``eval/reward_mean``, ``eval/turns_per_episode``): agent runs,
       one greedy episode per held-out environment row.
 
@@ -177,7 +179,10 @@ class Evaluator:
         self.tokenizer = tokenizer
         self.strategy = strategy
         self.held_out_samples = held_out_samples
-        self.examples = task.examples("test", config.data.eval_size) if task is not None else []
+        generates = strategy.model_head == "causal_lm"  # a reward model's run generates nothing
+        self.examples = (
+            task.examples("test", config.data.eval_size) if task is not None and generates else []
+        )
         self.scorer = None
         self.agent = None  # an agent run's AgentEvaluation (set by the trainer)
         if held_out_samples and strategy.sample_kind == "prompt":
@@ -218,15 +223,17 @@ class Evaluator:
         return metrics
 
     def losses(self) -> dict[str, float]:
-        """The held-out loss (offline strategies with held-out samples): on every rank,
-        which the sharded policy's forward needs."""
+        """The held-out loss and the strategy's ``eval_metrics`` (offline strategies with
+        held-out samples): on every rank, which the sharded policy's forward needs."""
         if self.held_out_samples and self.scorer is None:
-            return {"eval/loss": self.held_out_loss()}
+            return self.held_out_metrics()
         return {}
 
     @torch.no_grad()
-    def held_out_loss(self) -> float:
-        """The strategy's loss over all held-out samples (token-mean over the whole set)."""
+    def held_out_metrics(self) -> dict[str, float]:
+        """``eval/loss``: the strategy's loss over all held-out samples (normalised over the
+        whole set, e.g. token-mean or pair-mean), and ``eval/<name>`` for each of its
+        ``eval_metrics`` (``train/<name>`` of the same loss)."""
         size = self.config.trainer.batch_size // self.config.trainer.grad_accum_steps
         device = next(self.strategy.policy.parameters()).device
         batches = [
@@ -236,10 +243,16 @@ class Evaluator:
         counts = self.strategy.step_counts(batches)
         was_training = self.strategy.policy.training
         self.strategy.policy.eval()
+        names = self.strategy.eval_metrics
+        totals = dict.fromkeys(["loss", *names], 0.0)
         with self.precision.autocast():
-            total = sum(float(self.strategy.loss(b, counts)[0]) for b in batches)
+            for batch in batches:
+                loss, metrics = self.strategy.loss(batch, counts)
+                totals["loss"] += float(loss)
+                for name in names:
+                    totals[name] += metrics[f"train/{name}"]
         self.strategy.policy.train(was_training)
-        return total
+        return {f"eval/{name}": value for name, value in totals.items()}
 
 
 SAMPLES_PER_EVAL = 5

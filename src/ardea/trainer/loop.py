@@ -87,12 +87,13 @@ class Trainer:
         # rank 0's choice, so every rank resumes from the same checkpoint (or none)
         self.resume_from = self.dist.broadcast(resume_checkpoint(self.run_dir, trainer.resume))
         strategy_cls = strategy_class(config.algo.name)
+        self.strategy_head = strategy_cls.model_head
         max_length = max_sequence_length(config, context_length(policy))
         kind = strategy_cls.sample_kind
         self.train_samples = training_samples(
             config, self.tokenizer, kind, self.task, max_length=max_length
         )
-        held_out = eval_samples(config, self.tokenizer, kind, max_length=max_length)
+        held_out = eval_samples(config, self.tokenizer, kind, self.task, max_length=max_length)
         if self.dist.is_main:
             prepare_run_directory(config)  # only once the inputs are known to be good
         shapes = probe_shapes(config, policy, max_length, self.dist.world_size)
@@ -149,8 +150,8 @@ class Trainer:
         only (rank 0; None on the other ranks). Under torchrun it decodes on its own plain
         copy, fed whole weights; the trainer keeps the module it gave the engine, to copy
         for a background worker's engine."""
-        if not self.dist.is_main:
-            return None
+        if not self.dist.is_main or self.strategy_head != "causal_lm":
+            return None  # a reward model's run generates nothing
         config = self.config
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(

@@ -57,6 +57,7 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
     metrics = (
         ("eval/reward_mean", "eval_reward"),
         ("eval/loss", "eval_loss"),
+        ("eval/rm_accuracy", "rm_accuracy"),
         ("eval/success_rate", "success"),
     )
     for metric, key in metrics:

@@ -15,6 +15,8 @@ from ardea.model import (
     build_char_tokenizer,
     build_tiny_model,
     load_model_and_tokenizer,
+    load_scorer_and_tokenizer,
+    scorer_from_causal_lm,
 )
 from ardea.model.dtype_probe import ProbeShapes
 from ardea.model.lora import apply_lora
@@ -50,13 +52,15 @@ def prepare_run_directory(config: ArdeaConfig) -> Path:
     return run_dir
 
 
-def build_policy(model_config: ModelConfig, *, seed: int, device: torch.device) -> tuple[Any, Any]:
-    """The policy and its tokenizer: loaded from ``model.path`` or the tiny default built in code."""
+def build_policy(
+    model_config: ModelConfig, *, seed: int, device: torch.device, head: str = "causal_lm"
+) -> tuple[Any, Any]:
+    """The model and its tokenizer: loaded from ``model.path`` or the tiny default built in
+    code; ``head="scorer"`` gives a one-label sequence scorer on that model's backbone
+    (:mod:`ardea.model.scorer`; a saved scorer in ``model.path`` is loaded as it is)."""
     if model_config.path:
-        model, tokenizer = load_model_and_tokenizer(
-            model_config.path, dtype=model_config.dtype, device=str(device)
-        )
-        return model, tokenizer
+        load = load_scorer_and_tokenizer if head == "scorer" else load_model_and_tokenizer
+        return load(model_config.path, dtype=model_config.dtype, device=str(device))
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(
         tokenizer,
@@ -70,15 +74,22 @@ def build_policy(model_config: ModelConfig, *, seed: int, device: torch.device) 
         arch=model_config.arch,
     )
     dtype = getattr(torch, model_config.dtype)
-    return model.to(device=device, dtype=dtype), tokenizer
+    model = model.to(device=device, dtype=dtype)
+    if head == "scorer":
+        model = scorer_from_causal_lm(model, pad_token_id=tokenizer.pad_token_id)
+    return model, tokenizer
 
 
 def build_trainable_policy(
     config: ArdeaConfig, device: torch.device, *, lora: bool = True
 ) -> tuple[Any, Any]:
-    """The policy as trained: :func:`build_policy`, wrapped with LoRA adapters when
-    ``model.lora_r > 0`` (``lora=False`` gives the plain initial model, e.g. a reference)."""
-    model, tokenizer = build_policy(config.model, seed=config.trainer.seed, device=device)
+    """The model as trained: :func:`build_policy` with the head the strategy trains
+    (``model_head``), wrapped with LoRA adapters when ``model.lora_r > 0`` (``lora=False``
+    gives the plain initial model, e.g. a reference)."""
+    head = strategy_class(config.algo.name).model_head
+    model, tokenizer = build_policy(
+        config.model, seed=config.trainer.seed, device=device, head=head
+    )
     m = config.model
     if lora and m.lora_r:
         model = apply_lora(
@@ -87,6 +98,7 @@ def build_trainable_policy(
             alpha=m.lora_alpha,
             dropout=m.lora_dropout,
             target_modules=list(m.lora_target_modules),
+            task_type="SEQ_CLS" if head == "scorer" else "CAUSAL_LM",
         ).to(device)
     return model, tokenizer
 

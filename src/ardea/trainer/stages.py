@@ -6,7 +6,9 @@ config is built and checked (:func:`ardea.trainer.checks.check_config`: strategy
 reward functions, model directory) before the first stage starts (a typo in the last stage
 fails in seconds, not after the first stage's minutes). Stage ``k`` then runs as an
 ordinary run in ``<run dir>/<name>/`` (its own ``config.yaml``, metrics, checkpoints,
-report) and starts from the final policy of stage ``k − 1`` unless it sets ``model.path``.
+report) and starts from the final policy of stage ``k − 1`` unless it sets ``model.path``
+(``stage:<name>`` there, or in a reward function's ``kwargs.path``, names an earlier stage's
+final model: :mod:`ardea.trainer.stage_refs`).
 
 The run directory itself gets the full ``config.yaml`` and a ``results.json`` with each
 stage's results under its name, ``wall_seconds`` for the whole run and, when the run has
@@ -37,6 +39,7 @@ from ardea.trainer.loop import Trainer
 from ardea.trainer.report import draw_stages_report
 from ardea.trainer.results import print_results, write_results
 from ardea.trainer.setup import prepare_run_directory, run_directory
+from ardea.trainer.stage_refs import check_references, resolve_references
 from ardea.trainer.strategies import strategy_class
 
 
@@ -66,7 +69,13 @@ def plan_stages(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
     stages = stage_configs(config)
     for index, (name, stage) in enumerate(stages):
         try:
-            check_config(stage, model_path=not starts_from_previous(config, name, index))
+            references = check_references(stage, [n for n, _ in stages[:index]])
+            from_stage = any(ref.function is None for ref in references)
+            check_config(
+                stage,
+                model_path=not (from_stage or starts_from_previous(config, name, index)),
+                deferred={ref.function for ref in references if ref.function is not None},
+            )
         except ArdeaError as exc:
             raise type(exc)(f"{exc} (stages.{name})") from exc
         stage.trainer.output_dir = str(top / name)
@@ -88,9 +97,11 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     results: dict[str, Any] = {"stages": [name for name, _ in stages]}
     previous: str | None = None
     online: list[str] = []
+    checkpoints: dict[str, str] = {}  # stage name → its final policy directory
     for index, (name, stage) in enumerate(stages):
         if starts_from_previous(config, name, index):
             stage.model.path = previous
+        resolve_references(stage, checkpoints)
         trainer = Trainer(stage)  # checks the stage's model and data before anything is written
         main = is_main_process()  # under torchrun only rank 0 prints and writes
         if main:
@@ -100,6 +111,8 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
         outcome = trainer.train()
         results[name] = outcome
         previous = outcome["checkpoint"]
+        if previous is not None:
+            checkpoints[name] = previous
         if strategy_class(stage.algo.name).sample_kind == "prompt":
             online.append(name)
     if not is_main_process():

@@ -144,3 +144,17 @@ class ArithmeticTask(Task):
 
     def score(self, completion: str, example: Example) -> float:
         return 1.0 if completion.strip() == example.answer else 0.0
+
+    def wrong_answer(self, example: Example, rng: random.Random) -> str:
+        """The carry out of the top digit left out (half the time, for the additions that
+        have one: the sloppy demonstrator's mistake), else one digit of the answer off by
+        1 to 9 (never a negative sum or product); written as the task writes answers."""
+        a, b, op = example.meta["a"], example.meta["b"], example.meta["op"]
+        result = OPERATORS[op](a, b)
+        if op == "+" and self._carries_out(a, b, result) and rng.random() < 0.5:
+            return self.digits_text(str(result)[1:])
+        while True:
+            place = rng.randrange(len(str(abs(result))))
+            wrong = result + rng.choice((-1, 1)) * rng.randint(1, 9) * 10**place
+            if wrong != result and (wrong >= 0 or op == "-"):
+                return self.number(wrong)

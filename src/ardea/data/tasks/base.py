@@ -11,6 +11,7 @@ ones.
 from __future__ import annotations
 
 import inspect
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,12 @@ class Task(ABC):
     @abstractmethod
     def score(self, completion: str, example: Example) -> float:
         """1.0 when ``completion`` answers ``example`` correctly, else 0.0."""
+
+    def wrong_answer(self, example: Example, rng: random.Random) -> str | None:
+        """A plausible wrong answer to ``example``, drawn with ``rng``: the rejected reply of
+        the task's built-in preference pairs (reward-model training, DPO without a data
+        file). None: the task has no such answers."""
+        return None
 
 
 TASKS: Registry[type[Task]] = Registry(

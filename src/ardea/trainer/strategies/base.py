@@ -30,6 +30,7 @@ from ardea.registry import Registry, subclass_check
 from ardea.trainer.components import TrainedComponent
 
 SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
+MODEL_HEADS = ("causal_lm", "scorer")
 
 
 class Strategy(ABC):
@@ -53,6 +54,11 @@ class Strategy(ABC):
     """
 
     sample_kind: ClassVar[str] = "sft"
+    #: the model the strategy trains: ``causal_lm`` (a policy that generates) or ``scorer``
+    #: (one score per text, :mod:`ardea.model.scorer`; nothing is generated in the run)
+    model_head: ClassVar[str] = "causal_lm"
+    #: loss metrics (``train/<name>``) also reported on held-out samples as ``eval/<name>``
+    eval_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -145,6 +151,9 @@ def _check_strategy(name: str, cls: object) -> None:
     kind = getattr(cls, "sample_kind", None)
     if kind not in SAMPLE_KINDS:
         raise ConfigError(f"strategy {name!r}: sample_kind={kind!r} not in {SAMPLE_KINDS}")
+    head = getattr(cls, "model_head", None)
+    if head not in MODEL_HEADS:
+        raise ConfigError(f"strategy {name!r}: model_head={head!r} not in {MODEL_HEADS}")
 
 
 STRATEGIES: Registry[type[Strategy]] = Registry(
