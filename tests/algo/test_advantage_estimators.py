@@ -223,3 +223,38 @@ def test_group_stats_handles_unequal_groups():
         mean, torch.tensor([1 / 3, 1 / 3, 1 / 3, 4, 4, 2], dtype=torch.float64)
     )
     torch.testing.assert_close(std[3:], torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64))
+
+
+def test_process_rewards_stay_with_their_tokens_in_group_estimators():
+    """GRPO: A_t = (R - mean_g) / (std_g + eps) + p_t, the process reward not rescaled."""
+    process = torch.zeros(6, 4, dtype=torch.float64)
+    process[0, 1], process[0, 2], process[2, 3] = -0.3, 0.2, 5.0
+    process[3, 0] = 7.0  # an untrained position: ignored
+    plain = get_advantage_estimator("grpo")(make_inputs())
+    out = get_advantage_estimator("grpo")(make_inputs(process_rewards=process))
+    torch.testing.assert_close(out.advantages, plain.advantages + torch.where(MASK, process, 0.0))
+    torch.testing.assert_close(out.returns, plain.returns)  # the outcome returns unchanged
+    assert float(out.advantages[3, 0]) == 0.0
+
+
+def test_process_rewards_reach_token_level_gae_as_rewards():
+    """One row, gamma 1, lambda 1, V = 0: A_t = sum of rewards from t on, process included
+    (the last column is GAE's bootstrap slot)."""
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
+    task = torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    process = torch.tensor([[0.5, -0.25, 0.125, 0.0]], dtype=torch.float64)
+    inputs = make_inputs(
+        scores=torch.tensor([1.0], dtype=torch.float64),
+        groups=None,
+        mask=mask,
+        task_rewards=task,
+        kl_rewards=torch.zeros(1, 4, dtype=torch.float64),
+        values=torch.zeros(1, 4, dtype=torch.float64),
+        bootstrap_values=torch.zeros(1, dtype=torch.float64),
+        seq_no_eos_mask=torch.zeros(1, dtype=torch.bool),
+        process_rewards=process,
+    )
+    out = get_advantage_estimator("gae")(inputs)
+    expected = torch.tensor([[1.375, 0.875, 1.125, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(out.advantages, expected)
+    torch.testing.assert_close(out.returns, expected)  # V = 0

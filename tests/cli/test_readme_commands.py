@@ -160,7 +160,7 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
     command = command.replace(ELSEWHERE, final_policy(root, "sft"))
     command = CHECKPOINT.sub(lambda m: final_policy(root, m.group(1)), command)
     command = OTHER_RUN.sub(lambda m: final_policy(root, "sft"), command)
-    argv = shlex.split(command, comments=True)[1:]
+    argv = [own_checkpoints(a, root) for a in shlex.split(command, comments=True)[1:]]
     if argv == ["train"]:
         return []  # the plain default recipe: the fixture's own run
     if argv[0] == "eval":
@@ -177,6 +177,20 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
     if not any(a.startswith("trainer.resume=") for a in argv):
         extra = [*extra, f"trainer.run_name=readme{index}"]  # beside runs/default
     return [*argv, *extra]
+
+
+def own_checkpoints(argument: str, root: Path) -> str:
+    """``argument``, or for a ready config that names the default run's checkpoints (e.g. a
+    distillation teacher) a copy of it pointing at the shortened run's."""
+    if not argument.endswith(".yaml") or not (root / argument).is_file():
+        return argument
+    text = (root / argument).read_text()
+    if not CHECKPOINT.search(text):
+        return argument
+    copy = root / "shortened_configs" / Path(argument).name
+    copy.parent.mkdir(exist_ok=True)
+    copy.write_text(CHECKPOINT.sub(lambda m: final_policy(root, m.group(1)), text))
+    return str(copy.relative_to(root))
 
 
 def steps_trained(run_dir: Path) -> list[int]:

@@ -4,6 +4,7 @@ to see every rollout the trainer's runner makes."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -78,3 +79,14 @@ def naive_token_logprobs(model, batch) -> torch.Tensor:
         logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
     logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
     return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def group_advantages(rewards: list[float], group_size: int) -> list[float]:
+    """GRPO by hand: ``(R - mean_g) / (std_g + 1e-8)``, population std, per group."""
+    out = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / len(group))
+        out += [(r - mean) / (std + 1e-8) for r in group]
+    return out

@@ -22,6 +22,7 @@ import torch
 from online_testing import (
     RUN,
     completion_lengths,
+    group_advantages,
     metrics,
     naive_token_logprobs,
     record_rollouts,
@@ -49,17 +50,6 @@ def lower_behaviour_logprobs(trainer: Trainer, delta: float) -> list:
     return record_rollouts(
         trainer, lambda b: replace(b, logprobs=b.logprobs - delta * b.loss_mask.float())
     )
-
-
-def group_advantages(rewards: list[float], group_size: int) -> list[float]:
-    """GRPO by hand: ``(R - mean_g) / (std_g + 1e-8)``, population std, per group."""
-    out = []
-    for start in range(0, len(rewards), group_size):
-        group = rewards[start : start + group_size]
-        mean = sum(group) / len(group)
-        std = math.sqrt(sum((r - mean) ** 2 for r in group) / len(group))
-        out += [(r - mean) / (std + 1e-8) for r in group]
-    return out
 
 
 def surrogate(advantage: float, ratio: float, low: float, high: float, c=None) -> float:
@@ -373,7 +363,7 @@ def test_kl_to_the_reference_is_a_loss_term_of_online_grpo(
     batch = rollouts[0].batch
     mask = batch.loss_mask[:, 1:]  # (N, S - 1): tokens 1.. that were generated
     pi = naive_token_logprobs(policy, batch)[mask]
-    ref = naive_token_logprobs(trainer.strategy.reference, batch)[mask]
+    ref = naive_token_logprobs(trainer.strategy.reference.model, batch)[mask]
     log_ratio = pi - ref
     per_token = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
     assert out["train/kl"] == pytest.approx(float(per_token.mean()), rel=1e-3)

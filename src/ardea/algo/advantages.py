@@ -62,6 +62,11 @@ class EstimatorInputs:
         gae_lambda: float or ``(N,)`` tensor.
         timestep_unit: ``'token'`` or ``'turn'`` (GAE only).
         turn_ids: ``(N, S)`` integer turn ids, or None (required for turn units).
+        process_rewards: ``(N, S)`` per-token (process) rewards, e.g. a teacher's
+            ``-coef * KL`` on each sampled token, or None (zeros). They stay with their
+            token: GAE at the token unit and REINFORCE++ take them as rewards, every other
+            estimator adds each token's own to its advantage (after any group
+            normalisation, so they are not rescaled by the group's std).
     """
 
     task_rewards: Tensor
@@ -76,11 +81,25 @@ class EstimatorInputs:
     gae_lambda: float | Tensor = 1.0
     timestep_unit: str = "token"
     turn_ids: Tensor | None = None
+    process_rewards: Tensor | None = None
+
+    @property
+    def token_rewards(self) -> Tensor:
+        """``(N, S)`` process rewards, 0 where untrained (zeros when there are none)."""
+        if self.process_rewards is None:
+            return torch.zeros_like(self.kl_rewards)
+        return torch.where(self.loss_mask, self.process_rewards, 0.0)
 
     @property
     def total_rewards(self) -> Tensor:
-        """``(N, S)`` outcome plus KL reward per token."""
+        """``(N, S)`` outcome plus KL reward per token (process rewards apart)."""
         return self.task_rewards + self.kl_rewards
+
+    def with_own_tokens(self, advantages: Tensor) -> Tensor:
+        """``advantages`` plus each trained token's own process reward."""
+        if self.process_rewards is None:
+            return advantages
+        return advantages + self.token_rewards
 
     @property
     def returns_per_trajectory(self) -> Tensor:
@@ -133,9 +152,9 @@ def _group_stats(inputs: EstimatorInputs, name: str) -> tuple[Tensor, Tensor, Te
 def gae_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """Critic-based GAE at the configured time-step unit.
 
-    Token unit: token-level GAE on ``task_rewards + kl_rewards``. Turn unit: turn-level GAE
-    on ``task_rewards`` only (critic returns stay task-only), then each token's own KL reward
-    is added to its advantage (KL stays token-local).
+    Token unit: token-level GAE on ``task_rewards + kl_rewards + process_rewards``. Turn
+    unit: turn-level GAE on ``task_rewards`` only (critic returns stay task-only), then each
+    token's own KL and process rewards are added to its advantage (they stay token-local).
     """
     mask = inputs.loss_mask
     common = dict(
@@ -147,14 +166,15 @@ def gae_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
         gae_lambda=inputs.gae_lambda,
     )
     if inputs.timestep_unit == "token":
-        adv, ret = compute_token_level_gae(rewards=inputs.total_rewards, **common)
+        rewards = inputs.total_rewards + inputs.token_rewards
+        adv, ret = compute_token_level_gae(rewards=rewards, **common)
     elif inputs.timestep_unit == "turn":
         if inputs.turn_ids is None:
             raise ValueError("gae_timestep_unit='turn' requires rollout data with turn_ids")
         adv, ret = compute_turn_level_gae(
             rewards=inputs.task_rewards, turn_ids=inputs.turn_ids, **common
         )
-        adv = adv + inputs.kl_rewards
+        adv = inputs.with_own_tokens(adv + inputs.kl_rewards)
     else:
         raise ValueError(
             f"gae_timestep_unit must be 'token' or 'turn', got {inputs.timestep_unit!r}"
@@ -168,7 +188,8 @@ def grpo_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     returns, mean, std, _ = _group_stats(inputs, "grpo")
     adv = (returns - mean) / (std + NORM_EPS)
     return AdvantageOutputs(
-        _broadcast(adv, inputs.loss_mask), _broadcast(returns, inputs.loss_mask)
+        inputs.with_own_tokens(_broadcast(adv, inputs.loss_mask)),
+        _broadcast(returns, inputs.loss_mask),
     )
 
 
@@ -177,7 +198,8 @@ def dr_grpo_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     """Dr. GRPO: ``A_i = R_i - mean_g`` (no division by the group std)."""
     returns, mean, _, _ = _group_stats(inputs, "dr_grpo")
     return AdvantageOutputs(
-        _broadcast(returns - mean, inputs.loss_mask), _broadcast(returns, inputs.loss_mask)
+        inputs.with_own_tokens(_broadcast(returns - mean, inputs.loss_mask)),
+        _broadcast(returns, inputs.loss_mask),
     )
 
 
@@ -188,7 +210,8 @@ def rloo_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     scale = torch.where(size > 1, size / (size - 1).clamp(min=1.0), 0.0)
     adv = scale * (returns - mean)
     return AdvantageOutputs(
-        _broadcast(adv, inputs.loss_mask), _broadcast(returns, inputs.loss_mask)
+        inputs.with_own_tokens(_broadcast(adv, inputs.loss_mask)),
+        _broadcast(returns, inputs.loss_mask),
     )
 
 
@@ -203,7 +226,7 @@ def reinforce_pp_advantages(inputs: EstimatorInputs) -> AdvantageOutputs:
     rows = mask.shape[0]
     zeros = torch.zeros_like(inputs.task_rewards)
     returns, _ = compute_token_level_gae(
-        rewards=inputs.total_rewards,
+        rewards=inputs.total_rewards + inputs.token_rewards,
         values=zeros,
         loss_mask=mask,
         seq_no_eos_mask=torch.zeros(rows, dtype=torch.bool, device=mask.device),
@@ -221,4 +244,5 @@ def reinforce_pp_baseline_advantages(inputs: EstimatorInputs) -> AdvantageOutput
     mask = inputs.loss_mask
     returns, mean, _, _ = _group_stats(inputs, "reinforce_pp_baseline")
     centered = _broadcast(returns - mean, mask)
-    return AdvantageOutputs(masked_whiten(centered, mask), _broadcast(returns, mask))
+    whitened = masked_whiten(centered, mask)
+    return AdvantageOutputs(inputs.with_own_tokens(whitened), _broadcast(returns, mask))

@@ -15,7 +15,8 @@ reward; per-step formulas in the called functions):
    reward_clip)``, optionally normalized over the batch or group (``reward_norm``), and 0
    for truncated rows when ``mask_no_eos_with_zero``;
 2. per-token KL reward ``-kl_ctl * kl_penalty(logprobs, ref_logprobs, kl_estimator)`` on
-   trained positions;
+   trained positions; per-token process rewards (``process_rewards``, e.g. a teacher's) are
+   passed on beside it, for the estimator to keep with their tokens;
 3. the score placed at the last trained position of each row;
 4. lambda: a number is used as is (no per-batch context); a dotted path gets the
    per-trajectory lengths (:func:`ardea.algo.lambda_fn.build_lambda_context`);
@@ -93,6 +94,9 @@ class AdvantageInputs:
         group_ids: ``(N,)`` integer prompt group per row, or None (then group-based
             estimators and normalisations are an error).
         no_eos: ``(N,)`` bool, the row ended at the length limit, or None (see ``lengths``).
+        process_rewards: ``(N, S)`` float per-token rewards of the emitted tokens (a
+            process reward model's, a teacher's ``-coef * KL``), or None;
+            :class:`~ardea.algo.EstimatorInputs` says how each estimator uses them.
     """
 
     mask: Tensor
@@ -104,6 +108,7 @@ class AdvantageInputs:
     turn_ids: Tensor | None = None
     group_ids: Tensor | None = None
     no_eos: Tensor | None = None
+    process_rewards: Tensor | None = None
 
     def __post_init__(self) -> None:
         mask = check_tensor("AdvantageInputs.mask", self.mask)
@@ -125,7 +130,7 @@ class AdvantageInputs:
     @property
     def dtype(self) -> torch.dtype:
         """float64 when a per-token float input is float64, else float32 (the arithmetic's)."""
-        floats = (self.logprobs, self.ref_logprobs, self.values)
+        floats = (self.logprobs, self.ref_logprobs, self.values, self.process_rewards)
         wide = any(x is not None and x.dtype == torch.float64 for x in floats)
         return torch.float64 if wide else torch.float32
 
@@ -139,6 +144,7 @@ _FIELDS = (
     ("values", True, "float"),
     ("turn_ids", True, "integer"),
     ("group_ids", False, "integer"),
+    ("process_rewards", True, "float"),
 )
 
 
@@ -148,7 +154,8 @@ def _check_field(name: str, value: object, shape: tuple, kind: str, mask: Tensor
     value = check_float(name, value) if kind == "float" else check_tensor(name, value)
     check_shape(name, value, shape, dims)
     if kind == "float":
-        check_finite(name, value, where=mask if name.endswith("logprobs") else None)
+        per_token = name.endswith(("logprobs", "process_rewards"))  # finite where trained
+        check_finite(name, value, where=mask if per_token else None)
     elif value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise ValueError(f"{name} must have an integer dtype, got {value.dtype}")
 
@@ -213,6 +220,9 @@ def _estimator_inputs(config: Any, inputs: AdvantageInputs) -> EstimatorInputs:
         gae_lambda=_gae_lambda(config, inputs),
         timestep_unit=config.gae_timestep_unit,
         turn_ids=inputs.turn_ids,
+        process_rewards=None
+        if inputs.process_rewards is None
+        else torch.where(mask, inputs.process_rewards.to(dtype), 0.0),
     )
 
 

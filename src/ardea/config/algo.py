@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ardea.config.fields import check_choices, check_range, option
 from ardea.config.mismatch import MismatchConfig
 from ardea.config.ppo import PPOConfig
+from ardea.config.teacher import TeacherConfig
 from ardea.errors import ConfigError
 
 
@@ -89,6 +90,11 @@ class AlgoConfig:
     mismatch: MismatchConfig = option(
         help="Online RL: correction of the train-inference mismatch (TIS / MIS).",
         factory=MismatchConfig,
+    )
+    teacher: TeacherConfig = option(
+        help="Online RL: on-policy distillation, a teacher's per-token reward on the "
+        "student's own samples.",
+        factory=TeacherConfig,
     )
     ppo: PPOConfig = option(
         help="RL numerics shared by grpo/ppo: clipping, KL, advantages, loss aggregation.",

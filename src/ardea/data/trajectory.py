@@ -179,10 +179,13 @@ class TrajectoryBatch:
             raise ValueError("this batch carries no behaviour log-probs (TrajectoryBatch.logprobs)")
         return next_token_align(torch.where(self.loss_mask, self.logprobs, 0.0))
 
-    def advantage_inputs(self, *, values: Tensor | None = None) -> AdvantageInputs:
+    def advantage_inputs(
+        self, *, values: Tensor | None = None, process_rewards: Tensor | None = None
+    ) -> AdvantageInputs:
         """What :func:`ardea.algo.compute_advantages` reads, next-token aligned: the action
         mask, behaviour log-probs (0 when the batch has none), rewards, row lengths, the
-        pinned reference log-probs, the critic's ``values (N, S)`` if given, turn ids, groups."""
+        pinned reference log-probs, the critic's ``values (N, S)`` and per-token
+        ``process_rewards (N, S)`` if given, turn ids, groups."""
         mask = self.action_mask
         if self.logprobs is None:
             logprobs = torch.zeros(mask.shape, device=mask.device)
@@ -198,6 +201,7 @@ class TrajectoryBatch:
             turn_ids=next_token_align(self.turn_ids, -1),
             group_ids=self.group_ids,
             no_eos=self.no_eos,
+            process_rewards=process_rewards,
         )
 
     def sampling(self) -> dict[str, float | int]:

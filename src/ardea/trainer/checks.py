@@ -16,18 +16,25 @@ from dataclasses import replace
 
 from ardea.config import ArdeaConfig
 from ardea.data import make_task
-from ardea.model import check_model_dir
+from ardea.model import build_char_tokenizer, check_model_dir, load_tokenizer
 from ardea.reward import build_scorer, check_reward_names, get_reward
 from ardea.rollout import engine_factory
 from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies.base import check_teacher
 from ardea.trainer.strategies.policy_gradient import resolve_policy_loss
+from ardea.trainer.strategies.teacher import check_same_vocabulary
 
 
 def check_config(
-    config: ArdeaConfig, *, model_path: bool = True, deferred: Collection[int] = ()
+    config: ArdeaConfig,
+    *,
+    model_path: bool = True,
+    teacher_path: bool = True,
+    deferred: Collection[int] = (),
 ) -> None:
     """Resolve every name ``config`` gives; ``model_path=False`` skips ``model.path``
-    (a stage that starts from an earlier stage's policy); the reward functions at the
+    (a stage that starts from an earlier stage's policy), ``teacher_path=False``
+    ``algo.teacher.path`` (an earlier stage's model); the reward functions at the
     ``deferred`` indices are checked by name only (their options name an earlier stage's
     model, which does not exist yet: they are checked in full when their stage starts).
 
@@ -64,3 +71,10 @@ def check_config(
         check_reward_names(reward)
     if model_path and config.model.path:
         check_model_dir(config.model.path, what="model.path")
+    if teacher_path and config.algo.teacher.path is not None:
+        check_teacher(strategy, config)
+        path = config.algo.teacher.path
+        check_model_dir(path, what="algo.teacher.path")
+        if model_path:  # the policy's tokenizer is known: the teacher must share it
+            policy = load_tokenizer(config.model.path) if config.model.path else None
+            check_same_vocabulary(path, load_tokenizer(path), policy or build_char_tokenizer())

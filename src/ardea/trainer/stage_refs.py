@@ -2,8 +2,9 @@
 
 A stage may name an earlier stage's final checkpoint where it names a model directory:
 ``model.path: stage:sft`` starts the stage from stage ``sft``'s final model (rather than the
-previous stage's), and a reward function's ``kwargs.path: stage:rm`` scores with stage
-``rm``'s final model (e.g. a reward model that stage trained)::
+previous stage's), a reward function's ``kwargs.path: stage:rm`` scores with stage ``rm``'s
+final model (e.g. a reward model that stage trained), and ``algo.teacher.path: stage:rl``
+distils from it::
 
     stages:
       sft: {algo: {name: sft}}
@@ -32,7 +33,8 @@ PREFIX = "stage:"
 @dataclass(frozen=True)
 class StageReference:
     """``field`` (e.g. ``reward.functions[0].kwargs.path``) names stage ``stage``;
-    ``function``: the reward function's index, or None for ``model.path``."""
+    ``function``: the reward function's index, or None for ``model.path`` and
+    ``algo.teacher.path``."""
 
     field: str
     stage: str
@@ -50,6 +52,8 @@ def stage_references(config: ArdeaConfig) -> list[StageReference]:
     found = []
     if (name := _named(config.model.path)) is not None:
         found.append(StageReference("model.path", name))
+    if (name := _named(config.algo.teacher.path)) is not None:
+        found.append(StageReference("algo.teacher.path", name))
     for i, spec in enumerate(config.reward.functions):
         if (name := _named(dict(spec.kwargs).get("path"))) is not None:
             found.append(StageReference(f"reward.functions[{i}].kwargs.path", name, i))
@@ -80,8 +84,10 @@ def resolve_references(config: ArdeaConfig, checkpoints: dict[str, str]) -> None
         path = checkpoints.get(ref.stage)
         if path is None:
             raise ConfigError(f"{ref.field}: stage {ref.stage!r} left no final checkpoint")
-        if ref.function is None:
+        if ref.field == "model.path":
             config.model.path = path
+        elif ref.field == "algo.teacher.path":
+            config.algo.teacher.path = path
         else:
             spec = config.reward.functions[ref.function]
             spec.kwargs = {**dict(spec.kwargs), "path": path}

@@ -70,10 +70,13 @@ def plan_stages(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
     for index, (name, stage) in enumerate(stages):
         try:
             references = check_references(stage, [n for n, _ in stages[:index]])
-            from_stage = any(ref.function is None for ref in references)
+            fields = {ref.field for ref in references}
             check_config(
                 stage,
-                model_path=not (from_stage or starts_from_previous(config, name, index)),
+                model_path=not (
+                    "model.path" in fields or starts_from_previous(config, name, index)
+                ),
+                teacher_path="algo.teacher.path" not in fields,
                 deferred={ref.function for ref in references if ref.function is not None},
             )
         except ArdeaError as exc:

@@ -109,7 +109,7 @@ def test_one_concatenated_policy_forward():
 def test_reference_is_frozen_and_untouched():
     policy = tiny_policy()
     strategy = build("dpo", policy, reference=tiny_policy(seed=3))
-    reference = strategy.reference
+    reference = strategy.reference.model
     assert not reference.training
     assert not any(p.requires_grad for p in reference.parameters())
     before = {n: p.clone() for n, p in reference.named_parameters()}

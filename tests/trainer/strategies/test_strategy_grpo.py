@@ -164,7 +164,7 @@ def test_kl_term_against_a_frozen_reference(estimator):
         ppo_kl_ctl=kl_ctl,
         ppo_kl_estimator=estimator,
     )
-    assert strategy.reference is not None and not strategy.reference.training
+    assert strategy.reference is not None and not strategy.reference.model.training
     batch = group_batch()
     loss, metrics = step(strategy, batch)
     with torch.no_grad():
@@ -176,10 +176,10 @@ def test_kl_term_against_a_frozen_reference(estimator):
     expected_kl = kl[completion].mean().item()
     assert metrics["train/kl"] == pytest.approx(expected_kl, abs=1e-5)
     assert loss.item() == pytest.approx(metrics["loss/policy"] + kl_ctl * expected_kl, abs=1e-5)
-    before = {n: p.clone() for n, p in strategy.reference.named_parameters()}
+    before = {n: p.clone() for n, p in strategy.reference.model.named_parameters()}
     loss.backward()
-    assert all(p.grad is None for p in strategy.reference.parameters())
-    assert all(torch.equal(p, before[n]) for n, p in strategy.reference.named_parameters())
+    assert all(p.grad is None for p in strategy.reference.model.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in strategy.reference.model.named_parameters())
 
 
 def test_kl_needs_a_reference_factory():

@@ -9,7 +9,7 @@ from numerics import assert_gradients_close, decoder_gradient_terms, gamma
 from strategy_testing import online_strategy, rollout_batch, run_step, tiny_policy
 
 import ardea.trainer.strategies.online_ppo as online_ppo_module
-from ardea.trainer.strategies import policy_gradient, strategy_class
+from ardea.trainer.strategies import strategy_class
 from ardea.trainer.strategies.online_ppo import OnlinePPOStrategy
 
 LENGTHS = [7, 9, 6, 8]
@@ -67,7 +67,9 @@ def test_reference_gets_no_gradient():
     strategy = ppo()
     loss, _ = loss_of(strategy, prepared(strategy))
     loss.backward()
-    assert all(p.grad is None and not p.requires_grad for p in strategy.reference.parameters())
+    assert all(
+        p.grad is None and not p.requires_grad for p in strategy.reference.model.parameters()
+    )
 
 
 @pytest.mark.parametrize(
@@ -183,9 +185,7 @@ def test_kl_penalty_is_folded_into_the_rewards(monkeypatch):
     batch = replace(batch, logprobs=batch.loss_mask.float())  # +1 on the two completion tokens
     strategy.critic = fixed_critic(torch.zeros(1, 5))
     monkeypatch.setattr(
-        policy_gradient,
-        "reference_logprobs",
-        lambda strategy, batch: torch.zeros(batch.input_ids.shape),
+        strategy.reference, "logprobs", lambda batch: torch.zeros(batch.input_ids.shape)
     )
     pinned = prepared(strategy, batch)
     a3 = -0.01 + 1.0

@@ -28,6 +28,8 @@ from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.registry import Registry, subclass_check
 from ardea.trainer.components import TrainedComponent
+from ardea.trainer.strategies.teacher import Teacher
+from ardea.trainer.strategies.token_scorer import TokenScorer
 
 SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
 MODEL_HEADS = ("causal_lm", "scorer")
@@ -89,10 +91,12 @@ class Strategy(ABC):
             )
         return self.make_reference()
 
-    def frozen_reference(self) -> torch.nn.Module:
-        """The frozen initial policy (eval mode, no gradients), wrapped like the policy."""
+    def frozen_reference(self) -> TokenScorer:
+        """The frozen initial policy (eval mode, no gradients), wrapped like the policy, as
+        the :class:`~ardea.trainer.strategies.token_scorer.TokenScorer` of the reference."""
         reference = self.initial_policy().requires_grad_(False).eval()
-        return self.wrap(reference, trainable=False)
+        wrapped = self.wrap(reference, trainable=False)
+        return TokenScorer(wrapped, self.config.model.logprob_chunk_size)
 
     @abstractmethod
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
@@ -126,6 +130,20 @@ class OnlineStrategy(Strategy):
     sample_kind = "prompt"
     #: whether DAPO's dynamic sampling (``algo.dynamic_sampling``) applies to this strategy
     supports_dynamic_sampling: ClassVar[bool] = False
+    #: whether a distillation teacher's per-token rewards (``algo.teacher``) enter its
+    #: advantages
+    supports_teacher: ClassVar[bool] = False
+
+    def __init__(self, policy: torch.nn.Module, config: ArdeaConfig, **kwargs: Any) -> None:
+        super().__init__(policy, config, **kwargs)
+        self.teacher: Teacher | None = None
+        if config.algo.teacher.path is not None:
+            check_teacher(type(self), config)
+            self.teacher = Teacher.from_config(self)
+
+    def process_rewards(self, batch: TrajectoryBatch, metrics: dict[str, float]):
+        """``(N, S)`` per-token rewards of the rollout (the teacher's), or None."""
+        return None if self.teacher is None else self.teacher.rewards(batch, metrics)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         raise TypeError(f"{type(self).__name__} trains on rollouts, not collated samples")
@@ -144,6 +162,16 @@ class OnlineStrategy(Strategy):
             chunk_size=self.config.model.logprob_chunk_size,
             **batch.sampling(),
         ).logprobs
+
+
+def check_teacher(cls: type[Strategy], config: ArdeaConfig) -> None:
+    """A :class:`ConfigError` when ``algo.teacher`` is set for a strategy that takes no
+    per-token rewards."""
+    if config.algo.teacher.path is not None and not getattr(cls, "supports_teacher", False):
+        raise ConfigError(
+            f"algo.teacher is set but algo.name={config.algo.name} takes no per-token "
+            "rewards; distil with online_grpo or online_ppo"
+        )
 
 
 def _check_strategy(name: str, cls: object) -> None:

@@ -9,7 +9,7 @@ For each pair the sequence log-prob of a response under a model is
 by ``sum_t m[t]`` (``mean``), with ``m`` the batch's action mask (response tokens, next-token
 aligned). The policy scores chosen and rejected in one ``[2P, S]`` forward; a frozen
 reference (``make_reference()``, built once, eval mode, no gradients) scores the same rows
-under ``no_grad``. The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
+once per step (:class:`~ardea.trainer.strategies.token_scorer.TokenScorer`). The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
 whole optimizer step, ``l = -log sigmoid(beta * h)`` (DPO) or ``(h - 1 / (2 beta))^2`` (IPO),
 ``h = (log pi(y_w) - log pi(y_l)) - (log pi_ref(y_w) - log pi_ref(y_l))``.
 
@@ -80,9 +80,7 @@ class DPOStrategy(Strategy):
         chunk = self.config.model.logprob_chunk_size
         out = sequence_logprobs(self.policy, **batch.model_inputs(), chunk_size=chunk)
         logps = sequence_logps(out.logprobs, mask, self.reduction)  # (2P,)
-        with torch.no_grad():
-            ref = sequence_logprobs(self.reference, **batch.model_inputs(), chunk_size=chunk)
-            ref_logps = sequence_logps(ref.logprobs, mask, self.reduction)  # (2P,)
+        ref_logps = sequence_logps(self.reference.logprobs(batch), mask, self.reduction)  # (2P,)
         pairs = step_counts["pairs"]
         loss, parts = self.loss_fn(
             logps[chosen],

@@ -66,7 +66,6 @@ from ardea.trainer.strategies.policy_gradient import (
     policy_loss_name,
     policy_objective,
     ratio_reference,
-    reference_logprobs,
     resolve_policy_loss,
     rl_step_counts,
 )
@@ -109,9 +108,13 @@ class GRPOStrategy(Strategy):
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         return rl_step_counts(micro_batches, self.moe)
 
-    def group_advantages(self, batch: TrajectoryBatch) -> TrajectoryBatch:
-        """``batch`` with the estimator's advantages pinned (next-token aligned)."""
-        advantages = compute_advantages(batch.advantage_inputs(), self.adv_config).advantages
+    def group_advantages(
+        self, batch: TrajectoryBatch, process_rewards: Tensor | None = None
+    ) -> TrajectoryBatch:
+        """``batch`` with the estimator's advantages pinned (next-token aligned); per-token
+        ``process_rewards (N, S)`` join them as :class:`ardea.algo.EstimatorInputs` says."""
+        inputs = batch.advantage_inputs(process_rewards=process_rewards)
+        advantages = compute_advantages(inputs, self.adv_config).advantages
         return batch.pin(advantages=advantages)
 
     def _old_logprobs(self, batch: TrajectoryBatch, logprobs: Tensor) -> Tensor:
@@ -155,9 +158,9 @@ class GRPOStrategy(Strategy):
         0 without a reference."""
         if self.reference is None:
             return 0.0
-        ref = batch.ref_logprobs
-        if ref is None:
-            ref = reference_logprobs(self, batch)
+        ref = batch.ref_logprobs  # pinned on an online rollout
+        if ref is None:  # offline: one update per step, so once per step too
+            ref = self.reference.logprobs(batch)
         mask = batch.action_mask
         kl = kl_penalty(logprobs, ref, self.ppo.kl_estimator)  # (N, S)
         kl_loss = agg_loss(kl, mask, self.ppo.loss_agg_mode, **counts)

@@ -9,7 +9,10 @@ log-probs as the ratio's denominator, so no old-policy copy is kept.
 Pinned on the whole rollout before any update (:meth:`OnlineGRPOStrategy.pin`): the group
 advantages of ``algo.ppo.adv_estimator`` (``grpo`` by default; ``dr_grpo``, ``rloo``,
 ``reinforce_pp``, ``reinforce_pp_baseline`` or a dotted path), computed over all the step's
-groups at once, and for a decoupled policy loss (``algo.policy_loss=decoupled_ppo``, the
+groups at once (plus each token's own reward from a distillation teacher, ``algo.teacher``:
+:mod:`ardea.trainer.strategies.teacher`), the reference's log-probs when the loss has a KL
+term (``algo.ppo.kl_ctl > 0``; scored once per step, whatever ``algo.ppo_epochs`` and
+``algo.ppo_mini_batches``), and for a decoupled policy loss (``algo.policy_loss=decoupled_ppo``, the
 default when ``rollout.max_staleness > 0``) the proximal log-probs of the policy before the
 step's updates.
 
@@ -32,11 +35,15 @@ from ardea.trainer.strategies.policy_gradient import needs_proximal
 class OnlineGRPOStrategy(OnlineStrategy, GRPOStrategy):
     sample_kind = "prompt"
     supports_dynamic_sampling = True
+    supports_teacher = True
 
     def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
-        """Group advantages over the whole rollout, and the proximal log-probs of a
+        """The reference's log-probs (with a KL term), group advantages over the whole
+        rollout (with a teacher's per-token rewards), and the proximal log-probs of a
         decoupled loss."""
-        batch = self.group_advantages(batch)
+        if self.reference is not None:  # once per step, not per epoch and mini-batch
+            batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
+        batch = self.group_advantages(batch, self.process_rewards(batch, metrics))
         if needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         return batch

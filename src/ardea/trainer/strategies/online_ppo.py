@@ -83,6 +83,8 @@ CRITIC_DIR = "critic"
 class OnlinePPOStrategy(OnlineStrategy):
     """PPO with a learned critic on fresh rollouts (module docstring)."""
 
+    supports_teacher = True
+
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
         algo = config.algo
@@ -136,8 +138,11 @@ class OnlinePPOStrategy(OnlineStrategy):
         values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S): V after 0..t
         self.critic.train()
         if self.reference is not None:
-            batch = batch.pin(ref_logprobs=policy_gradient.reference_logprobs(self, batch))
-        out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
+            batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
+        process = self.process_rewards(batch, metrics)  # a teacher's, reaching GAE per token
+        out = compute_advantages(
+            batch.advantage_inputs(values=values, process_rewards=process), self.ppo
+        )
         batch = batch.pin(advantages=out.advantages, returns=out.returns, old_values=values)
         if policy_gradient.needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))

@@ -190,14 +190,3 @@ def ratio_reference(batch: TrajectoryBatch) -> Tensor:
     if batch.proximal_logprobs is not None:
         return batch.proximal_logprobs
     return batch.behaviour_logprobs
-
-
-@torch.no_grad()
-def reference_logprobs(strategy: Strategy, batch: TrajectoryBatch) -> Tensor:
-    """``(N, S)`` next-token log-probs of ``strategy.reference`` at the batch's temperature."""
-    return sequence_logprobs(
-        strategy.reference,
-        **batch.model_inputs(),
-        chunk_size=strategy.config.model.logprob_chunk_size,
-        **batch.sampling(),
-    ).logprobs
