@@ -32,11 +32,13 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_agent_turns.py",
         "bench_compile.py",
         "bench_compute_dtype.py",
+        "bench_distillation.py",
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
         "bench_logprob_memory.py",
         "bench_mismatch.py",
         "bench_partial.py",
+        "bench_reward_model.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
         "bench_torchrun.py",
@@ -116,6 +118,20 @@ def test_rollout_smoke(tmp_path):
     cells = [line.split(" | ")[:6] for line in out.splitlines() if line.startswith("| 0.8M |")]
     assert [c[4] for c in cells] == ["sample", "greedy", "sample+stop"]
     assert all(c[1:4] == ["0.80M", "4", "8"] for c in cells)
+
+
+def test_distillation_smoke(tmp_path):
+    out = smoke("bench_distillation.py", cwd=tmp_path)
+    arms = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 0 |")]
+    assert arms == ["grpo", "distill", "both"]
+    assert not (tmp_path / "runs").exists()  # smoke runs leave nothing behind
+
+
+def test_reward_model_smoke(tmp_path):
+    out = smoke("bench_reward_model.py", cwd=tmp_path)
+    arms = [line.split(" | ")[2] for line in out.splitlines() if line.startswith("| 0 |")]
+    assert arms == ["reward model", "verifier"]
+    assert not (tmp_path / "runs").exists()
 
 
 def test_rl_vs_sft_smoke(tmp_path):

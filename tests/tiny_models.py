@@ -17,3 +17,8 @@ def small_model(tokenizer=None, *, seed: int = 0, **changes):
     """The small model (``changes`` override its sizes, ``arch``, positions) in float32."""
     tokenizer = tokenizer if tokenizer is not None else build_char_tokenizer()
     return build_tiny_model(tokenizer, **{**SMALL, **changes}, seed=seed)
+
+
+def smallest_model(tokenizer=None, *, seed: int = 0):
+    """The model of :data:`SMALLEST_OVERRIDES`, in float32."""
+    return small_model(tokenizer, seed=seed, num_layers=1, intermediate_size=32)

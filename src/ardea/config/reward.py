@@ -50,7 +50,7 @@ class RewardFunctionConfig:
     name: str = field(  # required: no default
         metadata={
             "help": "Reward function by registered name (task, exact_match, numeric_match, "
-            "math_verify, format_boxed, format_regex, reward_model) or dotted path "
+            "math_verify, format_boxed, format_regex, reward_model, llm_judge) or dotted path "
             "package.module.function."
         }
     )

@@ -5,15 +5,18 @@ A reward function maps a batch to one value per completion::
     fn(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]
 
 Built-ins (:mod:`ardea.reward.builtins`): ``exact_match``, ``numeric_match``,
-``math_verify``, ``format_boxed``, ``format_regex`` and ``task``, and ``reward_model``, a
-learned reward model from a local directory (:mod:`ardea.reward.reward_model`); user
-functions are named by dotted path. :class:`RewardScorer` sums them with weights under a per-call timeout and
+``math_verify``, ``format_boxed``, ``format_regex`` and ``task``; ``reward_model``, a
+learned reward model from a local directory (:mod:`ardea.reward.reward_model`); and
+``llm_judge``, a model behind an OpenAI-compatible API grading each completion
+(:mod:`ardea.reward.judge`); user functions are named by dotted path. A function may return
+a :class:`ScoredValues` (its list with batch metrics). :class:`RewardScorer` sums them with weights under a per-call timeout and
 a configurable policy for functions that fail (:mod:`ardea.reward.scorer`);
 :func:`build_scorer` makes one from a :class:`~ardea.config.reward.RewardConfig`.
 """
 
 from ardea.reward.build import build_scorer, check_reward_names
 from ardea.reward.builtins import example_row, has_boxed, task_reward
+from ardea.reward.judge import llm_judge
 from ardea.reward.registry import (
     RewardFn,
     get_reward,
@@ -22,6 +25,7 @@ from ardea.reward.registry import (
     reward_names,
 )
 from ardea.reward.reward_model import reward_model
+from ardea.reward.scored import ScoredValues
 from ardea.reward.scorer import COUNT_KEYS, RewardError, RewardScorer, ScoreResult
 from ardea.reward.shaping import overlong_penalty
 
@@ -31,11 +35,13 @@ __all__ = [
     "RewardFn",
     "RewardScorer",
     "ScoreResult",
+    "ScoredValues",
     "build_scorer",
     "check_reward_names",
     "example_row",
     "get_reward",
     "has_boxed",
+    "llm_judge",
     "make_reward",
     "overlong_penalty",
     "register_reward",

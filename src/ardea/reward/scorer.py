@@ -36,7 +36,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ardea.config.fields import check_choice
 from ardea.config.reward import EXECUTORS, ON_ERROR
@@ -62,6 +62,8 @@ class ScoreResult:
         failed: per sample, whether any function failed on it.
         failed_by_function: per function name, the samples it failed on.
         first_problem: the first failure, as ``'<function>' <what happened>`` ("" if none).
+        metrics: what functions said about the batch (:class:`~ardea.reward.ScoredValues`),
+            as ``reward/<function>/<name>``.
     """
 
     rewards: list[float]
@@ -70,6 +72,7 @@ class ScoreResult:
     failed: list[bool]
     failed_by_function: dict[str, int]
     first_problem: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -276,8 +279,11 @@ class RewardScorer:
         finished = [call.done.is_set() for call in calls]  # decided once, at the deadline
         self._abandoned += [call for call, done in zip(calls, finished) if not done]
         rewards, per_function, failed, failed_by, first = [0.0] * n, {}, [False] * n, {}, ""
+        metrics: dict[str, float] = {}
         for name, call, done, (_, weight) in zip(self.names, calls, finished, self.functions):
             values, problems = _values(call, done, n, self.timeout_s)
+            said = getattr(call.value, "metrics", None) if done else None
+            metrics |= {f"reward/{name}/{key}": float(v) for key, v in (said or {}).items()}
             if problems and self.on_error == "fail":
                 raise self._fail(name, problems[0], prompts, completions)
             if problems and not first:
@@ -291,4 +297,4 @@ class RewardScorer:
             failed_by[name] = len(bad)
             per_function[name] = values
             rewards = [r + weight * v for r, v in zip(rewards, values)]
-        return ScoreResult(rewards, per_function, counts, failed, failed_by, first)
+        return ScoreResult(rewards, per_function, counts, failed, failed_by, first, metrics)

@@ -107,13 +107,14 @@ def tail_seconds(done: list[float]) -> float:
 
 def failure_metrics(scored: ScoreResult) -> dict[str, float]:
     """``reward/failed_fraction`` (completions any reward function failed on) and, per
-    function, ``reward/<name>/failed_fraction``."""
+    function, ``reward/<name>/failed_fraction``, with what the functions said about the
+    batch (``scored.metrics``, e.g. an LLM judge's tokens)."""
     n = max(len(scored.failed), 1)
     out = {"reward/failed_fraction": sum(scored.failed) / n}
     out |= {
         f"reward/{name}/failed_fraction": k / n for name, k in scored.failed_by_function.items()
     }
-    return out
+    return out | scored.metrics
 
 
 def _first_of_groups(rows: list[int], group_size: int) -> list[int]:

@@ -146,15 +146,26 @@ class ArithmeticTask(Task):
         return 1.0 if completion.strip() == example.answer else 0.0
 
     def wrong_answer(self, example: Example, rng: random.Random) -> str:
-        """The carry out of the top digit left out (half the time, for the additions that
-        have one: the sloppy demonstrator's mistake), else one digit of the answer off by
-        1 to 9 (never a negative sum or product); written as the task writes answers."""
+        """A wrong answer a policy could give, written as the task writes answers: for an
+        addition with a carry out of the top digit, 40 % of the time that carry left out
+        (the sloppy demonstrator's mistake); otherwise one digit off by 1 to 9 (half the
+        time), a spurious leading 1 (a fifth: the opposite mistake), or any string of 1 to
+        ``digits + 2`` digits (the rest: malformed answers, such as a leading zero).
+        Never a negative sum or product, never the right answer."""
         a, b, op = example.meta["a"], example.meta["b"], example.meta["op"]
         result = OPERATORS[op](a, b)
-        if op == "+" and self._carries_out(a, b, result) and rng.random() < 0.5:
+        if op == "+" and self._carries_out(a, b, result) and rng.random() < 0.4:
             return self.digits_text(str(result)[1:])
+        kind = rng.random()
         while True:
-            place = rng.randrange(len(str(abs(result))))
-            wrong = result + rng.choice((-1, 1)) * rng.randint(1, 9) * 10**place
-            if wrong != result and (wrong >= 0 or op == "-"):
-                return self.number(wrong)
+            if kind < 0.5:
+                place = rng.randrange(len(str(abs(result))))
+                wrong = result + rng.choice((-1, 1)) * rng.randint(1, 9) * 10**place
+                text = self.number(wrong) if wrong >= 0 or op == "-" else None
+            elif kind < 0.7:
+                text = self.digits_text("1" + str(abs(result)))
+            else:
+                length = rng.randint(1, self.digits + 2)
+                text = "".join(rng.choice("0123456789") for _ in range(length))
+            if text is not None and text != example.answer:
+                return text

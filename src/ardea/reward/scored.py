@@ -1,0 +1,22 @@
+"""What a reward function may return besides a plain list: the list with metrics.
+
+A reward function returns one number (or None) per completion. One that has more to say
+about the batch (an LLM judge's requests and tokens) returns a :class:`ScoredValues`: the
+same list, with ``metrics`` (name → number). The scorer logs them per batch as
+``reward/<function>/<name>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ScoredValues(list):
+    """A reward function's values (a list) and its batch ``metrics``."""
+
+    def __init__(self, values: Any = (), *, metrics: dict[str, float] | None = None) -> None:
+        super().__init__(values)
+        self.metrics = dict(metrics or {})
+
+    def __reduce__(self):  # pickled back from a process executor's child with its metrics
+        return (type(self), (list(self),), {"metrics": self.metrics})
