@@ -23,32 +23,19 @@ over seeds of the end accuracy.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
-import torch
+from recipe_bench import SMALLEST_MODEL, SMOKE_RL, SMOKE_SFT, curve, print_machine, save_rows
 
 from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
 from ardea.trainer import Trainer, run
 
 REPO = Path(__file__).parents[1]
 RECIPE = REPO / "configs" / "distill.yaml"
-SMOKE = [  # a few steps of everything on 2-digit additions, 8 held-out problems
-    "data.task_args.digits=2",
-    "data.eval_size=8",
-    "model={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}",
-    "logging.tensorboard=false",
-    "trainer.num_threads=1",
-    "stages.sft.data.train_size=32",
-    "stages.sft.trainer.max_steps=4",
-    "stages.sft.trainer.batch_size=8",
-    "stages.sft.trainer.warmup_steps=0",
-]
-SMOKE_TEACHER = [*SMOKE, "stages.rl.trainer.max_steps=2", "stages.rl.trainer.batch_size=4",
-                 "stages.rl.trainer.eval_every=0", "stages.rl.trainer.save_every=0"]  # fmt: skip
+SMOKE = [*SMOKE_SFT, SMALLEST_MODEL]  # a few steps of everything
+SMOKE_TEACHER = [*SMOKE, *SMOKE_RL]
 SMOKE_ARM = [  # ... and of each arm
     "stages.distill.trainer.batch_size=4",
     "stages.distill.trainer.eval_every=2",
@@ -77,12 +64,6 @@ def train(config, output_dir: Path) -> dict:
     config.trainer.output_dir = str(output_dir)
     config.trainer.resume = "auto"  # a rerun of the benchmark reuses finished runs
     return Trainer(config).train()
-
-
-def curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, held-out accuracy) at every evaluation of a run."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    return [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
 
 
 def bench(seeds: list[int], out: Path, teacher: str, budget: float, extra: list[str]) -> list:
@@ -131,14 +112,13 @@ def main() -> int:
         return 0
     teacher = args.teacher or teacher_model(args.out, [])
     rows = bench(args.seeds, args.out, teacher, args.seconds, args.overrides)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    save_rows(args.out, rows)
     report(rows)
     return 0
 
 
 def report(rows: list[dict]) -> None:
-    print(f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print_machine()
     print("| seed | arm | steps | train s | accuracy start | accuracy end | evaluations |")
     print("|---:|---|---:|---:|---:|---:|---|")
     for r in rows:

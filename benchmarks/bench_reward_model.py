@@ -19,28 +19,19 @@ held-out accuracy at the start, at each evaluation and at the end.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
 from pathlib import Path
 
-import torch
+from recipe_bench import SMALLEST_MODEL, SMOKE_SFT, curve, print_machine, save_rows
 
 from ardea.config import load_config, stage_configs
 from ardea.trainer import Trainer, run
 
 REPO = Path(__file__).parents[1]
 RECIPE = REPO / "configs" / "reward_model_grpo.yaml"
-SMOKE = [  # a few steps of each stage on 2-digit additions, 8 held-out problems
-    "data.task_args.digits=2",
-    "data.eval_size=8",
-    "model={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}",
-    "logging.tensorboard=false",
-    "trainer.num_threads=1",
-    "stages.sft.data.train_size=32",
-    "stages.sft.trainer.max_steps=4",
-    "stages.sft.trainer.batch_size=8",
-    "stages.sft.trainer.warmup_steps=0",
+SMOKE = [  # a few steps of each stage
+    *SMOKE_SFT,
+    SMALLEST_MODEL,
     "stages.rm.data.train_size=32",
     "stages.rm.data.eval_size=8",
     "stages.rm.trainer.max_steps=2",
@@ -50,12 +41,6 @@ SMOKE = [  # a few steps of each stage on 2-digit additions, 8 held-out problems
     "stages.rl.trainer.eval_every=1",
     "stages.rl.trainer.save_every=0",
 ]
-
-
-def curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, held-out accuracy) at every evaluation of a run."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    return [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
 
 
 def bench_seed(seed: int, out: Path, extra: list[str]) -> dict:
@@ -90,14 +75,13 @@ def main() -> int:
             report([bench_seed(0, Path(out), [*SMOKE, *args.overrides])])
         return 0
     rows = [bench_seed(seed, args.out, args.overrides) for seed in args.seeds]
-    (args.out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    save_rows(args.out, rows)
     report(rows)
     return 0
 
 
 def report(rows: list[dict]) -> None:
-    print(f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print_machine()
     print(
         "| seed | RM held-out accuracy | RL reward | accuracy start | accuracy end | evaluations |"
     )

@@ -29,24 +29,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from recipe_bench import SMOKE_RL, SMOKE_SFT
 
 from ardea.config import DEFAULT_RECIPE, load_config, stage_configs
 from ardea.trainer import Trainer
 
-SMOKE = [  # a few steps of each arm on 2-digit additions, 8 held-out problems
-    "data.task_args.digits=2",
-    "data.eval_size=8",
-    "logging.tensorboard=false",
-    "trainer.num_threads=1",
-    "stages.sft.data.train_size=32",
-    "stages.sft.trainer.max_steps=4",
-    "stages.sft.trainer.batch_size=8",
-    "stages.sft.trainer.warmup_steps=0",
-    "stages.rl.trainer.max_steps=2",
-    "stages.rl.trainer.batch_size=4",
-    "stages.rl.trainer.eval_every=0",
-    "stages.rl.trainer.save_every=0",
-]
+SMOKE = [*SMOKE_SFT, *SMOKE_RL]  # a few steps of each arm
 
 
 def stages(seed: int, extra: list[str]) -> dict:
