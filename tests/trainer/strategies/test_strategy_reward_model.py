@@ -154,3 +154,41 @@ def test_a_lora_reward_model_trains_its_head_and_saves_merged(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(results["checkpoint"])
     assert model.score.weight.abs().sum() > 0  # the head is trained in full, then merged
     assert results["trainable_parameters"] < results["parameters"] / 2
+
+
+def test_a_reward_model_run_resumes_exactly(tmp_path):
+    """Six steps at once, or three and then three more from the checkpoint: the same
+    weights bit for bit and the same metrics (constant lr: the schedule does not depend on
+    where the run was told to stop)."""
+    from safetensors.torch import load_file
+
+    def train(directory, steps):
+        overrides = [*RUN, "trainer.lr_schedule=constant", "trainer.warmup_steps=0",
+                     "trainer.eval_every=3", "trainer.save_every=3", "logging.log_every=1",
+                     f"trainer.max_steps={steps}", "trainer.resume=auto",
+                     f"trainer.output_dir={directory}"]  # fmt: skip
+        return run(load_config(None, overrides))
+
+    def final(directory):
+        weights = load_file(
+            directory / "checkpoints" / "step_0000006" / "policy" / "model.safetensors"
+        )
+        rows = [json.loads(line) for line in (directory / "metrics.jsonl").open()]
+        return weights, [
+            {k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")} for r in rows
+        ]
+
+    train(tmp_path / "once", 6)
+    train(tmp_path / "twice", 3)
+    train(tmp_path / "twice", 6)
+    (weights, rows), (weights2, rows2) = final(tmp_path / "once"), final(tmp_path / "twice")
+    assert weights.keys() == weights2.keys() and "score.weight" in weights
+    assert all(weights[k].equal(weights2[k]) for k in weights)
+    assert rows2 == rows
+
+
+def test_dpo_trains_on_a_tasks_built_in_pairs_too(tmp_path):
+    overrides = [*RUN, "algo.name=dpo", "trainer.max_steps=2", "trainer.eval_every=0"]
+    results = run(load_config(None, [*overrides, f"trainer.output_dir={tmp_path / 'dpo'}"]))
+    assert results["steps"] == 2 and "eval_loss" in results  # the task's held-out pairs
+    assert "accuracy" in results  # a policy's run still generates for the task's accuracy
