@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ardea.agent.env import Environment, StepResult
+from ardea.agent.tools import ToolBox
 from ardea.rollout import Completion, EngineSpec, GenerationEngine, SamplingParams, load_weights
 
 
@@ -199,3 +202,31 @@ class CrashingEnv(TurnsEnv):
         if self.crash == "step" and self.steps == 2:
             raise RuntimeError("sandbox died")
         return super().step(reply)
+
+
+def _exits(x: int) -> str:
+    os._exit(3)
+
+
+def _double(x: int) -> str:
+    return str(2 * x)
+
+
+class SandboxEnv(Environment):
+    """One question; tools ``double`` and ``exit`` (whose sandbox process dies); a reply
+    without a tool call ends the episode with reward 1."""
+
+    def __init__(self, *, max_turns: int = 4) -> None:
+        super().__init__(max_turns=max_turns)
+        self.toolbox = ToolBox({"double": _double, "exit": _exits}, timeout=60.0)
+
+    @classmethod
+    def rows(cls, count, seed, *, split, **_):
+        return [{"question": f"q{i}"} for i in range(count)]
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["question"]}]
+
+    def step(self, reply):
+        tools = self.run_tools(reply)
+        return tools if tools is not None else StepResult([], 1.0, True, {"success": True})

@@ -1,6 +1,7 @@
 """An environment that crashes (reset or step raises: an infrastructure failure, not a
 mistake of the model) ends its episode, which is counted and left out of training under
-reward.on_error=mask, and stops the run under fail."""
+reward.on_error=mask, and stops the run under fail; so does a tool whose sandbox process
+dies, while a tool that raises stays an observation for the model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 from ardea.agent.episodes import EnvironmentFailure, EpisodeRunner
 from ardea.errors import ConfigError
 from ardea.rollout import SamplingParams
+
+from .agent_testing import ScriptedEngine
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=4)
 ROWS = [{"turns": 3}, {"turns": 3, "crash": "step"}, {"turns": 2, "crash": "reset"}]
@@ -46,3 +49,21 @@ def test_every_episode_crashing_stops_and_zero_is_refused(engine, tokenizer):
         runner(engine, tokenizer).generate(ROWS[2:], seed_index=0)
     with pytest.raises(ConfigError, match="reward.on_error='zero' with an agent environment"):
         runner(engine, tokenizer, "zero")
+
+
+def test_a_dead_tool_sandbox_fails_its_episode_not_the_model(tokenizer):
+    call = '<tool_call>{{"name": "{}", "arguments": {{"x": 2}}}}</tool_call>'
+    # turn 0: row 0 calls double, row 1 calls exit; turn 1: row 0 answers
+    engine = ScriptedEngine(tokenizer, [call.format("double"), call.format("exit"), "4"])
+    sandboxed = EpisodeRunner(
+        engine, tokenizer, env="tests.agent.agent_testing.SandboxEnv", group_size=1,
+        params=PARAMS, max_turns=3, seed=1, executor="process",
+    )  # fmt: skip
+    played = sandboxed.generate([{"question": "a"}, {"question": "b"}], seed_index=0)
+    good, dead = played.episodes
+    assert good.error is None and good.reward == 1.0 and good.tool_errors == 0
+    assert dead.error.startswith("step raised ToolSandboxError: tool 'exit': its process died")
+    assert [m["content"] for m in good.messages if m["role"] == "tool"] == ["4"]
+    rollout = sandboxed.score(played)
+    assert rollout.metrics["agent/env_failures"] == 0.5
+    assert rollout.batch.group_ids.tolist() == [0]  # only the good episode is trained

@@ -31,7 +31,14 @@ from ardea.agent.interaction import (
 )
 from ardea.agent.reply import Reply
 from ardea.agent.tool_parsers import TOOL_PARSERS, ToolParser, make_tool_parser
-from ardea.agent.tools import ToolBox, ToolCall, ToolResult, parse_tool_calls, tool_schema
+from ardea.agent.tools import (
+    ToolBox,
+    ToolCall,
+    ToolResult,
+    ToolSandboxError,
+    parse_tool_calls,
+    tool_schema,
+)
 
 __all__ = [
     "ENVIRONMENTS",
@@ -49,6 +56,7 @@ __all__ = [
     "ToolBox",
     "ToolCall",
     "ToolResult",
+    "ToolSandboxError",
     "check_env_args",
     "discount_rewards",
     "env_class",

@@ -6,7 +6,11 @@ the format of ardea's tiny chat template). :func:`parse_tool_calls` finds them;
 :class:`ToolBox` runs them. Nothing a model writes can crash a rollout: a malformed call,
 an unknown tool, a tool that raises and one that runs past its timeout each become a
 :class:`ToolResult` with ``error`` set, whose text the model sees as the tool's reply, and
-are counted (``tool_errors``).
+are counted (``tool_errors``). A tool whose sandbox process dies (``executor: process``: it
+ended without an answer, e.g. killed or crashed in native code) is not the model's mistake
+but the infrastructure's: :class:`ToolSandboxError` is raised, and the episode runner ends
+that episode as an environment failure (left out of training under ``reward.on_error:
+mask`` and counted in ``agent/env_failures``, or the run stops under ``fail``).
 
 Tools are plain Python callables taking keyword arguments and returning something
 ``str()`` can show. Their OpenAI-style schema (for ``tools=`` of the chat template) is
@@ -25,11 +29,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ardea.errors import ArdeaError
 from ardea.reward.isolation import call_in_process
 
 EXECUTORS = ("thread", "process")
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+class ToolSandboxError(ArdeaError):
+    """A tool's sandbox process died: an infrastructure failure (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,10 @@ class ToolBox:
         outcome = call_in_process(fn, (), call.arguments, timeout_s=self.timeout)
         if outcome.status == "ok":
             return ToolResult(call.name, str(outcome.value))
+        if outcome.status == "died":
+            raise ToolSandboxError(
+                f"tool {call.name!r}: {outcome.error}; its sandbox failed, not the model"
+            )
         if outcome.status == "timeout":
             error = (
                 f"tool {call.name!r} timed out after {self.timeout:g} s (its process was killed)"
