@@ -9,6 +9,7 @@ import pytest
 
 from ardea.agent.episodes import EnvironmentFailure, EpisodeRunner
 from ardea.errors import ConfigError
+from ardea.reward import RewardScorer
 from ardea.rollout import SamplingParams
 
 from .agent_testing import ScriptedEngine
@@ -67,3 +68,30 @@ def test_a_dead_tool_sandbox_fails_its_episode_not_the_model(tokenizer):
     rollout = sandboxed.score(played)
     assert rollout.metrics["agent/env_failures"] == 0.5
     assert rollout.batch.group_ids.tolist() == [0]  # only the good episode is trained
+
+
+def test_reward_functions_add_terms_and_their_failures_mask_episodes(tokenizer):
+    """Each episode's last reply is scored with its first user message and its row; the
+    weighted term joins the environment's reward 1; a failed score fails the episode."""
+    seen = []
+
+    def length(prompts, completions, rows):
+        seen.append((prompts, completions, rows))
+        return [None if c == "oops" else float(len(c)) for c in completions]
+
+    scorer = RewardScorer([(length, 0.5)], timeout_s=30.0, on_error="mask")
+    engine = ScriptedEngine(tokenizer, ["abc", "oops"])
+    scored = EpisodeRunner(
+        engine, tokenizer, env="tests.agent.agent_testing.SandboxEnv", group_size=1,
+        params=PARAMS, max_turns=2, seed=1, scorer=scorer,
+    )  # fmt: skip
+    rows = [{"question": "a"}, {"question": "b"}]
+    played = scored.generate(rows, seed_index=0)
+    assert seen == [(["a", "b"], ["abc", "oops"], rows)]
+    good, failed = played.episodes
+    assert good.reward == 1.0 + 0.5 * 3 and good.error is None
+    assert failed.error.startswith("reward functions failed: 'length'")
+    rollout = scored.score(played)
+    assert rollout.batch.rewards.tolist() == [2.5]  # the failed episode is not trained
+    assert rollout.metrics["agent/env_failures"] == 0.5
+    assert rollout.metrics["reward/length/failed_fraction"] == 0.5

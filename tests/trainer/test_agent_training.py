@@ -93,7 +93,8 @@ def test_background_episodes_are_checkpointed_and_resumed_exactly(tmp_path):
         ("agent.history=ignore", "agent.history='ignore'"),
         ("agent.max_turns=0", "agent.max_turns"),
         ("agent.eval_episodes=0", "agent.eval_episodes"),
-        ("reward.functions=[{name: length}]", "rewarded by the environment"),
+        ("reward.functions=[{name: length}]", "unknown reward function 'length'"),
+        ("reward.overlong_buffer=2", "reward.overlong_buffer is not used"),
     ],
 )
 def test_agent_options_are_checked(tmp_path, override, message):
@@ -123,3 +124,31 @@ def test_sampled_evaluation_repeats_its_seed(tmp_path):
     assert first == again
     assert trainer.evaluator.agent.runner.group_size == 3
     assert trainer.evaluator.agent.runner.params.temperature == config.rollout.temperature
+
+
+def test_an_environment_run_adds_its_reward_functions_terms(tmp_path):
+    """reward.functions of an agent.env run score every episode on top of the environment's
+    reward: the same episodes (same seeds) with and without format_regex (1 when the last
+    reply holds a digit, weight 0.25) differ by exactly that term."""
+    regex = "reward.functions=[{name: format_regex, weight: 0.25, kwargs: {pattern: '[0-9]'}}]"
+
+    def played(*extra):
+        config = load_config(None, [*AGENT, "algo.name=online_grpo", "trainer.max_steps=1",
+                                    *extra, f"trainer.output_dir={tmp_path / str(len(extra))}"])  # fmt: skip
+        trainer = Trainer(config)
+        runner = trainer.service.runner
+        episodes = runner.generate(trainer.train_samples[:2], seed_index=0)
+        return episodes, runner.score(episodes)
+
+    (plain, _), (scored, rollout) = played(), played(regex)
+    terms = []
+    for before, after in zip(plain.episodes, scored.episodes):
+        assert after.messages == before.messages  # the same episode
+        last = [m for m in after.messages if m["role"] == "assistant"][-1]["content"]
+        terms.append(0.25 * any(ch.isdigit() for ch in last))
+        assert after.reward == pytest.approx(before.reward + terms[-1])
+    assert rollout.metrics["reward/format_regex/failed_fraction"] == 0.0
+    assert sum(rollout.batch.rewards.tolist()) == pytest.approx(
+        sum(e.reward for e in scored.episodes)
+    )
+    assert any(terms)  # some last reply holds a digit: the term is not vacuous

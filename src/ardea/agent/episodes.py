@@ -32,12 +32,15 @@ from typing import Any
 from ardea.agent.calls import EngineRequest, wait_calls
 from ardea.agent.conversation import ChatTemplate, Conversation, normalize
 from ardea.agent.env import Environment, make_env
+from ardea.agent.episode_metrics import episode_metrics, message_text
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.agent.lockstep import Lockstep
 from ardea.agent.reply import Reply
+from ardea.agent.reward_terms import add_reward_terms
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
+from ardea.reward import RewardScorer
 from ardea.rollout import GenerationEngine, Rollout, SamplingParams
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
@@ -76,6 +79,7 @@ class Episodes:
     episodes: list[Episode]
     calls: list[Interaction]  # every episode's calls, in the order they were made
     seconds: float
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # reward terms'
 
 
 class StoredEpisodes:
@@ -105,7 +109,7 @@ class StoredEpisodes:
             if not episode.messages:
                 continue
             first, *rest = episode.messages
-            shown = "\n".join(f"[{m['role']}] {_text(m)}" for m in rest)
+            shown = "\n".join(f"[{m['role']}] {message_text(m)}" for m in rest)
             out.append((first["content"], shown, episode.reward))
         return out
 
@@ -130,6 +134,8 @@ class EpisodeRunner(StoredEpisodes):
             failure, not a mistake of the model): ``mask`` ends the episode, counts it
             (``agent/env_failures``) and leaves its calls out of training; ``fail`` raises
             :class:`EnvironmentFailure`.
+        scorer: the run's reward functions, whose terms join the environment's reward
+            (:mod:`ardea.agent.reward_terms`); None: the environment's reward alone.
     """
 
     def __init__(
@@ -149,11 +155,13 @@ class EpisodeRunner(StoredEpisodes):
         reward_discount: float = 1.0,
         seed: int = 0,
         on_error: str = "mask",
+        scorer: RewardScorer | None = None,
     ) -> None:
         if on_error not in ("mask", "fail"):
             raise ConfigError(f"reward.on_error={on_error!r} with an agent environment: a crashed "
                               "episode's calls are never trained; choose mask or fail")  # fmt: skip
         self.on_error = on_error
+        self.scorer = scorer  # reward.functions' terms (:mod:`ardea.agent.reward_terms`)
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env
@@ -226,8 +234,9 @@ class EpisodeRunner(StoredEpisodes):
                 f"the environment {self.env} failed in every episode of the rollout; the "
                 f"first: {episodes[0].error}"
             )
+        metrics = {} if self.scorer is None else add_reward_terms(self.scorer, calls, examples)
         kept = [call for episode, call in calls if episode.error is None]
-        return Episodes(list(examples), episodes, kept, time.perf_counter() - start)
+        return Episodes(list(examples), episodes, kept, time.perf_counter() - start, metrics)
 
     def _env_failed(self, episode: Episode, row: Any, where: str, error: Exception) -> None:
         """``episode``'s environment raised in ``where``: it ends, failed (class docstring)."""
@@ -313,38 +322,10 @@ class EpisodeRunner(StoredEpisodes):
         metrics = episode_metrics(good, batch)
         n = len(played.episodes)
         metrics["agent/env_failures"] = (n - len(good)) / n
+        metrics |= played.metrics
         generated = float(batch.loss_mask.sum())
         metrics["perf/generate_tokens_per_s"] = generated / max(played.seconds, 1e-9)
         return Rollout(batch, metrics, self._samples(played))
-
-
-def _text(message: dict[str, Any]) -> str:
-    calls = "".join(f" <call {c['name']} {c['arguments']}>" for c in message.get("tool_calls", []))
-    return message["content"] + calls
-
-
-def episode_metrics(episodes: Sequence[Episode], batch: TrajectoryBatch) -> dict[str, float]:
-    """The ``agent/*`` and ``rollout/*`` metrics of a call's episodes (``docs/reference/metrics.md``)."""
-    n = len(episodes)
-    turns = sum(e.turns for e in episodes)
-    rewards = batch.rewards.double()
-    real = batch.attention_mask.bool()
-    prompt = (~batch.loss_mask & real).long().cumsum(-1) == real.long().cumsum(-1)  # before turn 0
-    context = real & ~batch.loss_mask & ~prompt
-    return {
-        "agent/turns_per_episode": turns / n,
-        "agent/reward_per_turn": sum(e.reward for e in episodes) / max(turns, 1),
-        "agent/success_rate": sum(e.success for e in episodes) / n,
-        "agent/tool_calls": sum(e.tool_calls for e in episodes) / n,
-        "agent/tool_errors": sum(e.tool_errors for e in episodes) / n,
-        "agent/truncated_fraction": sum(e.truncated for e in episodes) / n,
-        "agent/context_tokens": float(context.sum()) / n,
-        "agent/generated_tokens": float(batch.loss_mask.sum()) / n,
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std(unbiased=False)),
-        "rollout/response_length": float(batch.loss_mask.sum()) / batch.rows,
-        "rollout/truncated_fraction": float(batch.no_eos.float().mean()),
-    }
 
 
 _CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
@@ -373,6 +354,7 @@ def episodes_state(played: Episodes) -> dict[str, Any]:
             for c in calls
         ],
         "episodes": [{f: getattr(e, f) for f in _EPISODE_FIELDS} for e in played.episodes],
+        "metrics": played.metrics,
     }
 
 
@@ -395,4 +377,5 @@ def restore_episodes(state: dict[str, Any], examples: list[Any]) -> Episodes:
         call.continued, call.orphan, call.rewritten = stored["flags"]
         calls.append(call)
     episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
-    return Episodes(list(examples), episodes, calls, float(state["seconds"]))
+    seconds = float(state["seconds"])
+    return Episodes(list(examples), episodes, calls, seconds, dict(state["metrics"]))

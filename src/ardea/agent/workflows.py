@@ -47,7 +47,8 @@ import httpx
 import openai
 
 from ardea.agent.client import RecordingClient
-from ardea.agent.episodes import Episode, Episodes, StoredEpisodes, episode_metrics
+from ardea.agent.episode_metrics import episode_metrics
+from ardea.agent.episodes import Episode, Episodes, StoredEpisodes
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.agent.lockstep import EPISODE_HEADER, Lockstep
 from ardea.agent.server import MAX_REQUEST_BYTES, ChatServer, build_app

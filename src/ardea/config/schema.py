@@ -265,9 +265,10 @@ class ArdeaConfig:
                 "data.task, data.path and agent.env are all null; name a task, a data file "
                 "or an environment"
             )
-        if self.agent.env is not None:
-            _check_agent_reward(
-                self.reward, "agent.env is set: episodes are rewarded by the environment"
+        if self.agent.env is not None and self.reward.overlong_buffer:
+            raise ConfigError(
+                "agent.env is set: episodes are rewarded by the environment (and any "
+                "reward.functions), so reward.overlong_buffer is not used; remove it"
             )
         if self.agent.workflow is not None:
             _check_agent_reward(

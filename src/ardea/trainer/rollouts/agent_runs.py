@@ -23,9 +23,11 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from ardea.config import ArdeaConfig
+from ardea.config.reward import RewardConfig
 from ardea.data.chat import tokenize_chat
 from ardea.data.records import Record, read_records
 from ardea.errors import ConfigError
+from ardea.reward import RewardScorer, build_scorer
 from ardea.rollout import GenerationEngine, SamplingParams
 
 if TYPE_CHECKING:  # the agent layer (openai, fastapi) is imported by agent runs only
@@ -122,7 +124,17 @@ def episode_runner(
         reward_discount=agent.reward_discount,
         seed=config.trainer.seed,
         on_error=config.reward.on_error,
+        scorer=reward_terms_scorer(config),
     )
+
+
+def reward_terms_scorer(config: ArdeaConfig) -> RewardScorer | None:
+    """The scorer of the reward terms an environment run adds to its episodes
+    (:mod:`ardea.agent.reward_terms`), or None when ``reward.functions`` is left at its
+    default (the environment's reward alone)."""
+    if config.reward.functions == RewardConfig().functions:
+        return None
+    return build_scorer(config.reward, None)
 
 
 @dataclasses.dataclass
