@@ -3,9 +3,12 @@ training steps: the teacher's per-token rewards reach the advantages with the va
 out here by hand, both KL estimators; the reference and the teacher score each rollout once
 per step whatever the epochs and mini-batches; a teacher is refused where it cannot work.
 
-Tolerance 1e-5: the teacher's log-probs by the trainer's chunked scorer against a plain
-float32 forward + float64 log-softmax here (rounding of a 2-layer model, ~1e-6), and the
-group advantages, which divide by a std of order 0.1."""
+Tolerance 1e-4, from float32 rounding (unit roundoff u = 6e-8): the teacher's log-probs
+come from the trainer's chunked scorer (backbone, then the LM head) against one full
+float32 forward + float64 log-softmax here. Each logit passes ~8 dependent dot products of
+length ≤ 64 (width 32, MLP 64), ≤ 64·u ≈ 4e-6 relative each, on logits of magnitude ≤ 10:
+≤ 4e-5 per log q in the worst case, times coef ≤ 2 in the rewards. The outcome part
+(rewards from the same function, divided by a group std) adds ~1e-7 relative."""
 
 from __future__ import annotations
 
@@ -74,12 +77,12 @@ def test_the_teachers_token_rewards_reach_the_advantages(kl, teacher_dir, tmp_pa
     rewards = torch.where(mask, -0.5 * per_token, 0.0)
     outcome = torch.tensor(group_advantages(before.rewards.tolist(), 8), dtype=torch.float64)
     expected = torch.where(mask, outcome[:, None] + rewards, 0.0)
-    torch.testing.assert_close(pinned.advantages.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pinned.advantages.double(), expected, atol=1e-4, rtol=1e-5)
     assert rewards[mask].abs().max() > 0.01  # a real teacher term, not a vanishing one
     kl_k1 = float(torch.where(mask, p - q, 0.0).sum() / mask.sum())
-    assert metrics["teacher/reverse_kl"] == pytest.approx(kl_k1, abs=1e-5)
+    assert metrics["teacher/reverse_kl"] == pytest.approx(kl_k1, abs=1e-4)
     assert metrics["teacher/reward_mean"] == pytest.approx(
-        float(rewards.sum() / mask.sum()), abs=1e-5
+        float(rewards.sum() / mask.sum()), abs=1e-4
     )
 
 
@@ -125,7 +128,7 @@ def test_online_ppo_takes_the_teachers_rewards_into_gae(teacher_dir, tmp_path, r
     # gamma = lambda = 1: return_t = outcome + sum of the token rewards from t on
     tail = rewards.flip(-1).cumsum(-1).flip(-1)
     expected = torch.where(mask, before.rewards.double()[:, None] + tail, 0.0)
-    torch.testing.assert_close(pinned.returns.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pinned.returns.double(), expected, atol=1e-4, rtol=1e-5)
 
 
 def test_a_teacher_is_refused_where_it_cannot_work(teacher_dir, tmp_path):
@@ -172,7 +175,7 @@ def test_a_stage_distils_from_an_earlier_stage(tmp_path):
         "stages={teacher: {algo: {name: sft}, data: {train_size: 64}, "
         "trainer: {max_steps: 3, batch_size: 8, eval_every: 0}}, "
         "student: {algo: {name: online_grpo, teacher: {path: 'stage:teacher'}}, "
-        "model: {num_layers: 1}, reward: {functions: [{name: task, weight: 0.0}]}, "
+        "model: {path: null}, reward: {functions: [{name: task, weight: 0.0}]}, "
         "rollout: {group_size: 2, max_new_tokens: 4}, "
         "trainer: {max_steps: 2, batch_size: 4, eval_every: 0}}}"
     )
@@ -192,6 +195,7 @@ def test_a_stage_distils_from_an_earlier_stage(tmp_path):
     assert student.algo.teacher.path == str(
         top / "teacher" / "checkpoints" / "step_0000003" / "policy"
     )
-    assert student.model.path is None or "teacher" in student.model.path
+    assert student.model.path is None  # a student from scratch, not the teacher
     logged = [json.loads(line) for line in (top / "student" / "metrics.jsonl").open()]
-    assert [row["teacher/reverse_kl"] for row in logged if "teacher/reverse_kl" in row]
+    gaps = [row["teacher/reverse_kl"] for row in logged if "teacher/reverse_kl" in row]
+    assert gaps and all(abs(gap) > 1e-3 for gap in gaps)  # two different models

@@ -114,6 +114,11 @@ class AlgoConfig:
             )
         check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
         check_range("algo.beta", self.beta, low=0.0, low_open=True)
+        if self.name != "reward_model" and (self.rm_margin or self.rm_center_coef):
+            raise ConfigError(
+                f"algo.rm_margin / algo.rm_center_coef are options of algo.name=reward_model; "
+                f"algo.name={self.name} does not use them: unset them"
+            )
         if not math.isfinite(self.rm_margin):
             raise ConfigError(f"algo.rm_margin={self.rm_margin!r} must be a finite number")
         check_range("algo.rm_center_coef", self.rm_center_coef, low=0.0)

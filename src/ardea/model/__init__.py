@@ -25,7 +25,7 @@ from ardea.model.logprobs import (
     sequence_logprobs,
 )
 from ardea.model.precision import COMPUTE_DTYPES, Precision
-from ardea.model.scorer import is_scorer, load_scorer_and_tokenizer, scorer_from_causal_lm
+from ardea.model.scorer import load_scorer_and_tokenizer, scorer_from_causal_lm
 from ardea.model.tiny import TINY_ARCHS, build_tiny_model, tiny_config
 from ardea.model.tokenizer import (
     BOS_TOKEN,
@@ -55,7 +55,6 @@ __all__ = [
     "ModelLoadError",
     "ValueModel",
     "build_char_tokenizer",
-    "is_scorer",
     "load_scorer_and_tokenizer",
     "scorer_from_causal_lm",
     "build_tiny_model",

@@ -27,14 +27,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 
 from ardea.errors import ConfigError
-from ardea.model.backbone import get_backbone, unwrap_peft
+from ardea.model.backbone import get_backbone
 from ardea.model.loading import check_model_dir, load_model_and_tokenizer
-
-
-def is_scorer(model: nn.Module) -> bool:
-    """Whether ``model`` (looked through DDP/peft wrappers) is a sequence classifier."""
-    inner = unwrap_peft(model)
-    return type(inner) in set(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING.values())
 
 
 def scorer_from_causal_lm(model: PreTrainedModel, *, pad_token_id: int) -> PreTrainedModel:

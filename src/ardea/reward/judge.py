@@ -49,40 +49,33 @@ DEFAULT_TEMPLATE = (
 NUMBER = r"-?\d+(?:\.\d+)?"
 
 
-def _check(
-    *,
-    base_url: str,
-    model: str,
-    template: str = DEFAULT_TEMPLATE,
-    pattern: str = NUMBER,
-    scale: float = 1.0,
-    max_tokens: int = 16,
-    temperature: float = 0.0,
-    timeout_s: float = 30.0,
-    retries: int = 2,
-    concurrency: int = 8,
-    api_key_env: str = "OPENAI_API_KEY",
-) -> None:
+def _check(**given: Any) -> None:
+    """The options given to ``llm_judge`` (the registry has checked their names and that
+    ``base_url`` and ``model`` are there); the defaults are the function's own."""
+    base_url, model = given["base_url"], given["model"]
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         raise ConfigError(f"llm_judge: base_url={base_url!r} must be an http(s) URL")
     if not isinstance(model, str) or not model:
         raise ConfigError(f"llm_judge: model={model!r} must name the judge's model")
+    template = given.get("template", DEFAULT_TEMPLATE)
     fields = [name for _, name, _, _ in string.Formatter().parse(template) if name]
     if "completion" not in fields:
         raise ConfigError(f"llm_judge: template={template!r} has no {{completion}} to grade")
+    pattern = given.get("pattern", NUMBER)
     try:
         re.compile(pattern)
     except re.error as exc:
         raise ConfigError(f"llm_judge: pattern={pattern!r} is not a regex: {exc}") from exc
-    for name, value, low in (("max_tokens", max_tokens, 1), ("retries", retries, 0),
-                             ("concurrency", concurrency, 1)):  # fmt: skip
+    for name, low in (("max_tokens", 1), ("retries", 0), ("concurrency", 1)):
+        value = given.get(name, low)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"llm_judge: {name}={value!r} must be an integer >= {low}")
-    for name, value in (("scale", scale), ("timeout_s", timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"llm_judge: {name}={value!r} must be a number > 0")
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-        raise ConfigError(f"llm_judge: temperature={temperature!r} must be a number >= 0")
+    for name, positive in (("scale", True), ("timeout_s", True), ("temperature", False)):
+        value = given.get(name, 1.0)
+        bad = isinstance(value, bool) or not isinstance(value, int | float)
+        if bad or value < 0 or (positive and value == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise ConfigError(f"llm_judge: {name}={value!r} must be a number {bound}")
 
 
 def _grade(reply: str, pattern: re.Pattern, scale: float) -> float | None:
@@ -147,11 +140,11 @@ def llm_judge(
             )
         except openai.OpenAIError:  # after the client's retries: a failed score
             return None, None
-        content = reply.choices[0].message.content or "" if reply.choices else ""
+        content = (reply.choices[0].message.content or "") if reply.choices else ""
         return _grade(content, regex, scale), reply.usage
 
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ardea-judge") as pool:
-        answers = list(pool.map(ask, messages))
+    with client, ThreadPoolExecutor(concurrency, thread_name_prefix="ardea-judge") as pool:
+        answers = list(pool.map(ask, messages))  # the client's connections closed after
     usage = [u for _, u in answers if u is not None]
     metrics = {
         "requests": float(len(messages)),

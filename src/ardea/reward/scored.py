@@ -16,7 +16,4 @@ class ScoredValues(list):
 
     def __init__(self, values: Any = (), *, metrics: dict[str, float] | None = None) -> None:
         super().__init__(values)
-        self.metrics = dict(metrics or {})
-
-    def __reduce__(self):  # pickled back from a process executor's child with its metrics
-        return (type(self), (list(self),), {"metrics": self.metrics})
+        self.metrics = dict(metrics or {})  # pickled with the items (process executor)

@@ -76,5 +76,5 @@ def check_config(
         path = config.algo.teacher.path
         check_model_dir(path, what="algo.teacher.path")
         if model_path:  # the policy's tokenizer is known: the teacher must share it
-            policy = load_tokenizer(config.model.path) if config.model.path else None
-            check_same_vocabulary(path, load_tokenizer(path), policy or build_char_tokenizer())
+            own = load_tokenizer(config.model.path) if config.model.path else build_char_tokenizer()
+            check_same_vocabulary(path, load_tokenizer(path), own)

@@ -3,9 +3,13 @@ Bradley–Terry on scores read independently from the backbone's hidden states; 
 checkpoint plain transformers loads, and the ``reward_model`` reward function gives a
 completion the score the trained model gave the same pair's row.
 
-Tolerances: float32 forwards of the same rows through the same weights, once by
-transformers' classifier and once by hand (backbone, then a dot product): rounding only,
-~1e-6 relative per op over 2 layers, so 1e-5."""
+Tolerances, from float32 rounding (unit roundoff u = 6e-8): a dot product of length K is
+off by at most about K·u relative, K ≤ 64 here (width 32, MLP 64), so ≤ 4e-6 per matmul.
+The loss by transformers' classifier against the hand-made scores takes the same backbone
+forward and differs in the head's sum over 32 features only: rel 1e-5. The reward
+function's scores come from differently padded batches (other matmul shapes and summation
+orders through the ~8 dependent matmuls of 2 layers): up to ~3e-5 relative, so rtol 1e-4,
+with atol 1e-5 for scores near 0."""
 
 import json
 
@@ -19,7 +23,7 @@ from transformers import AutoModelForSequenceClassification
 from ardea.config import load_config
 from ardea.data import TrajectoryBatch, make_task, task_preference_samples
 from ardea.errors import ConfigError
-from ardea.model import is_scorer, scorer_from_causal_lm
+from ardea.model import scorer_from_causal_lm
 from ardea.reward import make_reward
 from ardea.trainer import run
 
@@ -57,7 +61,7 @@ def test_a_fresh_scorer_is_the_policy_backbone_under_a_zero_head():
     ids = torch.tensor([random_rows([6], seed=1)[0]])
     expected = policy.model(input_ids=ids).last_hidden_state
     model = scorer_from_causal_lm(policy, pad_token_id=PAD)
-    assert is_scorer(model) and not is_scorer(policy)
+    assert type(model).__name__ == "Qwen2ForSequenceClassification"
     torch.testing.assert_close(model.model(input_ids=ids).last_hidden_state, expected)
     assert model(input_ids=ids).logits.abs().max() == 0  # zero head: every score 0
     assert model.config.num_labels == 1 and model.config.pad_token_id == PAD
@@ -144,7 +148,7 @@ def test_a_run_saves_a_reward_model_that_scores_as_it_was_trained(tmp_path):
     completions = [e.answer for e in examples] + rejected
     prompts = [e.prompt for e in examples] * 2
     scored = make_reward("reward_model", path=path)(prompts, completions, [{}] * 12)
-    torch.testing.assert_close(torch.tensor(scored), trained, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(scored), trained, atol=1e-5, rtol=1e-4)
     assert len({round(s, 4) for s in scored}) > 1
 
 
@@ -192,3 +196,9 @@ def test_dpo_trains_on_a_tasks_built_in_pairs_too(tmp_path):
     results = run(load_config(None, [*overrides, f"trainer.output_dir={tmp_path / 'dpo'}"]))
     assert results["steps"] == 2 and "eval_loss" in results  # the task's held-out pairs
     assert "accuracy" in results  # a policy's run still generates for the task's accuracy
+
+
+def test_reward_model_options_are_refused_elsewhere():
+    with pytest.raises(ConfigError, match="algo.rm_margin / algo.rm_center_coef.*algo.name=dpo"):
+        load_config(None, ["algo.name=dpo", "algo.rm_margin=0.5"])
+    assert load_config(None, ["algo.name=reward_model", "algo.rm_margin=0.5"]).algo.rm_margin == 0.5
