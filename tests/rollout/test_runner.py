@@ -2,6 +2,7 @@
 per-call seeds, reward shaping and metrics."""
 
 import hashlib
+import io
 
 import pytest
 import torch
@@ -206,3 +207,61 @@ def test_a_rollout_whose_every_score_failed_stops_naming_the_function():
     runner, _ = make_runner(reward=lambda p, c, r: [None] * len(c))
     with pytest.raises(RewardError, match=r"every completion.*'<lambda>' returned None"):
         rollout(runner)
+
+
+def test_scores_made_with_the_completions_are_kept_and_not_made_again():
+    """generate(score=True) scores where it runs (a background worker); score() then only
+    collates, and a checkpoint's copy of the generation keeps the scores, so a resumed run
+    trains on the very rewards (a judge need not answer twice alike)."""
+    calls = []
+
+    def counted(prompts, completions, rows):
+        calls.append(len(completions))
+        return [float(len(c)) + 0.25 * len(calls) for c in completions]  # differs per call
+
+    runner, _ = make_runner(reward=counted)
+    ahead = runner.generate(EXAMPLES, seed_index=0, score=True)
+    assert calls == [12] and ahead.scored is not None and ahead.scored.seconds > 0
+    out = runner.score(ahead)
+    assert calls == [12]  # not scored again
+    lengths = [len(c.token_ids) for c in ahead.completions]
+    texts = [
+        runner.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in ahead.completions
+    ]
+    assert out.batch.rewards.tolist() == [len(t) + 0.25 for t in texts]
+    assert out.metrics["perf/reward_s"] == ahead.scored.seconds
+    buffer = io.BytesIO()
+    torch.save(runner.generation_state(ahead), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    restored = runner.restore_generation(state, list(EXAMPLES))
+    assert runner.score(restored).batch.rewards.tolist() == out.batch.rewards.tolist()
+    assert calls == [12] and [len(c.token_ids) for c in restored.completions] == lengths
+    plain = runner.generate(EXAMPLES, seed_index=0)  # the trainer's own: scored in score()
+    assert plain.scored is None and calls == [12]
+    assert runner.score(plain).batch.rewards.tolist() == [len(t) + 0.5 for t in texts]
+
+
+def test_a_score_that_fails_ahead_under_fail_is_tried_again_by_the_trainer():
+    """on_error=fail: a failure in the worker leaves the generation unscored (a checkpoint
+    can hold it); score() tries once more and raises when the function fails again."""
+    from ardea.reward import RewardError
+
+    calls = []
+
+    def down_once(prompts, completions, rows):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("judge unreachable")
+        return [1.0] * len(completions)
+
+    runner, _ = make_runner(reward=down_once)
+    runner.scorer.on_error = "fail"
+    ahead = runner.generate(EXAMPLES, seed_index=0, score=True)
+    assert ahead.scored is None and len(calls) == 1
+    assert runner.score(ahead).batch.rewards.tolist() == [1.0] * 12
+    runner, _ = make_runner(reward=lambda p, c, r: 1 / 0)
+    runner.scorer.on_error = "fail"
+    ahead = runner.generate(EXAMPLES, seed_index=0, score=True)
+    with pytest.raises(RewardError, match="ZeroDivisionError"):
+        runner.score(ahead)

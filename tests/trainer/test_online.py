@@ -193,6 +193,29 @@ def test_background_rollouts_are_reproducible(tmp_path, reward_module):
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
+def test_background_rollouts_are_scored_in_the_worker(tmp_path, reward_module, monkeypatch):
+    """With a worker, the reward functions run there (off the trainer's step): every
+    scoring call of the run is made on the worker's thread."""
+    import threading
+
+    from ardea.rollout import RolloutRunner
+
+    threads = []
+    score_texts = RolloutRunner._score_texts
+
+    def spied(self, generation, texts):
+        threads.append(threading.current_thread().name)
+        return score_texts(self, generation, texts)
+
+    monkeypatch.setattr(RolloutRunner, "_score_texts", spied)
+    overrides = [*RUN, "rollout.max_staleness=1", "trainer.max_steps=3",
+                 f"trainer.output_dir={tmp_path / 'run'}"]  # fmt: skip
+    Trainer(load_config(None, overrides)).train()
+    assert threads == ["ardea-rollouts"] * 3
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["perf/reward_s"] > 0 for r in records if "rollout/reward_mean" in r)
+
+
 def test_epochs_and_mini_batches_reuse_one_rollout(tmp_path, reward_module, monkeypatch):
     """2 epochs x 2 mini-batches: 4 optimizer steps per training step on one rollout whose
     advantages are computed once; one published version per training step."""
@@ -369,11 +392,17 @@ def flaky(prompts, completions, rows):
 '''
 
 
+DOWN_REWARD = FLAKY_REWARD.replace("== 3", ">= 3").replace("the third call", "from the third")
+
+
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_failing_reward_stops_the_run_and_keeps_what_was_saved(
     staleness, tmp_path, write_reward_module
 ):
-    write_reward_module("flaky_reward", FLAKY_REWARD)
+    """A reward server that goes down for good stops the run under on_error=fail. With a
+    background worker the failed score is tried again when the trainer takes the rollout,
+    so the checkpoints written meanwhile still hold its completions."""
+    write_reward_module("flaky_reward", DOWN_REWARD)
     overrides = [
         *RUN,
         "reward.functions=[{name: flaky_reward.flaky}]",

@@ -189,9 +189,11 @@ class WorkflowRunner(StoredEpisodes):
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,
         first_prompt: int = 0,
+        score: bool = True,
     ) -> Episodes:
         """Play ``group_size`` episodes of every row (module docstring); ``first_prompt``:
-        the index of ``examples[0]`` in a rollout split over processes."""
+        the index of ``examples[0]`` in a rollout split over processes. The workflow's
+        return is the reward (``score`` is :class:`Runner`'s: always true)."""
         start = time.perf_counter()
         index = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         client = RecordingClient(

@@ -64,6 +64,7 @@ class ScoreResult:
         first_problem: the first failure, as ``'<function>' <what happened>`` ("" if none).
         metrics: what functions said about the batch (:class:`~ardea.reward.ScoredValues`),
             as ``reward/<function>/<name>``.
+        seconds: wall time of the ``score`` call.
     """
 
     rewards: list[float]
@@ -73,6 +74,7 @@ class ScoreResult:
     failed_by_function: dict[str, int]
     first_problem: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 @dataclass
@@ -232,6 +234,7 @@ class RewardScorer:
         self.max_abandoned = max_abandoned
         self.executor = executor
         self._abandoned: list[_Call] = []
+        self._one_batch = threading.Lock()  # batches from several threads take turns
 
     def _check_abandoned(self) -> None:
         self._abandoned = [c for c in self._abandoned if not c.done.is_set()]
@@ -255,6 +258,13 @@ class RewardScorer:
 
     def score(self, prompts: list[str], completions: list[str], rows: list[dict]) -> ScoreResult:
         """Score a batch; see the class and module docstrings for problems and counts."""
+        start = time.monotonic()
+        with self._one_batch:
+            result = self._score(prompts, completions, rows)
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _score(self, prompts: list[str], completions: list[str], rows: list[dict]) -> ScoreResult:
         n = len(completions)
         if len(prompts) != n or len(rows) != n:
             raise ValueError(

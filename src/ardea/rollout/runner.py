@@ -76,13 +76,16 @@ class Generation:
     ``prompts`` (token ids), ``completions`` (``group_size`` per prompt, prompt-major), the
     ``seconds`` generation took, and ``tail_seconds``: from when 90 % of the completions
     were done to when the last one was (the wait on the slowest tenth; 0 for an engine
-    that does not time its completions)."""
+    that does not time its completions), and ``scored``: the reward functions' scores when
+    they were computed where the completions were made (``generate(score=True)``, in a
+    background worker), else None."""
 
     examples: list[RolloutPrompt]
     prompts: list[list[int]]
     completions: list[Completion]
     seconds: float
     tail_seconds: float = 0.0
+    scored: ScoreResult | None = None
 
 
 @dataclasses.dataclass
@@ -188,10 +191,13 @@ class RolloutRunner:
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,
         first_prompt: int = 0,
+        score: bool = False,
     ) -> Generation:
         """``group_size`` completions of each example from ``engine`` (default: the runner's).
         ``first_prompt``: the index of ``examples[0]`` in a rollout split over processes (its
-        completions are those the whole rollout's call would sample)."""
+        completions are those the whole rollout's call would sample). ``score``: run the
+        reward functions now, in this thread (a background worker asks for it, so that
+        scoring leaves the step's critical path), rather than in :meth:`score`."""
         start = time.perf_counter()
         prompts = self.encode(examples)
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
@@ -205,19 +211,36 @@ class RolloutRunner:
         )
         completions = (engine or self.engine).generate(prompts, params)
         tail = tail_seconds([c.seconds for c in completions if c.seconds is not None])
-        return Generation(list(examples), prompts, completions, time.perf_counter() - start, tail)
+        seconds = time.perf_counter() - start
+        generation = Generation(list(examples), prompts, completions, seconds, tail)
+        if score:
+            try:
+                generation.scored = self._score_texts(generation, self._texts(generation))
+            except RewardError:  # on_error=fail: left for score(), which tries again and
+                pass  # raises on the trainer's step; a checkpoint can still hold these
+        return generation
+
+    def _texts(self, generation: Generation) -> list[str]:
+        """The completions decoded for the reward functions."""
+        decode = self.tokenizer.decode
+        return [decode(c.token_ids, skip_special_tokens=True) for c in generation.completions]
+
+    def _score_texts(self, generation: Generation, texts: list[str]) -> ScoreResult:
+        """The reward functions' scores of ``texts``, the completions of ``generation``."""
+        groups = [e for e in generation.examples for _ in range(self.group_size)]
+        return self.scorer.score(
+            [e.prompt for e in groups], texts, [example_row(e) for e in groups]
+        )
 
     def score(self, generation: Generation) -> Rollout:
         """Score ``generation`` and collate it into a trajectory batch (module docstring):
         under ``reward.on_error=mask`` the completions whose reward failed are left out of
         the batch (so out of their group's baseline and the loss) and of the reward
-        metrics."""
+        metrics. Scores computed by ``generate(score=True)`` are used as they are."""
         completions = generation.completions
-        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+        texts = self._texts(generation)
         groups = [e for e in generation.examples for _ in range(self.group_size)]
-        scored = self.scorer.score(
-            [e.prompt for e in groups], texts, [example_row(e) for e in groups]
-        )
+        scored = generation.scored or self._score_texts(generation, texts)
         lengths = [len(c.token_ids) for c in completions]
         penalties = overlong_penalty(
             lengths,
@@ -244,6 +267,7 @@ class RolloutRunner:
         # the engine's throughput, wherever it ran (in a background worker too)
         metrics["perf/generate_tokens_per_s"] = sum(lengths) / max(generation.seconds, 1e-9)
         metrics["perf/generate_tail_s"] = generation.tail_seconds
+        metrics["perf/reward_s"] = scored.seconds  # wherever the functions ran
         return Rollout(batch, metrics, samples)
 
     def _kept(self, scored: ScoreResult) -> list[int]:
@@ -262,12 +286,16 @@ class RolloutRunner:
 
     def generation_state(self, generation: Generation) -> dict[str, Any]:
         """A generation as plain lists (checkpoints load with ``weights_only=True``); its
-        examples are the sampler's and are not stored."""
+        examples are the sampler's and are not stored. Its scores are kept: a resumed run
+        trains on the rewards the uninterrupted one would have (a judge need not answer
+        twice alike)."""
+        scored = generation.scored
         return {
             "prompts": generation.prompts,
             "seconds": generation.seconds,
             "tail_seconds": generation.tail_seconds,
             "completions": [dataclasses.asdict(c) for c in generation.completions],
+            "scored": None if scored is None else dataclasses.asdict(scored),
         }
 
     def restore_generation(self, state: dict[str, Any], examples: list[Any]) -> Generation:
@@ -280,7 +308,9 @@ class RolloutRunner:
             )
         completions = [Completion(**c) for c in state["completions"]]
         seconds, tail = float(state["seconds"]), float(state.get("tail_seconds", 0.0))
-        return Generation(list(examples), encoded, completions, seconds, tail)
+        scored = state.get("scored")
+        scored = None if scored is None else ScoreResult(**scored)
+        return Generation(list(examples), encoded, completions, seconds, tail, scored)
 
     def close(self) -> None:
         """Nothing held between calls."""

@@ -21,7 +21,9 @@ class Runner(Protocol):
 
     ``generate`` returns an opaque generation (completions or played episodes) that
     ``score`` turns into a :class:`~ardea.rollout.Rollout`; the two are separate calls so the
-    RL step can time them apart and a background worker can generate ahead.
+    RL step can time them apart and a background worker can generate ahead. A worker passes
+    ``score=True`` so that the reward functions run there, off the step's critical path
+    (an :class:`~ardea.agent.EpisodeRunner` scores each episode as it is played anyway).
     ``generation_state`` / ``restore_generation`` store a generation in a checkpoint as
     plain lists and give it back for the examples the sampler yields again.
     """
@@ -37,6 +39,7 @@ class Runner(Protocol):
         seed_index: Sequence[int] | int,
         engine: GenerationEngine | None = None,
         first_prompt: int = 0,
+        score: bool = False,
     ) -> Any: ...
 
     def score(self, generation: Any) -> Rollout: ...

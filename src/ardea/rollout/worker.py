@@ -2,8 +2,9 @@
 
 With ``rollout.max_staleness = η ≥ 1`` the trainer hands the worker the prompts of step
 ``s + η`` while it trains step ``s``; the worker generates them with its own engine (an
-engine that owns a copy of the weights), so generation and training overlap. Scoring
-happens in the trainer, when it takes the step's completions.
+engine that owns a copy of the weights), so generation and training overlap. The
+``generate`` it is given scores the completions too (the runner's ``score=True``), so the
+reward functions run here, not on the trainer's step.
 
 The weights follow a fixed schedule: the job of step ``s`` is generated with exactly the
 policy version ``v(s) = v0 + max(0, s − s0 − η)``, where ``s0`` and ``v0`` are the step

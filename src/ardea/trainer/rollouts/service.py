@@ -221,7 +221,9 @@ class RolloutService:
             restored = self._restored_worker or {}
             self.worker = RolloutWorker(
                 self.make_worker_engine(self.version),
-                lambda prompts, s, on: self.runner.generate(prompts, seed_index=s, engine=on),
+                lambda prompts, s, on: self.runner.generate(
+                    prompts, seed_index=s, engine=on, score=True
+                ),
                 max_staleness=self.max_staleness,
                 start_step=restored.get("start_step", step),
                 start_version=restored.get("start_version"),
