@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ardea.algo import KL_ESTIMATORS, kl_penalty
+from ardea.algo import KL_ESTIMATORS, kl_penalty, topk_forward_kl
 
 LOGP = torch.tensor([[-1.0, -2.0, -0.5, -3.0]], dtype=torch.float64)
 REF = torch.tensor([[-1.0, -1.0, -1.5, -0.1]], dtype=torch.float64)
@@ -91,3 +91,29 @@ def test_errors_name_the_problem():
         kl_penalty(LOGP, REF[:, :2], "k1")
     with pytest.raises(TypeError, match="floating-point"):
         kl_penalty(torch.zeros(2, dtype=torch.long), torch.zeros(2), "k1")
+
+
+def test_topk_forward_kl_by_hand():
+    """Teacher top 2 of (0.5, 0.3, 0.2): renormalised q~ = (0.625, 0.375); student p of the
+    same tokens (0.25, 0.5): KL = 0.625 ln(0.625/0.25) + 0.375 ln(0.375/0.5) = 0.4648014;
+    d KL / d log p = -q~."""
+    teacher = torch.tensor([[math.log(0.5), math.log(0.3)]], dtype=torch.float64)
+    student = torch.tensor([[math.log(0.25), math.log(0.5)]], dtype=torch.float64)
+    student.requires_grad_(True)
+    kl = topk_forward_kl(student, teacher)
+    expected = 0.625 * math.log(2.5) + 0.375 * math.log(0.75)
+    assert kl.shape == (1,) and float(kl.detach()) == pytest.approx(expected, abs=1e-12)
+    kl.sum().backward()
+    torch.testing.assert_close(student.grad, torch.tensor([[-0.625, -0.375]], dtype=torch.float64))
+
+
+def test_topk_forward_kl_over_the_whole_vocabulary_is_the_exact_kl():
+    """k = V: sum_v q_v (log q_v - log p_v), and 0 when the student is the teacher."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.log_softmax(torch.randn(3, 4, 7, generator=g, dtype=torch.float64), -1)
+    p = torch.log_softmax(torch.randn(3, 4, 7, generator=g, dtype=torch.float64), -1)
+    exact = (q.exp() * (q - p)).sum(-1)
+    torch.testing.assert_close(topk_forward_kl(p, q), exact, atol=1e-12, rtol=0)
+    torch.testing.assert_close(topk_forward_kl(q, q), torch.zeros(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="must match teacher_logprobs shape"):
+        topk_forward_kl(p[..., :3], q)

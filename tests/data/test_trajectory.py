@@ -90,6 +90,29 @@ def test_row_operations_keep_the_layout():
         batch.pin(rewards=torch.ones(2))
 
 
+def test_a_teachers_top_tokens_follow_the_rows_and_columns():
+    """(N, S, k) pinned fields are selected, trimmed and padded along rows and columns as
+    the (N, S) ones are, and checked: both or neither, the same k, ids of an integer dtype."""
+    batch = TrajectoryBatch.from_trajectories(
+        [agent_turns(), Trajectory((Segment.prompt([9]), Segment.generated([8], [-1.0])))],
+        pad_token_id=PAD,
+    )
+    ids = torch.arange(2 * 8 * 3).reshape(2, 8, 3)
+    pinned = batch.pin(teacher_top_ids=ids, teacher_top_logprobs=-ids.float())
+    second = pinned.select(torch.tensor([1])).trim()
+    assert second.teacher_top_ids.tolist() == ids[1:, :2].tolist()
+    both = TrajectoryBatch.concat([second, pinned.select(torch.tensor([0]))], pad_token_id=PAD)
+    assert both.teacher_top_ids.shape == (2, 8, 3)
+    assert both.teacher_top_ids[0, 2:].tolist() == [[0] * 3] * 6  # padded columns
+    assert both.teacher_top_logprobs[1].tolist() == (-ids[0].float()).tolist()
+    with pytest.raises(ValueError, match="pinned together"):
+        batch.pin(teacher_top_ids=ids)
+    with pytest.raises(ValueError, match=r"teacher_top_logprobs: must have shape \(N, S, k\)"):
+        batch.pin(teacher_top_ids=ids, teacher_top_logprobs=torch.zeros(2, 8, 4))
+    with pytest.raises(ValueError, match="teacher_top_ids: must have a int dtype"):
+        batch.pin(teacher_top_ids=ids.float(), teacher_top_logprobs=ids.float())
+
+
 def test_turn_ids_from_runs_of_trained_tokens():
     mask = torch.tensor([[0, 1, 1, 0, 1, 0, 1, 1]]).bool()
     batch = TrajectoryBatch.from_tensors(torch.ones(1, 8, dtype=torch.long), torch.ones(1, 8), mask)

@@ -260,3 +260,49 @@ def test_entropy_from_logits():
     peaked = torch.zeros(30)
     peaked[3] = 1e4
     assert entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 10_000])
+def test_top_tokens_and_logprobs_at_given_ids_match_a_full_log_softmax(policy, chunk_size):
+    """top_logprobs=k gives each scored position's k largest entries of the full
+    log-softmax at the temperature (not truncated by top-k / top-p), logprobs_at gathers it
+    at given ids; both are zero where nothing is scored (padding, the last column); the
+    gradient through logprobs_at equals the unchunked one."""
+    policy.to(torch.float64).train()
+    input_ids, mask = right_padded_batch()
+    positions = position_ids_from_mask(mask)
+    logits = policy(input_ids, attention_mask=mask, position_ids=positions).logits
+    full = torch.log_softmax(logits / 0.7, dim=-1)  # (N, S, V) float64 reference
+    scored = torch.zeros_like(mask, dtype=torch.bool)
+    scored[:, :-1] = mask[:, :-1].bool() & mask[:, 1:].bool()
+    values, ids = full.topk(3, dim=-1)
+    ask = torch.randint(
+        0, full.shape[-1], (*input_ids.shape, 4), generator=torch.Generator().manual_seed(2)
+    )
+    out = sequence_logprobs(
+        policy, input_ids, mask, temperature=0.7, top_k=5, top_p=0.9,
+        chunk_size=chunk_size, top_logprobs=3, logprobs_at=ask,
+    )  # fmt: skip
+    assert out.top_ids.shape == out.top_logprobs.shape == out.logprobs_at.shape[:2] + (3,)
+    assert torch.equal(out.top_ids[scored], ids[scored])
+    assert not out.top_ids[~scored].any() and not out.logprobs_at[~scored].any()
+    # float64 model: only the final cast to float32 rounds (relative 2^-24 of values ~ 10)
+    torch.testing.assert_close(out.top_logprobs[scored].double(), values[scored].detach(),
+                               atol=1e-5, rtol=0)  # fmt: skip
+    expected = full.gather(-1, ask)
+    torch.testing.assert_close(out.logprobs_at[scored].double(), expected[scored].detach(),
+                               atol=1e-5, rtol=0)  # fmt: skip
+    weights = torch.randn(
+        ask.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64
+    )
+    (expected.where(scored[..., None], 0.0) * weights).sum().backward()
+    naive_grads = {n: p.grad.clone() for n, p in policy.named_parameters()}
+    policy.zero_grad()
+    out = sequence_logprobs(policy, input_ids, mask, temperature=0.7, chunk_size=chunk_size,
+                            logprobs_at=ask)  # fmt: skip
+    (out.logprobs_at.double() * weights).sum().backward()
+    for name, grad in naive_grads.items():  # float32 outputs: 1e-6 of the largest entry
+        got = dict(policy.named_parameters())[name].grad
+        assert (got - grad).abs().max() <= 1e-6 * grad.abs().max(), name
+    with pytest.raises(ValueError, match=r"logprobs_at must be \(N, S, k\)"):
+        sequence_logprobs(policy, input_ids, logprobs_at=ask[..., 0])

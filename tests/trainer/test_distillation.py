@@ -131,9 +131,62 @@ def test_online_ppo_takes_the_teachers_rewards_into_gae(teacher_dir, tmp_path, r
     torch.testing.assert_close(pinned.returns.double(), expected, atol=1e-4, rtol=1e-5)
 
 
+def naive_log_softmax(model, batch) -> torch.Tensor:
+    """``(N, S, V)`` float64 next-token log-softmax at T = 1 from one full forward."""
+    attn = batch.attention_mask
+    positions = (attn.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=attn, position_ids=positions)
+    return torch.log_softmax(logits.logits.double(), dim=-1)
+
+
+@pytest.mark.parametrize("name", ["online_grpo", "online_ppo"])
+def test_forward_topk_pins_the_teachers_top_tokens_and_adds_its_kl_to_the_loss(
+    name, teacher_dir, tmp_path, reward_module
+):
+    """kl=forward_topk: the teacher's 5 most likely next tokens (and their log q) are
+    pinned at every trained position, as a full float64 forward of the teacher gives them;
+    the update's train/forward_kl is sum_j q~_j (log q~_j - log p_j) by hand over the
+    student as it was; with the task reward weighted 0 (zero advantages) the loss is that
+    term alone times coef, and it is what moves the weights."""
+    import copy
+
+    trainer = trainer_for(
+        tmp_path,
+        "trainer.max_steps=1",
+        f"algo.name={name}",
+        "algo.ppo.kl_ctl=0.0",
+        "reward.functions=[{name: ardea_test_rewards.digit_fraction, weight: 0.0}]",
+        f"algo.teacher={{path: {teacher_dir}, kl: forward_topk, coef: 0.5, top_k: 5}}",
+    )
+    student = copy.deepcopy(trainer.strategy.policy)
+    pins = capture_pins(trainer)
+    logged = trainer.train_step()
+    before, pinned, _ = pins[0]
+    mask = before.action_mask
+    assert before.teacher_top_ids is None and pinned.teacher_top_ids.shape[-1] == 5
+    values, ids = naive_log_softmax(small_model(seed=7), before).topk(5, dim=-1)
+    assert torch.equal(pinned.teacher_top_ids[mask], ids[mask])
+    torch.testing.assert_close(
+        pinned.teacher_top_logprobs[mask].double(), values[mask], atol=1e-4, rtol=0
+    )
+    p = naive_log_softmax(student, before).gather(-1, ids)  # the student's log p of them
+    q = torch.log_softmax(values, dim=-1)  # the teacher renormalised over its top 5
+    per_token = (q.exp() * (q - p)).sum(-1)
+    expected = float(per_token[mask].mean())
+    assert expected > 0.05  # two different models: a real term
+    assert logged["train/forward_kl"] == pytest.approx(expected, abs=1e-4)
+    assert float(pinned.advantages.abs().max()) == 0.0  # the task reward weighs 0
+    term = 0.5 * expected
+    if name == "online_grpo":  # no critic loss beside it
+        assert logged["train/loss"] == pytest.approx(term, abs=1e-4)
+    assert logged["train/grad_norm"] > 0  # the term's gradient: the policy loss has none
+    assert "teacher/reward_mean" not in logged and "teacher/reverse_kl" in logged
+
+
 def test_a_teacher_is_refused_where_it_cannot_work(teacher_dir, tmp_path):
     sft = [*SMALL_OVERRIDES, "algo.name=sft", "data.task=arithmetic", "trainer.max_steps=1"]
-    with pytest.raises(ConfigError, match="algo.name=sft takes no per-token rewards"):
+    with pytest.raises(ConfigError, match="algo.name=sft does not learn from a teacher"):
         run(
             load_config(
                 None,
@@ -168,6 +221,19 @@ def test_a_teacher_is_refused_where_it_cannot_work(teacher_dir, tmp_path):
             )
         )
     assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_the_teachers_options_are_checked_by_name(teacher_dir, tmp_path):
+    base = [*RUN, f"trainer.output_dir={tmp_path}", f"algo.teacher.path={teacher_dir}"]
+    with pytest.raises(ConfigError, match=r"algo.teacher.top_k=8 is read by kl=forward_topk"):
+        load_config(None, [*base, "algo.teacher.top_k=8"])
+    with pytest.raises(ConfigError, match=r"algo.teacher.top_k=0 must be an integer >= 1"):
+        load_config(None, [*base, "algo.teacher.kl=forward_topk", "algo.teacher.top_k=0"])
+    with pytest.raises(ConfigError, match=r"algo.teacher.kl='forward'.*forward_topk"):
+        load_config(None, [*base, "algo.teacher.kl=forward"])
+    too_many = load_config(None, [*base, "algo.teacher.kl=forward_topk", "algo.teacher.top_k=999"])
+    with pytest.raises(ConfigError, match=r"top_k=999 exceeds the teacher's \d+ output tokens"):
+        Trainer(too_many)
 
 
 def test_a_stage_distils_from_an_earlier_stage(tmp_path):

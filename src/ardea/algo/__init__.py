@@ -5,7 +5,7 @@ rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
 
 - GAE: :func:`compute_token_level_gae`, :func:`compute_turn_level_gae`, :func:`compute_gae`
 - lambda functions: :mod:`ardea.algo.lambda_fn`
-- KL estimators: :func:`kl_penalty`
+- KL estimators: :func:`kl_penalty`; distillation's :func:`topk_forward_kl`
 - advantage estimators: :func:`register_advantage`, :func:`get_advantage_estimator`
 - the advantage pipeline: :func:`compute_advantages`
 - policy losses: PPO / decoupled PPO / GSPO as :class:`PolicyLoss` entries of
@@ -34,7 +34,7 @@ from ardea.algo.gae import (
     compute_token_level_gae,
     compute_turn_level_gae,
 )
-from ardea.algo.kl import KL_ESTIMATORS, kl_penalty
+from ardea.algo.kl import KL_ESTIMATORS, kl_penalty, topk_forward_kl
 from ardea.algo.lambda_fn import (
     build_lambda_context,
     compute_gae_lambda,
@@ -115,6 +115,7 @@ __all__ = [
     "gspo_policy_loss",
     "ipo_loss",
     "kl_penalty",
+    "topk_forward_kl",
     "masked_cross_entropy",
     "masked_mean",
     "mismatch_metrics",

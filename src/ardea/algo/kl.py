@@ -51,13 +51,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") ->
         raise ValueError(
             f"unknown KL estimator {estimator!r}; known estimators: {', '.join(KL_ESTIMATORS)}"
         )
-    check_float("logprobs", logprobs)
-    check_float("ref_logprobs", ref_logprobs)
-    if logprobs.shape != ref_logprobs.shape:
-        raise ValueError(
-            f"logprobs shape {tuple(logprobs.shape)} must match ref_logprobs shape "
-            f"{tuple(ref_logprobs.shape)}"
-        )
+    _check_pair("logprobs", logprobs, "ref_logprobs", ref_logprobs)
     log_ratio = logprobs - ref_logprobs  # log(pi / pi_ref)
     if estimator == "k1":
         return log_ratio
@@ -67,3 +61,38 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") ->
         return torch.exp(-log_ratio) + log_ratio - 1.0
     neg = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # log r, clamped before exp
     return (torch.exp(neg) - neg - 1.0).clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
+
+
+def topk_forward_kl(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Tensor:
+    """Per-position forward KL ``KL(q̃ || p)`` over a teacher's top-k tokens (distillation).
+
+    With the teacher's log-probs ``log q_j`` of its ``k`` most likely tokens and the
+    student's log-probs ``log p_j`` of the same tokens, ``q̃ = softmax(log q)`` renormalises
+    the teacher over its top k and
+
+        KL_t = sum_j q̃_j (log q̃_j - log p_j).
+
+    With k = V it is the exact ``KL(q || p)``. It is ``>= -log sum_j p_j >= 0``, 0 when the
+    student puts all its mass on the top k in the teacher's proportions; its gradient in
+    the student is ``-sum_j q̃_j ∇ log p_j`` (cross-entropy towards the teacher).
+
+    Args:
+        student_logprobs: ``(..., k)`` log p, differentiable.
+        teacher_logprobs: ``(..., k)`` log q (the full distribution's, not renormalised).
+
+    Returns:
+        ``(...)`` in the student's dtype.
+    """
+    _check_pair("student_logprobs", student_logprobs, "teacher_logprobs", teacher_logprobs)
+    teacher = torch.log_softmax(teacher_logprobs.to(student_logprobs.dtype), dim=-1)
+    return (teacher.exp() * (teacher - student_logprobs)).sum(dim=-1)
+
+
+def _check_pair(name: str, x: Tensor, other_name: str, other: Tensor) -> None:
+    """Both float tensors of one shape, else a ValueError naming them."""
+    check_float(name, x)
+    check_float(other_name, other)
+    if x.shape != other.shape:
+        raise ValueError(
+            f"{name} shape {tuple(x.shape)} must match {other_name} shape {tuple(other.shape)}"
+        )

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
 
-TEACHER_KLS = ("reverse_k1", "reverse_k3")
+TEACHER_KLS = ("reverse_k1", "reverse_k3", "forward_topk")
+DEFAULT_TOP_K = 20
 
 
 @dataclass
@@ -20,12 +21,20 @@ class TeacherConfig:
     )
     kl: str = option(
         "reverse_k1",
-        "How the teacher's log-probs become a per-token reward, -coef * KL(student || "
-        "teacher) estimated at the sampled token: reverse_k1 (log pi - log pi_teacher) or "
-        "reverse_k3 (r - 1 - log r, r = pi_teacher / pi).",
+        "How the teacher teaches. reverse_k1 / reverse_k3: a per-token reward -coef * "
+        "KL(student || teacher) estimated at the sampled token (k1: log pi - log pi_teacher; "
+        "k3: r - 1 - log r, r = pi_teacher / pi). forward_topk: a loss term coef * "
+        "KL(teacher || student) over the teacher's top_k tokens at every sampled position.",
         choices=TEACHER_KLS,
     )
-    coef: float = option(1.0, "Weight of the teacher's per-token reward (> 0).")
+    coef: float = option(
+        1.0, "Weight of the teacher's per-token reward, or of its forward-KL loss term (> 0)."
+    )
+    top_k: int = option(
+        DEFAULT_TOP_K,
+        "kl=forward_topk: how many of the teacher's most likely tokens per position the KL "
+        "runs over (>= 1; their probabilities renormalised).",
+    )
 
     def __post_init__(self) -> None:
         check_choices(self, "algo.teacher")
@@ -34,3 +43,10 @@ class TeacherConfig:
         if not math.isfinite(self.coef):
             raise ConfigError(f"algo.teacher.coef={self.coef!r} must be a finite number")
         check_range("algo.teacher.coef", self.coef, low=0.0, low_open=True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ConfigError(f"algo.teacher.top_k={self.top_k!r} must be an integer >= 1")
+        if self.kl != "forward_topk" and self.top_k != DEFAULT_TOP_K:
+            raise ConfigError(
+                f"algo.teacher.top_k={self.top_k} is read by kl=forward_topk only; "
+                f"algo.teacher.kl={self.kl!r} scores the sampled token (unset top_k)"
+            )

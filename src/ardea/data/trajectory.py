@@ -67,8 +67,10 @@ class TrajectoryBatch:
 
     Pinned by strategies, next-token aligned ``(N, S)`` float: ``advantages``,
     ``returns``, ``old_values`` (critic at rollout time), ``proximal_logprobs`` (decoupled
-    PPO), ``ref_logprobs`` (frozen reference). Build with :meth:`from_trajectories` or the
-    data layer's ``collate_*``; add pinned fields with :meth:`pin`.
+    PPO), ``ref_logprobs`` (frozen reference); ``(N, S, k)``: ``teacher_top_ids`` (long)
+    and ``teacher_top_logprobs`` (float), a distillation teacher's k most likely next
+    tokens. Build with :meth:`from_trajectories` or the data layer's ``collate_*``; add
+    pinned fields with :meth:`pin`.
     """
 
     input_ids: Tensor
@@ -89,6 +91,8 @@ class TrajectoryBatch:
     old_values: Tensor | None = None
     proximal_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    teacher_top_ids: Tensor | None = None
+    teacher_top_logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -252,7 +256,7 @@ class TrajectoryBatch:
         changes = {
             name: value[:, :width]
             for name, value in _tensor_fields(self)
-            if value.dim() == 2 and value.shape[1] == self.input_ids.shape[1]
+            if value.dim() >= 2 and value.shape[1] == self.input_ids.shape[1]
         }
         return self._derive(**changes)
 
@@ -274,7 +278,7 @@ class TrajectoryBatch:
         joined = {}
         for name in present:
             parts = [getattr(b, name) for b in batches]
-            if parts[0].dim() == 2:
+            if parts[0].dim() >= 2:
                 pad = pad_token_id if name == "input_ids" else _PAD.get(name, 0)
                 parts = [_pad_columns(p, width, pad) for p in parts]
             joined[name] = torch.cat(parts)
@@ -308,9 +312,11 @@ def _map_rows(batch: TrajectoryBatch, fn) -> dict[str, Tensor]:
 
 
 def _pad_columns(x: Tensor, width: int, value: float | int) -> Tensor:
+    """``x (N, S, ...)`` right-padded with ``value`` to ``width`` columns."""
     if x.shape[1] == width:
         return x
-    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+    pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), value)
+    return torch.cat([x, pad], dim=1)
 
 
 def _padded(rows: list[list], width: int, pad, dtype: torch.dtype) -> Tensor:

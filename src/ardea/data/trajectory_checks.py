@@ -9,7 +9,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-PINNED_FIELDS = ("advantages", "returns", "old_values", "proximal_logprobs", "ref_logprobs")
+PINNED_FIELDS = (
+    "advantages",
+    "returns",
+    "old_values",
+    "proximal_logprobs",
+    "ref_logprobs",
+    "teacher_top_ids",
+    "teacher_top_logprobs",
+)
+TOP_FIELDS = {"teacher_top_ids": "int", "teacher_top_logprobs": "float"}  # (N, S, k)
 
 
 def _fail(field: str, message: str, row: int | None = None) -> ValueError:
@@ -27,7 +36,7 @@ def _check_tensor(batch: Any, name: str, shape: tuple, kind: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise _fail(name, f"must be a tensor, got {type(x).__name__}")
     if tuple(x.shape) != shape:
-        dims = "(N, S)" if len(shape) == 2 else "(N,)"
+        dims = {1: "(N,)", 2: "(N, S)", 3: "(N, S, k)"}[len(shape)]
         raise _fail(name, f"must have shape {dims} = {shape}, got {tuple(x.shape)}")
     ok = {
         "int": not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool,
@@ -83,10 +92,18 @@ def validate(batch: Any) -> None:
 
 
 def check_pinned(batch: Any, names: Any) -> None:
-    """Shapes ``(N, S)`` and float dtypes of the pinned fields ``names`` (no device sync)."""
+    """Shapes ``(N, S)`` and float dtypes of the pinned fields ``names`` (no device sync);
+    the teacher's top tokens ``(N, S, k)`` (ids an integer dtype), both with the same k."""
     grid = tuple(batch.input_ids.shape)
     for name in names:
-        _check_tensor(batch, name, grid, "float")
+        if name not in TOP_FIELDS:
+            _check_tensor(batch, name, grid, "float")
+            continue
+        ids, values = batch.teacher_top_ids, batch.teacher_top_logprobs
+        if ids is None or values is None:
+            raise _fail(name, "teacher_top_ids and teacher_top_logprobs are pinned together")
+        k = ids.shape[-1] if ids.dim() == 3 and ids.shape[-1] > 0 else 1
+        _check_tensor(batch, name, (*grid, k), TOP_FIELDS[name])
 
 
 def _check_turn_ids(turn_ids: Tensor, trained: Tensor) -> None:

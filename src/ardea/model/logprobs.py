@@ -23,6 +23,12 @@ Models whose logits are not ``lm_head(last_hidden_state)`` (see
 forward instead: their ``[N, S, V]`` logits exist once in the model dtype, and only the
 float32 log-softmax is chunked.
 
+Distillation's forward KL needs more than the sampled token: ``top_logprobs=k`` also gives
+each scored position's ``k`` most likely tokens (``top_ids``, ``top_logprobs``, ``(N, S, k)``,
+in descending order) and ``logprobs_at=ids`` (``(N, S, k)`` long) the log-probs of the given
+tokens (``logprobs_at``, ``(N, S, k)``, differentiable). Both are taken at the temperature
+without top-k / top-p truncation: a token the truncation cuts would have log-prob -inf.
+
 Mixture-of-experts models (:func:`ardea.model.backbone.moe_routing`) also return their
 router logits, one ``(N * S, E)`` tensor per MoE layer, and the family's load-balancing
 loss over the attended tokens (``aux_loss``, differentiable in the router weights).
@@ -61,12 +67,19 @@ class LogprobOutput:
         aux_loss: a mixture-of-experts model's load-balancing loss (0-d), else ``None``.
         router_logits: an MoE model's router logits, one ``(N * S, E)`` tensor per MoE
             layer (rows in ``input_ids`` order, padding included), else ``None``.
+        top_ids, top_logprobs: ``(N, S, k)`` the ``top_logprobs=k`` most likely next tokens
+            and their log-probs (untruncated), else ``None``.
+        logprobs_at: ``(N, S, k)`` float32 log-probs (untruncated) of the ``logprobs_at``
+            ids, else ``None``.
     """
 
     logprobs: Tensor
     entropy: Tensor | None = None
     aux_loss: Tensor | None = None
     router_logits: tuple[Tensor, ...] | None = None
+    top_ids: Tensor | None = None
+    top_logprobs: Tensor | None = None
+    logprobs_at: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -128,16 +141,27 @@ def _chunk_scores(
     temperature: float,
     with_entropy: bool,
     truncation: tuple[int, float] = (0, 1.0),
-) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """Per-chunk function ``(x (T, H or V), labels (T,)) -> (logprobs (T,), entropy (T,))``;
-    the entropy (of the untruncated distribution) is an empty tensor when not requested
-    (checkpoint needs tensor outputs)."""
+    top: int = 0,
+) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, ...]]:
+    """Per-chunk function ``(x (T, H or V), labels (T,), ids (T, k) or empty) ->
+    (logprobs (T,), entropy (T,), top log-probs (T, top), top ids (T, top), log-probs at
+    ids (T, k))``; what was not requested is an empty tensor (checkpoint needs tensor
+    outputs). The entropy, the top tokens and the log-probs at ids are those of the
+    untruncated distribution."""
 
-    def score(x: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    def score(x: Tensor, labels: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
         logits = scale_logits(to_logits(x), temperature)  # (T, V), one chunk only
         logprobs = logprobs_from_logits(truncated(logits, labels, *truncation), labels).float()
         entropy = entropy_from_logits(logits).float() if with_entropy else x.new_empty(0)
-        return logprobs, entropy
+        empty = x.new_empty(0)
+        top_values, top_ids, at_ids = empty, empty.long(), empty
+        if top or ids.numel():
+            full = (logits - torch.logsumexp(logits, dim=-1, keepdim=True)).float()  # (T, V)
+            if top:
+                top_values, top_ids = full.topk(top, dim=-1)
+            if ids.numel():
+                at_ids = full.gather(-1, ids.long())
+        return logprobs, entropy, top_values, top_ids, at_ids
 
     return score
 
@@ -162,35 +186,35 @@ def _scored_positions(input_ids: Tensor, attention_mask: Tensor | None) -> Tenso
 
 
 def _run_chunks(
-    score: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    score: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, ...]],
     inputs: Tensor,
     labels: Tensor,
+    ids: Tensor,
     chunk_size: int,
-) -> tuple[Tensor, Tensor]:
-    """Apply ``score`` to ``chunk_size`` rows of ``inputs (T, D)`` / ``labels (T,)`` at a
-    time, checkpointed when grad is on; returns concatenated ``(T,)`` results."""
+) -> list[Tensor]:
+    """Apply ``score`` to ``chunk_size`` rows of ``inputs (T, D)`` / ``labels (T,)`` /
+    ``ids (T, k)`` (or an empty ``ids``) at a time, checkpointed when grad is on; returns
+    each of its outputs concatenated over the chunks."""
     use_checkpoint = torch.is_grad_enabled() and inputs.requires_grad
-    logprobs, entropies = [], []
+    parts: list[tuple[Tensor, ...]] = []
     for start in range(0, inputs.shape[0], chunk_size):
         x = inputs[start : start + chunk_size]
         y = labels[start : start + chunk_size]
+        at = ids[start : start + chunk_size] if ids.numel() else ids
         if use_checkpoint:
-            chunk_lp, chunk_ent = checkpoint(score, x, y, use_reentrant=False)
+            parts.append(checkpoint(score, x, y, at, use_reentrant=False))
         else:
-            chunk_lp, chunk_ent = score(x, y)
-        logprobs.append(chunk_lp)
-        entropies.append(chunk_ent)
-    if not logprobs:
-        empty = inputs.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logprobs), torch.cat(entropies)
+            parts.append(score(x, y, at))
+    if not parts:
+        return [inputs.new_zeros(0, dtype=torch.float32)] * 5
+    return [torch.cat(column) for column in zip(*parts)]
 
 
 def _scatter(values: Tensor, scored: Tensor) -> Tensor:
-    """Place ``values (T,)`` at the ``True`` entries of ``scored (N, S - 1)``; return
-    ``(N, S)`` float32 with zeros elsewhere, including the last column."""
+    """Place ``values (T, ...)`` at the ``True`` entries of ``scored (N, S - 1)``; return
+    ``(N, S, ...)`` with zeros elsewhere, including the last column."""
     n, s_minus_1 = scored.shape
-    out = values.new_zeros(n, s_minus_1 + 1)
+    out = values.new_zeros(n, s_minus_1 + 1, *values.shape[1:])  # (T, k) values: (N, S, k)
     return out.index_put((*scored.nonzero(as_tuple=True),), values)  # differentiable
 
 
@@ -255,6 +279,8 @@ def sequence_logprobs(
     top_p: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    top_logprobs: int = 0,
+    logprobs_at: Tensor | None = None,
 ) -> LogprobOutput:
     """Next-token log-probs (and optionally entropies) of ``input_ids`` under ``model``.
 
@@ -272,6 +298,10 @@ def sequence_logprobs(
             top-k / top-p set renormalised (:func:`truncated`).
         chunk_size: token positions per LM-head/log-softmax chunk.
         with_entropy: also return ``entropy``.
+        top_logprobs: also return the ``top_logprobs`` most likely next tokens of every
+            scored position and their log-probs (0 = not).
+        logprobs_at: ``(N, S, k)`` token ids: also return their log-probs at every scored
+            position (the ids of other positions are not read).
 
     Returns:
         :class:`LogprobOutput` with ``logprobs (N, S)`` float32 — ``logprobs[:, t]`` scores
@@ -282,6 +312,7 @@ def sequence_logprobs(
     _check_options(temperature, top_k, top_p, chunk_size)
     scored = _scored_positions(input_ids, attention_mask)  # (N, S-1)
     labels = input_ids[:, 1:][scored]  # (T,)
+    at = _ids_at(logprobs_at, input_ids)[:, :-1][scored] if logprobs_at is not None else None
     parts = split_causal_lm(model)
     if parts is not None:
         backbone, head = parts
@@ -296,11 +327,29 @@ def sequence_logprobs(
         full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
         aux_loss, router = full.aux_loss, full.router_logits
         inputs, to_logits = full.logits[:, :-1][scored], nn.Identity()  # (T, V)
-    score = _chunk_scores(to_logits, temperature, with_entropy, (top_k, top_p))
-    logprobs, entropy = _run_chunks(score, inputs, labels, chunk_size)
+    if top_logprobs < 0:
+        raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
+    score = _chunk_scores(to_logits, temperature, with_entropy, (top_k, top_p), top_logprobs)
+    ids = at if at is not None else labels.new_empty(0)
+    logprobs, entropy, top_values, top_ids, at_values = _run_chunks(
+        score, inputs, labels, ids, chunk_size
+    )
     return LogprobOutput(
         logprobs=_scatter(logprobs, scored),
         entropy=_scatter(entropy, scored) if with_entropy else None,
         aux_loss=aux_loss,
         router_logits=router,
+        top_ids=_scatter(top_ids, scored) if top_logprobs else None,
+        top_logprobs=_scatter(top_values, scored) if top_logprobs else None,
+        logprobs_at=_scatter(at_values, scored) if at is not None else None,
     )
+
+
+def _ids_at(ids: Tensor, input_ids: Tensor) -> Tensor:
+    """``ids`` checked as ``(N, S, k)`` integer token ids matching ``input_ids (N, S)``."""
+    if ids.dim() != 3 or ids.shape[:2] != input_ids.shape or ids.dtype.is_floating_point:
+        raise ValueError(
+            f"logprobs_at must be (N, S, k) integer ids with (N, S) = {tuple(input_ids.shape)}, "
+            f"got {tuple(ids.shape)} {ids.dtype}"
+        )
+    return ids

@@ -130,8 +130,8 @@ class OnlineStrategy(Strategy):
     sample_kind = "prompt"
     #: whether DAPO's dynamic sampling (``algo.dynamic_sampling``) applies to this strategy
     supports_dynamic_sampling: ClassVar[bool] = False
-    #: whether a distillation teacher's per-token rewards (``algo.teacher``) enter its
-    #: advantages
+    #: whether a distillation teacher (``algo.teacher``) enters its advantages (per-token
+    #: rewards) or its loss (forward KL)
     supports_teacher: ClassVar[bool] = False
 
     def __init__(self, policy: torch.nn.Module, config: ArdeaConfig, **kwargs: Any) -> None:
@@ -141,9 +141,14 @@ class OnlineStrategy(Strategy):
             check_teacher(type(self), config)
             self.teacher = Teacher.from_config(self)
 
-    def process_rewards(self, batch: TrajectoryBatch, metrics: dict[str, float]):
-        """``(N, S)`` per-token rewards of the rollout (the teacher's), or None."""
-        return None if self.teacher is None else self.teacher.rewards(batch, metrics)
+    def pin_teacher(
+        self, batch: TrajectoryBatch, metrics: dict[str, float]
+    ) -> tuple[TrajectoryBatch, torch.Tensor | None]:
+        """The rollout scored by the teacher, once: ``(batch, process_rewards)``, the batch
+        with the teacher's top tokens pinned (forward KL) and the ``(N, S)`` per-token
+        rewards (reverse KL), or None (:meth:`Teacher.pin`); without a teacher
+        ``(batch, None)``."""
+        return (batch, None) if self.teacher is None else self.teacher.pin(batch, metrics)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         raise TypeError(f"{type(self).__name__} trains on rollouts, not collated samples")
@@ -169,8 +174,9 @@ def check_teacher(cls: type[Strategy], config: ArdeaConfig) -> None:
     per-token rewards."""
     if config.algo.teacher.path is not None and not getattr(cls, "supports_teacher", False):
         raise ConfigError(
-            f"algo.teacher is set but algo.name={config.algo.name} takes no per-token "
-            "rewards; distil with online_grpo or online_ppo"
+            f"algo.teacher is set but algo.name={config.algo.name} does not learn from a "
+            "teacher (per-token rewards or a forward-KL term); distil with online_grpo or "
+            "online_ppo"
         )
 
 

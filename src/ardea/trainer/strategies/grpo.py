@@ -69,6 +69,7 @@ from ardea.trainer.strategies.policy_gradient import (
     resolve_policy_loss,
     rl_step_counts,
 )
+from ardea.trainer.strategies.teacher import forward_kl_term
 
 CRITIC_ESTIMATORS = ("gae",)  # estimators that need a critic
 
@@ -146,6 +147,7 @@ class GRPOStrategy(Strategy):
         tokens = step_counts["tokens"]
         metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
         loss = policy_loss + self._kl_term(batch, out.logprobs, counts, metrics)
+        loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, counts, metrics)
         metrics |= self._reward_metrics(batch, step_counts)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}

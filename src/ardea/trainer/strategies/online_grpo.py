@@ -43,7 +43,8 @@ class OnlineGRPOStrategy(OnlineStrategy, GRPOStrategy):
         decoupled loss."""
         if self.reference is not None:  # once per step, not per epoch and mini-batch
             batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
-        batch = self.group_advantages(batch, self.process_rewards(batch, metrics))
+        batch, process_rewards = self.pin_teacher(batch, metrics)
+        batch = self.group_advantages(batch, process_rewards)
         if needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         return batch

@@ -75,6 +75,7 @@ from ardea.trainer.distributed import load_full_state_dict, unwrap
 from ardea.trainer.strategies import policy_gradient
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 from ardea.trainer.strategies.moe import MoETerms
+from ardea.trainer.strategies.teacher import forward_kl_term
 
 CRITIC_DIR = "critic"
 
@@ -139,7 +140,7 @@ class OnlinePPOStrategy(OnlineStrategy):
         self.critic.train()
         if self.reference is not None:
             batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
-        process = self.process_rewards(batch, metrics)  # a teacher's, reaching GAE per token
+        batch, process = self.pin_teacher(batch, metrics)  # a teacher's: GAE per token
         out = compute_advantages(
             batch.advantage_inputs(values=values, process_rewards=process), self.ppo
         )
@@ -197,5 +198,6 @@ class OnlinePPOStrategy(OnlineStrategy):
         metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
         metrics |= {name: float(value) for name, value in parts.items()}  # loss/value, ...
         loss = policy_loss + self.config.algo.vf_coef * critic_loss
+        loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, counts, metrics)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}

@@ -175,12 +175,14 @@ def policy_objective(
 
 
 def policy_forward(strategy: Strategy, batch: TrajectoryBatch) -> LogprobOutput:
-    """The policy's next-token log-probs and entropies of ``batch`` at its temperature."""
+    """The policy's next-token log-probs and entropies of ``batch`` at its temperature,
+    and its log-probs of a distillation teacher's top tokens when they are pinned."""
     return sequence_logprobs(
         strategy.policy,
         **batch.model_inputs(),
         chunk_size=strategy.config.model.logprob_chunk_size,
         with_entropy=True,
+        logprobs_at=batch.teacher_top_ids,
         **batch.sampling(),
     )
 

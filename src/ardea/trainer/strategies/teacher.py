@@ -15,14 +15,26 @@ advantage). The rewards reach the advantages through
 own to its advantage, GAE takes them as rewards), beside any task reward
 (``reward.functions``; a weight of 0 logs the task reward without training on it).
 
+``kl = forward_topk`` is a loss term instead of a reward: at every sampled position the
+teacher's ``top_k`` most likely next tokens and their log-probs are pinned on the rollout
+(``teacher_top_ids``, ``teacher_top_logprobs``: at the sampling temperature, untruncated),
+and each update adds
+
+    coef * agg(KL_t),   KL_t = sum_j q̃_j (log q̃_j - log p_j)        (topk_forward_kl)
+
+over the student's log-probs ``p_j`` of the same tokens (``q̃``: the teacher renormalised
+over its top k; ``agg``: ``algo.ppo.loss_agg_mode``, as the policy loss). Forward KL
+teaches the tokens the student did not sample too (verl's top-k distillation loss).
+
 The teacher is a Hugging Face causal LM from ``algo.teacher.path`` (loaded in
 ``model.dtype`` on the policy's device, frozen, wrapped like the policy) with the policy's
 tokenizer: the same token ids must mean the same text, so a different vocabulary is a
 :class:`~ardea.errors.ConfigError`. It scores each rollout once, when the strategy pins it.
 
 Metrics: ``teacher/reverse_kl`` (mean k1 estimate ``log p - log q`` over the trained
-tokens, whichever ``kl`` is chosen: the distance left to the teacher) and
-``teacher/reward_mean`` (mean ``r_t`` over them).
+tokens, whichever ``kl`` is chosen: the distance left to the teacher),
+``teacher/reward_mean`` (mean ``r_t`` over them; reverse KLs) and ``train/forward_kl``
+(the mean ``KL_t`` of the updates; forward_topk).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ardea.algo import kl_penalty, masked_mean
+from ardea.algo import agg_loss, kl_penalty, masked_mean, topk_forward_kl
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import load_model_and_tokenizer
@@ -41,18 +53,20 @@ ESTIMATORS = {"reverse_k1": "k1", "reverse_k3": "k3"}
 
 
 class Teacher:
-    """The teacher's per-token rewards on a rollout (module docstring).
+    """The teacher's part of a rollout (module docstring).
 
     Args:
         scorer: the teacher's :class:`TokenScorer`.
-        kl: ``reverse_k1`` or ``reverse_k3``.
-        coef: the weight of the reward.
+        kl: ``reverse_k1``, ``reverse_k3`` or ``forward_topk``.
+        coef: the weight of the reward or of the loss term.
+        top_k: the teacher's tokens per position of ``forward_topk``.
     """
 
-    def __init__(self, scorer: TokenScorer, *, kl: str, coef: float) -> None:
+    def __init__(self, scorer: TokenScorer, *, kl: str, coef: float, top_k: int = 20) -> None:
         self.scorer = scorer
-        self.estimator = ESTIMATORS[kl]
+        self.kl = kl
         self.coef = float(coef)
+        self.top_k = int(top_k)
 
     @classmethod
     def from_config(cls, strategy: Any) -> Teacher:
@@ -64,22 +78,55 @@ class Teacher:
             section.path, dtype=config.model.dtype, device=str(device)
         )
         check_same_vocabulary(section.path, tokenizer, strategy.tokenizer)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if section.kl == "forward_topk" and section.top_k > vocab:
+            raise ConfigError(
+                f"algo.teacher.top_k={section.top_k} exceeds the teacher's {vocab} output tokens"
+            )
         wrapped = strategy.wrap(model.requires_grad_(False).eval(), trainable=False)
         scorer = TokenScorer(wrapped, config.model.logprob_chunk_size)
-        return cls(scorer, kl=section.kl, coef=section.coef)
+        return cls(scorer, kl=section.kl, coef=section.coef, top_k=section.top_k)
 
-    def rewards(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> Tensor:
-        """``(N, S)`` next-token aligned process rewards ``-coef * KL_t`` on the trained
-        tokens (0 elsewhere); adds the ``teacher/*`` metrics."""
+    def pin(
+        self, batch: TrajectoryBatch, metrics: dict[str, float]
+    ) -> tuple[TrajectoryBatch, Tensor | None]:
+        """Score the rollout once: returns ``batch`` (with the teacher's top tokens pinned
+        under ``forward_topk``) and the ``(N, S)`` next-token aligned process rewards
+        ``-coef * KL_t`` on the trained tokens (0 elsewhere; None under ``forward_topk``);
+        adds the ``teacher/*`` metrics."""
         mask = batch.action_mask
         student = batch.behaviour_logprobs  # (N, S), the sampled tokens' log p
-        teacher = self.scorer.logprobs(batch)  # (N, S), their log q
-        rewards = -self.coef * kl_penalty(student, teacher, self.estimator)
-        rewards = rewards.where(mask, 0.0)
+        forward = self.kl == "forward_topk"
+        scores = self.scorer.scores(batch, top=self.top_k if forward else 0)
+        teacher = scores.logprobs  # (N, S), their log q
         gap = (student - teacher).where(mask, 0.0)  # behaviour log-probs may be NaN off mask
         metrics["teacher/reverse_kl"] = float(masked_mean(gap, mask))
+        if forward:
+            pinned = batch.pin(
+                teacher_top_ids=scores.top_ids, teacher_top_logprobs=scores.top_logprobs
+            )
+            return pinned, None
+        rewards = -self.coef * kl_penalty(student, teacher, ESTIMATORS[self.kl])
+        rewards = rewards.where(mask, 0.0)
         metrics["teacher/reward_mean"] = float(masked_mean(rewards, mask))
-        return rewards
+        return batch, rewards
+
+
+def forward_kl_term(
+    config: Any, batch: TrajectoryBatch, logprobs_at: Tensor | None, counts: dict, metrics: dict
+) -> Tensor | float:
+    """``algo.teacher.coef * agg(KL_t)`` over the trained tokens of ``batch`` (module
+    docstring; ``logprobs_at``: the student's ``(N, S, k)`` log-probs of the pinned teacher
+    tokens, ``counts``: :func:`ardea.algo.agg_loss`'s global counts); records
+    ``train/forward_kl``. 0 when no teacher tokens are pinned."""
+    if batch.teacher_top_ids is None:
+        return 0.0
+    mask = batch.action_mask
+    kl = topk_forward_kl(logprobs_at, batch.teacher_top_logprobs)  # (N, S)
+    term = agg_loss(kl, mask, config.algo.ppo.loss_agg_mode, **counts)
+    tokens = counts["global_tokens"]
+    metrics["train/forward_kl"] = float(masked_mean(kl.detach(), mask, global_tokens=tokens))
+    return config.algo.teacher.coef * term
 
 
 def check_same_vocabulary(path: str, teacher: Any, student: Any) -> None:

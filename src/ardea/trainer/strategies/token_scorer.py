@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ardea.data import TrajectoryBatch
-from ardea.model import sequence_logprobs
+from ardea.model import LogprobOutput, sequence_logprobs
 
 
 class TokenScorer:
@@ -37,7 +37,15 @@ class TokenScorer:
     @torch.no_grad()
     def logprobs(self, batch: TrajectoryBatch) -> Tensor:
         """``(N, S)`` float32 next-token log-probs of ``batch`` at its sampling distribution."""
+        return self.scores(batch).logprobs
+
+    @torch.no_grad()
+    def scores(self, batch: TrajectoryBatch, top: int = 0) -> LogprobOutput:
+        """:meth:`logprobs` with, for ``top > 0``, every position's ``top`` most likely next
+        tokens and their log-probs (``top_ids``, ``top_logprobs``, ``(N, S, top)``, at the
+        batch's temperature without truncation), in the same forward."""
         self.rows_scored += batch.rows
         return sequence_logprobs(
-            self.model, **batch.model_inputs(), chunk_size=self.chunk_size, **batch.sampling()
-        ).logprobs
+            self.model, **batch.model_inputs(), chunk_size=self.chunk_size,
+            top_logprobs=top, **batch.sampling(),
+        )  # fmt: skip
