@@ -187,10 +187,9 @@ class EpisodeRunner(StoredEpisodes):
         first_prompt: int = 0,
         score: bool = True,
     ) -> Episodes:
-        """Play ``group_size`` episodes of every row (module docstring). ``first_prompt``:
-        the index of ``examples[0]`` in a rollout split over processes (its episodes are
-        those one process playing the whole rollout would play). The reward terms score
-        the episodes here, in every call (``score`` is :class:`Runner`'s: always true)."""
+        """Play ``group_size`` episodes of every row (module docstring); ``first_prompt``:
+        the index of ``examples[0]`` in a rollout split over processes. Reward terms are
+        scored here always (``score`` is :class:`Runner`'s)."""
         start = time.perf_counter()
         indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         engine = engine or self.engine

@@ -259,13 +259,17 @@ def sequence_logits(
     return LogitsOutput(logits=outputs.logits, aux_loss=aux_loss, router_logits=router)
 
 
-def _check_options(temperature: float, top_k: int, top_p: float, chunk_size: int) -> None:
+def _check_options(
+    temperature: float, top_k: int, top_p: float, chunk_size: int, top_logprobs: int = 0
+) -> None:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if top_k < 0 or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {top_k}, {top_p}")
+    if top_logprobs < 0:
+        raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
 
 
 def sequence_logprobs(
@@ -298,37 +302,22 @@ def sequence_logprobs(
             top-k / top-p set renormalised (:func:`truncated`).
         chunk_size: token positions per LM-head/log-softmax chunk.
         with_entropy: also return ``entropy``.
-        top_logprobs: also return the ``top_logprobs`` most likely next tokens of every
-            scored position and their log-probs (0 = not).
-        logprobs_at: ``(N, S, k)`` token ids: also return their log-probs at every scored
-            position (the ids of other positions are not read).
+        top_logprobs: also return the ``top_logprobs`` most likely next tokens (0 = not).
+        logprobs_at: ``(N, S, k)`` token ids: also return their log-probs.
 
     Returns:
         :class:`LogprobOutput` with ``logprobs (N, S)`` float32 — ``logprobs[:, t]`` scores
-        token ``t + 1`` — and ``entropy (N, S)`` or ``None``; zeros where not scored. MoE
-        models also give ``aux_loss`` and ``router_logits`` (``None`` otherwise).
+        token ``t + 1`` — and what was asked for, zeros where not scored (MoE models also
+        give ``aux_loss`` and ``router_logits``).
     """
     check_input_ids(input_ids, "log-prob")
-    _check_options(temperature, top_k, top_p, chunk_size)
+    _check_options(temperature, top_k, top_p, chunk_size, top_logprobs)
     scored = _scored_positions(input_ids, attention_mask)  # (N, S-1)
     labels = input_ids[:, 1:][scored]  # (T,)
     at = _ids_at(logprobs_at, input_ids)[:, :-1][scored] if logprobs_at is not None else None
-    parts = split_causal_lm(model)
-    if parts is not None:
-        backbone, head = parts
-        outputs = backbone_forward(
-            backbone, input_ids, attention_mask, position_ids, **_moe_kwargs(model)
-        )
-        aux_loss, router = _moe_outputs(model, outputs, attention_mask)
-        hidden = outputs.last_hidden_state  # (N, S, H)
-        inputs, to_logits = hidden[:, :-1][scored], head  # (T, H)
-        count_head(head, inputs)
-    else:
-        full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
-        aux_loss, router = full.aux_loss, full.router_logits
-        inputs, to_logits = full.logits[:, :-1][scored], nn.Identity()  # (T, V)
-    if top_logprobs < 0:
-        raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
+    inputs, to_logits, aux_loss, router = _head_inputs(
+        model, input_ids, attention_mask, position_ids, scored
+    )
     score = _chunk_scores(to_logits, temperature, with_entropy, (top_k, top_p), top_logprobs)
     ids = at if at is not None else labels.new_empty(0)
     logprobs, entropy, top_values, top_ids, at_values = _run_chunks(
@@ -343,6 +332,30 @@ def sequence_logprobs(
         top_logprobs=_scatter(top_values, scored) if top_logprobs else None,
         logprobs_at=_scatter(at_values, scored) if at is not None else None,
     )
+
+
+def _head_inputs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    position_ids: Tensor | None,
+    scored: Tensor,
+) -> tuple[Tensor, Callable[[Tensor], Tensor], Tensor | None, tuple[Tensor, ...] | None]:
+    """The scored positions' ``(T, H)`` hidden states and the LM head (or, for a model whose
+    logits are not the head's, their ``(T, V)`` logits and the identity), with the MoE
+    outputs (module docstring)."""
+    parts = split_causal_lm(model)
+    if parts is None:
+        full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
+        return full.logits[:, :-1][scored], nn.Identity(), full.aux_loss, full.router_logits
+    backbone, head = parts
+    outputs = backbone_forward(
+        backbone, input_ids, attention_mask, position_ids, **_moe_kwargs(model)
+    )
+    aux_loss, router = _moe_outputs(model, outputs, attention_mask)
+    inputs = outputs.last_hidden_state[:, :-1][scored]  # (T, H)
+    count_head(head, inputs)
+    return inputs, head, aux_loss, router
 
 
 def _ids_at(ids: Tensor, input_ids: Tensor) -> Tensor:
