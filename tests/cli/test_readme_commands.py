@@ -24,6 +24,7 @@ import yaml
 import ardea.agent.server  # noqa: F401  (imported here, not by two threads at once in serve)
 from ardea.cli.main import main
 from ardea.config import DEFAULT_RECIPE
+from ardea.model import build_char_tokenizer, build_tiny_model
 
 REPO = Path(__file__).parents[2]
 #: appended to every `ardea train`: two steps, a tiny model, small batches and evaluations
@@ -174,9 +175,27 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
     if "rollout.engine=vllm" in argv:  # the repository's vLLM, heads vLLM's CPU kernels take
         extra = [*extra, f"rollout.vllm.python={REPO / '.venv-vllm' / 'bin' / 'python'}",
                  "model={hidden_size: 64, num_layers: 1, num_heads: 2, num_kv_heads: 1}"]  # fmt: skip
+    served = next((a for a in argv if a.endswith("teacher.engine=vllm")), None)
+    if served:  # a teacher vLLM serves: the repository's vLLM, heads its CPU kernels take
+        teacher = served.removesuffix("engine=vllm")
+        extra = [*extra, f"{teacher}python={REPO / '.venv-vllm' / 'bin' / 'python'}",
+                 f"{teacher}path={servable_teacher(root)}"]  # fmt: skip
     if not any(a.startswith("trainer.resume=") for a in argv):
         extra = [*extra, f"trainer.run_name=readme{index}"]  # beside runs/default
     return [*argv, *extra]
+
+
+def servable_teacher(root: Path) -> Path:
+    """A tiny model with ardea's character tokenizer and a head dim of 32 (the shortened
+    runs' 16 has no vLLM CPU kernel), written once under ``root``."""
+    path = root / "servable_teacher"
+    if not path.is_dir():
+        tokenizer = build_char_tokenizer()
+        build_tiny_model(
+            tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, seed=1
+        ).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return path
 
 
 def own_checkpoints(argument: str, root: Path) -> str:

@@ -231,6 +231,15 @@ def test_the_teachers_options_are_checked_by_name(teacher_dir, tmp_path):
         load_config(None, [*base, "algo.teacher.kl=forward_topk", "algo.teacher.top_k=0"])
     with pytest.raises(ConfigError, match=r"algo.teacher.kl='forward'.*forward_topk"):
         load_config(None, [*base, "algo.teacher.kl=forward"])
+    with pytest.raises(ConfigError, match=r"algo.teacher.url='http://x:1' is read by engine=vllm"):
+        load_config(None, [*base, "algo.teacher.url=http://x:1"])
+    bare = [*RUN, f"trainer.output_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"algo.teacher.engine='vllm' set without a teacher"):
+        load_config(None, [*bare, "algo.teacher.engine=vllm"])
+    served = [*base, "algo.teacher.engine=vllm", "algo.teacher.url=http://127.0.0.1:9"]
+    for sampling in ("rollout.temperature=0.7", "rollout.top_p=0.9"):
+        with pytest.raises(ConfigError, match=r"scores at temperature 1 without top-k / top-p"):
+            Trainer(load_config(None, [*served, sampling]))
     too_many = load_config(None, [*base, "algo.teacher.kl=forward_topk", "algo.teacher.top_k=999"])
     with pytest.raises(ConfigError, match=r"top_k=999 exceeds the teacher's \d+ output tokens"):
         Trainer(too_many)

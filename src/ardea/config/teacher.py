@@ -9,6 +9,7 @@ from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
 
 TEACHER_KLS = ("reverse_k1", "reverse_k3", "forward_topk")
+TEACHER_ENGINES = ("in_process", "vllm")
 DEFAULT_TOP_K = 20
 
 
@@ -30,6 +31,32 @@ class TeacherConfig:
     coef: float = option(
         1.0, "Weight of the teacher's per-token reward, or of its forward-KL loss term (> 0)."
     )
+    engine: str = option(
+        "in_process",
+        "Where the teacher runs: in_process (the trainer's process and device, model.dtype) or "
+        "vllm (a vLLM server scores each rollout's rows by their prompt log-probs; those are "
+        "at temperature 1 without top-k / top-p, so the rollouts must be sampled so too).",
+        choices=TEACHER_ENGINES,
+    )
+    url: str | None = option(
+        None,
+        "engine=vllm: the base URL of a vLLM server serving the teacher (e.g. "
+        "http://127.0.0.1:8001); null = ardea starts one on `path` with rollout.vllm.python "
+        "and stops it with the run.",
+    )
+    python: str = option(
+        ".venv-vllm/bin/python",
+        "engine=vllm without url: the Python of vLLM's environment the teacher's server is "
+        "started with (scripts/setup_vllm_venv.sh).",
+    )
+    server_args: list[str] = option(
+        help="engine=vllm without url: extra flags of the teacher's server (e.g. "
+        "[--max-logprobs, '50'] for top_k above 20).",
+        factory=list,
+    )
+    timeout_s: float = option(
+        120.0, "engine=vllm: seconds one row's scoring request may take (then the run fails)."
+    )
     top_k: int = option(
         DEFAULT_TOP_K,
         "kl=forward_topk: how many of the teacher's most likely tokens per position the KL "
@@ -43,6 +70,31 @@ class TeacherConfig:
         if not math.isfinite(self.coef):
             raise ConfigError(f"algo.teacher.coef={self.coef!r} must be a finite number")
         check_range("algo.teacher.coef", self.coef, low=0.0, low_open=True)
+        if self.path is None:
+            changed = [
+                f"{name}={getattr(self, name)!r}"
+                for name, default in (
+                    ("kl", "reverse_k1"), ("coef", 1.0), ("engine", "in_process"), ("url", None),
+                    ("top_k", DEFAULT_TOP_K), ("python", ".venv-vllm/bin/python"),
+                    ("server_args", []), ("timeout_s", 120.0),
+                )
+                if getattr(self, name) != default
+            ]  # fmt: skip
+            if changed:
+                raise ConfigError(
+                    f"algo.teacher.{', '.join(changed)} set without a teacher: set "
+                    "algo.teacher.path (the teacher's directory)"
+                )
+        served = {"url": None, "python": ".venv-vllm/bin/python", "server_args": [],
+                  "timeout_s": 120.0}  # fmt: skip
+        for name, default in served.items():
+            if self.engine != "vllm" and getattr(self, name) != default:
+                raise ConfigError(
+                    f"algo.teacher.{name}={getattr(self, name)!r} is read by engine=vllm only "
+                    f"(engine is {self.engine!r}): set algo.teacher.engine=vllm or unset it"
+                )
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < math.inf):
+            raise ConfigError(f"algo.teacher.timeout_s={self.timeout_s!r} must be > 0 seconds")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
             raise ConfigError(f"algo.teacher.top_k={self.top_k!r} must be an integer >= 1")
         if self.kl != "forward_topk" and self.top_k != DEFAULT_TOP_K:

@@ -11,6 +11,7 @@ stopped with the whole group (vLLM starts worker processes).
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -96,6 +97,7 @@ class LaunchedServer:
         """Start the server and wait until it answers ``/health``; its base URL."""
         port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)  # its own session: it would outlive an interpreter that exits
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

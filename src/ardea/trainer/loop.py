@@ -384,6 +384,7 @@ class Trainer:
             if self.evaluator.agent is not None:
                 self.evaluator.agent.runner.close()
             self.service.close()
+            self.strategy.close()
             self.dist.close()
             if logger is not None:
                 logger.close()

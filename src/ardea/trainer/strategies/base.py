@@ -117,6 +117,9 @@ class Strategy(ABC):
         critic); the updater steps, clips and checkpoints them like the policy."""
         return []
 
+    def close(self) -> None:  # noqa: B027 - most strategies start nothing
+        """Release what the strategy started (called once training ends)."""
+
 
 class OnlineStrategy(Strategy):
     """A strategy trained on fresh rollouts (``sample_kind = "prompt"``).
@@ -140,6 +143,11 @@ class OnlineStrategy(Strategy):
         if config.algo.teacher.path is not None:
             check_teacher(type(self), config)
             self.teacher = Teacher.from_config(self)
+
+    def close(self) -> None:
+        """Release what the strategy started (a teacher's vLLM server)."""
+        if self.teacher is not None:
+            self.teacher.close()
 
     def pin_teacher(
         self, batch: TrajectoryBatch, metrics: dict[str, float]

@@ -39,17 +39,22 @@ tokens, whichever ``kl`` is chosen: the distance left to the teacher),
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from transformers import AutoConfig
 
 from ardea.algo import agg_loss, kl_penalty, masked_mean, topk_forward_kl
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
-from ardea.model import load_model_and_tokenizer
-from ardea.trainer.strategies.token_scorer import TokenScorer
+from ardea.model import load_model_and_tokenizer, load_tokenizer
+from ardea.rollout.vllm_scoring import VLLMPromptScorer
+from ardea.rollout.vllm_server import LaunchedServer
+from ardea.trainer.strategies.token_scorer import ServedTokenScorer, TokenScorer
 
 ESTIMATORS = {"reverse_k1": "k1", "reverse_k3": "k3"}
+STARTUP_TIMEOUT_S = 600.0  # a teacher's vLLM server may take this long to answer /health
 
 
 class Teacher:
@@ -70,22 +75,28 @@ class Teacher:
 
     @classmethod
     def from_config(cls, strategy: Any) -> Teacher:
-        """The teacher of ``strategy``'s ``algo.teacher`` (its path, loaded and wrapped)."""
+        """The teacher of ``strategy``'s ``algo.teacher``: its path loaded and wrapped, or
+        served by vLLM (``engine: vllm``)."""
         config = strategy.config
         section = config.algo.teacher
+        if section.engine == "vllm":
+            scorer = served_scorer(config, strategy.tokenizer)
+            return cls(scorer, kl=section.kl, coef=section.coef, top_k=section.top_k)
         device = next(strategy.policy.parameters()).device
         model, tokenizer = load_model_and_tokenizer(
             section.path, dtype=config.model.dtype, device=str(device)
         )
         check_same_vocabulary(section.path, tokenizer, strategy.tokenizer)
-        vocab = model.get_output_embeddings().weight.shape[0]
-        if section.kl == "forward_topk" and section.top_k > vocab:
-            raise ConfigError(
-                f"algo.teacher.top_k={section.top_k} exceeds the teacher's {vocab} output tokens"
-            )
+        check_top_k(section, model.get_output_embeddings().weight.shape[0])
         wrapped = strategy.wrap(model.requires_grad_(False).eval(), trainable=False)
         scorer = TokenScorer(wrapped, config.model.logprob_chunk_size)
         return cls(scorer, kl=section.kl, coef=section.coef, top_k=section.top_k)
+
+    def close(self) -> None:
+        """Stop the teacher's vLLM server if ardea started it."""
+        close = getattr(self.scorer, "close", None)
+        if close is not None:
+            close()
 
     def pin(
         self, batch: TrajectoryBatch, metrics: dict[str, float]
@@ -127,6 +138,53 @@ def forward_kl_term(
     tokens = counts["global_tokens"]
     metrics["train/forward_kl"] = float(masked_mean(kl.detach(), mask, global_tokens=tokens))
     return config.algo.teacher.coef * term
+
+
+def served_scorer(config: Any, student_tokenizer: Any) -> ServedTokenScorer:
+    """The scorer of a teacher served by vLLM (``algo.teacher.engine: vllm``): on the
+    server at ``url``, or on one started on ``path`` with ``algo.teacher.python``. Refused
+    unless the rollouts are sampled at temperature 1 (or greedy) without top-k / top-p (the
+    reverse KLs; forward_topk reads untruncated log-probs, so only the temperature matters):
+    vLLM's prompt log-probs describe only that distribution."""
+    section, rollout = config.algo.teacher, config.rollout
+    truncated = section.kl != "forward_topk" and (rollout.top_k != 0 or rollout.top_p != 1.0)
+    if rollout.temperature not in (0.0, 1.0) or truncated:
+        raise ConfigError(
+            f"algo.teacher.engine=vllm scores at temperature 1 without top-k / top-p (vLLM's "
+            f"prompt log-probs); the rollouts are sampled at rollout.temperature="
+            f"{rollout.temperature}, top_k={rollout.top_k}, top_p={rollout.top_p}: sample at "
+            "temperature 1 (top_k 0, top_p 1) or use algo.teacher.engine=in_process"
+        )
+    tokenizer = load_tokenizer(section.path)
+    check_same_vocabulary(section.path, tokenizer, student_tokenizer)
+    model_config = AutoConfig.from_pretrained(section.path)
+    check_top_k(section, int(model_config.vocab_size))
+    server = None
+    url = section.url
+    if url is None:
+        server = LaunchedServer(
+            section.python, Path(section.path),
+            Path(config.trainer.output_dir) / "teacher" / "server.log",
+            dtype=config.model.dtype,
+            max_model_len=int(getattr(model_config, "max_position_embeddings", 0) or 2048),
+            extra_args=list(section.server_args), startup_timeout_s=STARTUP_TIMEOUT_S,
+        )  # fmt: skip
+        url = server.start()
+    try:
+        scorer = VLLMPromptScorer(url, timeout_s=section.timeout_s)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    return ServedTokenScorer(scorer, server)
+
+
+def check_top_k(section: Any, vocab: int) -> None:
+    """A :class:`ConfigError` when ``forward_topk`` asks for more tokens than the teacher has."""
+    if section.kl == "forward_topk" and section.top_k > vocab:
+        raise ConfigError(
+            f"algo.teacher.top_k={section.top_k} exceeds the teacher's {vocab} output tokens"
+        )
 
 
 def check_same_vocabulary(path: str, teacher: Any, student: Any) -> None:

@@ -8,7 +8,8 @@ under the distribution the batch was sampled from (its temperature, top-k and to
 rows they train on: online strategies pin the result on the rollout before the step's
 updates (every epoch and mini-batch reuses it), offline ones (one update per step) score
 each micro-batch once. ``rows_scored`` counts the rows it has scored, so that a test can
-check the once per step.
+check the once per step. :class:`ServedTokenScorer` gives the same scores from a model a
+vLLM server serves (a distillation teacher with ``algo.teacher.engine: vllm``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from torch import Tensor, nn
 
 from ardea.data import TrajectoryBatch
 from ardea.model import LogprobOutput, sequence_logprobs
+from ardea.rollout.vllm_scoring import VLLMPromptScorer
+from ardea.rollout.vllm_server import LaunchedServer
 
 
 class TokenScorer:
@@ -49,3 +52,51 @@ class TokenScorer:
             self.model, **batch.model_inputs(), chunk_size=self.chunk_size,
             top_logprobs=top, **batch.sampling(),
         )  # fmt: skip
+
+
+class ServedTokenScorer:
+    """:class:`TokenScorer`'s ``scores`` from a model a vLLM server serves (its prompt
+    log-probs, :mod:`ardea.rollout.vllm_scoring`): at temperature 1 without truncation, so
+    only for batches sampled that way (the caller checks). Rows are right-padded, not packed.
+
+    Args:
+        scorer: the server's scorer.
+        server: a server ardea launched for it (stopped by :meth:`close`), or None.
+    """
+
+    def __init__(self, scorer: VLLMPromptScorer, server: LaunchedServer | None = None) -> None:
+        self.scorer = scorer
+        self.server = server
+        self.rows_scored = 0
+
+    def logprobs(self, batch: TrajectoryBatch) -> Tensor:
+        return self.scores(batch).logprobs
+
+    def scores(self, batch: TrajectoryBatch, top: int = 0) -> LogprobOutput:
+        """``(N, S)`` next-token log-probs (0 past each row's last real token) and, for
+        ``top > 0``, ``(N, S, top)`` top tokens and log-probs, on the batch's device."""
+        self.rows_scored += batch.rows
+        lengths = batch.attention_mask.sum(dim=-1).tolist()
+        rows = [ids[:n] for ids, n in zip(batch.input_ids.tolist(), lengths)]
+        answers = self.scorer.score(rows, top)
+        n, s = batch.input_ids.shape
+        logprobs = torch.zeros(n, s)
+        top_ids = torch.zeros(n, s, top, dtype=torch.long) if top else None
+        top_logprobs = torch.zeros(n, s, top) if top else None
+        for i, answer in enumerate(answers):
+            width = len(answer.logprobs)
+            logprobs[i, :width] = torch.tensor(answer.logprobs)
+            if top:
+                top_ids[i, :width] = torch.tensor(answer.top_ids, dtype=torch.long)
+                top_logprobs[i, :width] = torch.tensor(answer.top_logprobs)
+        device = batch.input_ids.device
+        return LogprobOutput(
+            logprobs=logprobs.to(device),
+            top_ids=None if top_ids is None else top_ids.to(device),
+            top_logprobs=None if top_logprobs is None else top_logprobs.to(device),
+        )
+
+    def close(self) -> None:
+        """Stop the server ardea launched, if any."""
+        if self.server is not None:
+            self.server.stop()
