@@ -190,3 +190,20 @@ def test_bad_input_is_named(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         ppo_policy_loss(**args)
+
+
+def test_trusted_inputs_skip_only_the_value_checks():
+    """Inside trusted_inputs() a NaN is not looked for (that read is a device sync: the
+    loss comes out NaN instead, which the trainer counts and skips), but a wrong shape is
+    still refused; outside, both are, and the flag is restored after the block."""
+    from ardea.algo import trusted_inputs
+
+    nan = dict(logprobs=RATIOS.log(), old_logprobs=torch.full((1, 5), float("nan"),
+               dtype=torch.float64), advantages=ADV, loss_mask=MASK)  # fmt: skip
+    with trusted_inputs():
+        loss, _ = ppo_policy_loss(**nan)
+        assert math.isnan(float(loss))
+        with pytest.raises(ValueError, match="shape"):
+            ppo_policy_loss(**{**nan, "old_logprobs": torch.zeros(1, 4, dtype=torch.float64)})
+    with pytest.raises(ValueError, match="only finite values"):
+        ppo_policy_loss(**nan)

@@ -549,8 +549,8 @@ def test_length_buckets_leave_the_update_unchanged(tmp_path, reward_module, monk
     seen: dict[str, dict] = {}
     forward_backward = Updater._forward_backward
 
-    def spy(self, micro_batches):
-        metrics = forward_backward(self, micro_batches)
+    def spy(self, micro_batches, update=0):
+        metrics = forward_backward(self, micro_batches, update)
         seen[name] = {
             "forwards": len(micro_batches),
             "loss": metrics["train/loss"],

@@ -12,6 +12,7 @@ rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
   :data:`POLICY_LOSSES` reading :class:`PolicyLossInputs`; value, DPO / IPO, cross-entropy, :func:`agg_loss`
 """
 
+from ardea.algo._checks import trusted_inputs
 from ardea.algo._ckernel import c_kernel_available
 from ardea.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -116,6 +117,7 @@ __all__ = [
     "ipo_loss",
     "kl_penalty",
     "topk_forward_kl",
+    "trusted_inputs",
     "masked_cross_entropy",
     "masked_mean",
     "mismatch_metrics",

@@ -3,15 +3,40 @@
 Every public function in :mod:`ardea.algo` checks its tensors with these helpers so that
 bad input fails with a message naming the argument and what is wrong (shape, dtype,
 non-finite values) instead of producing a silently wrong number.
+
+Checking *values* (NaN/inf, a mask of 0/1) reads the tensors back to the host: a device
+sync on a GPU. Inside :func:`trusted_inputs` those checks are skipped (shapes and dtypes
+are still checked, which costs nothing): a caller whose tensors were validated where they
+were built (the trainer's update loop: batches are checked when made, and a non-finite loss
+skips the update) wraps its hot loop in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+
+_TRUST = threading.local()
+
+
+@contextlib.contextmanager
+def trusted_inputs() -> Iterator[None]:
+    """Skip the value checks that need a device sync, in this thread (module docstring)."""
+    before = getattr(_TRUST, "on", False)
+    _TRUST.on = True
+    try:
+        yield
+    finally:
+        _TRUST.on = before
+
+
+def _trusted() -> bool:
+    return getattr(_TRUST, "on", False)
 
 
 def check_tensor(name: str, x: object) -> Tensor:
@@ -44,8 +69,9 @@ def check_shape(name: str, x: Tensor, shape: Sequence[int], dims: str) -> None:
 
 
 def check_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or +-inf (only where ``where`` is true)."""
-    if x.numel() == 0:
+    """Raise ``ValueError`` if ``x`` holds NaN or +-inf (only where ``where`` is true);
+    nothing inside :func:`trusted_inputs`."""
+    if x.numel() == 0 or _trusted():
         return
     if where is not None:
         x = torch.where(where, x, 0)
@@ -65,7 +91,7 @@ def as_mask(name: str, mask: object, shape: Sequence[int], dims: str) -> Tensor:
         return mask
     if mask.is_complex():
         raise TypeError(f"{name} must be boolean or 0/1, got dtype {mask.dtype}")
-    if bool(((mask != 0) & (mask != 1)).any()):
+    if not _trusted() and bool(((mask != 0) & (mask != 1)).any()):
         raise ValueError(f"{name} must be boolean or contain only 0 and 1")
     return mask != 0
 

@@ -177,7 +177,9 @@ def truncated(z: Tensor, labels: Tensor, top_k: int, top_p: float) -> Tensor:
 
 
 def _scored_positions(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """``(N, S - 1)`` bool: position ``t`` is scored iff its token and the next are real."""
+    """``(N, S - 1)`` bool: position ``t`` is scored iff its token and the next are real.
+    :func:`sequence_logprobs` finds their indices once (``nonzero``: its one host sync, the
+    count being data-dependent) and indexes with them."""
     scored = torch.ones_like(input_ids[:, 1:], dtype=torch.bool)
     if attention_mask is not None:
         real = attention_mask.bool()
@@ -210,12 +212,12 @@ def _run_chunks(
     return [torch.cat(column) for column in zip(*parts)]
 
 
-def _scatter(values: Tensor, scored: Tensor) -> Tensor:
-    """Place ``values (T, ...)`` at the ``True`` entries of ``scored (N, S - 1)``; return
-    ``(N, S, ...)`` with zeros elsewhere, including the last column."""
-    n, s_minus_1 = scored.shape
-    out = values.new_zeros(n, s_minus_1 + 1, *values.shape[1:])  # (T, k) values: (N, S, k)
-    return out.index_put((*scored.nonzero(as_tuple=True),), values)  # differentiable
+def _scatter(values: Tensor, where: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
+    """Place ``values (T, ...)`` at the scored positions ``where`` (row and column indices)
+    of an ``(N, S)`` grid ``shape``; return ``(N, S, ...)`` with zeros elsewhere, including
+    the last column."""
+    out = values.new_zeros(*shape, *values.shape[1:])  # (T, k) values: (N, S, k)
+    return out.index_put(where, values)  # differentiable
 
 
 def _moe_outputs(
@@ -312,7 +314,7 @@ def sequence_logprobs(
     """
     check_input_ids(input_ids, "log-prob")
     _check_options(temperature, top_k, top_p, chunk_size, top_logprobs)
-    scored = _scored_positions(input_ids, attention_mask)  # (N, S-1)
+    scored = _scored_positions(input_ids, attention_mask).nonzero(as_tuple=True)  # 1 sync
     labels = input_ids[:, 1:][scored]  # (T,)
     at = _ids_at(logprobs_at, input_ids)[:, :-1][scored] if logprobs_at is not None else None
     inputs, to_logits, aux_loss, router = _head_inputs(
@@ -324,13 +326,13 @@ def sequence_logprobs(
         score, inputs, labels, ids, chunk_size
     )
     return LogprobOutput(
-        logprobs=_scatter(logprobs, scored),
-        entropy=_scatter(entropy, scored) if with_entropy else None,
+        logprobs=_scatter(logprobs, scored, input_ids.shape),
+        entropy=_scatter(entropy, scored, input_ids.shape) if with_entropy else None,
         aux_loss=aux_loss,
         router_logits=router,
-        top_ids=_scatter(top_ids, scored) if top_logprobs else None,
-        top_logprobs=_scatter(top_values, scored) if top_logprobs else None,
-        logprobs_at=_scatter(at_values, scored) if at is not None else None,
+        top_ids=_scatter(top_ids, scored, input_ids.shape) if top_logprobs else None,
+        top_logprobs=_scatter(top_values, scored, input_ids.shape) if top_logprobs else None,
+        logprobs_at=_scatter(at_values, scored, input_ids.shape) if at is not None else None,
     )
 
 
@@ -339,7 +341,7 @@ def _head_inputs(
     input_ids: Tensor,
     attention_mask: Tensor | None,
     position_ids: Tensor | None,
-    scored: Tensor,
+    scored: tuple[Tensor, Tensor],
 ) -> tuple[Tensor, Callable[[Tensor], Tensor], Tensor | None, tuple[Tensor, ...] | None]:
     """The scored positions' ``(T, H)`` hidden states and the LM head (or, for a model whose
     logits are not the head's, their ``(T, V)`` logits and the identity), with the MoE

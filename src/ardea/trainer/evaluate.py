@@ -250,7 +250,7 @@ class Evaluator:
                 loss, metrics = self.strategy.loss(batch, counts)
                 totals["loss"] += float(loss)
                 for name in names:
-                    totals[name] += metrics[f"train/{name}"]
+                    totals[name] += float(metrics[f"train/{name}"])
         self.strategy.policy.train(was_training)
         return {f"eval/{name}": value for name, value in totals.items()}
 

@@ -13,6 +13,7 @@ from tiny_models import small_model
 from ardea.config import ArdeaConfig
 from ardea.data import TrajectoryBatch
 from ardea.model import build_char_tokenizer
+from ardea.trainer.step.updates import add_metric, read_metrics
 from ardea.trainer.strategies import make_strategy
 
 TOKENIZER = build_char_tokenizer()
@@ -99,13 +100,13 @@ def run_step(strategy, micro_batches) -> tuple[dict[str, float], dict[str, torch
     """The loop's forward/backward: summed metrics and the accumulated gradients."""
     strategy.policy.zero_grad(set_to_none=True)
     counts = strategy.step_counts(micro_batches)
-    totals: dict[str, float] = {}
+    totals: dict = {}
     for batch in micro_batches:
         loss, metrics = strategy.loss(batch, counts)
         loss.backward()
         for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + value
-    return totals, grads(strategy.policy)
+            add_metric(totals, name, value)
+    return read_metrics(totals), grads(strategy.policy)
 
 
 def online_strategy(name: str, policy, **algo):

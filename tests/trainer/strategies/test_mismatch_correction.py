@@ -8,13 +8,15 @@ from strategy_testing import online_strategy, rollout_batch, tiny_policy
 
 from ardea.algo import correction_weights, ppo_policy_loss
 from ardea.errors import ConfigError
+from ardea.trainer.step.updates import read_metrics
 
 LENGTHS, PROMPT, REWARDS = [7, 8, 6, 8], 3, [1.0, 0.0, 0.5, 0.25]
 
 
 def loss_of(strategy, batch):
     pinned = strategy.pin(batch, {})
-    return pinned, strategy.loss(pinned, strategy.step_counts([pinned]))
+    loss, metrics = strategy.loss(pinned, strategy.step_counts([pinned]))
+    return pinned, (loss, read_metrics(metrics))  # metrics as the trainer reads them
 
 
 def test_masking_every_token_leaves_no_policy_loss():

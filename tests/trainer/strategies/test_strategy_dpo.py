@@ -10,6 +10,7 @@ from strategy_testing import PAD, build, naive_logprobs, pad_rows, random_rows, 
 
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
+from ardea.trainer.step.updates import read_metrics
 from ardea.trainer.strategies import make_strategy
 
 PROMPT = [3, 5]  # prompt lengths of the two pairs
@@ -42,7 +43,8 @@ def naive_sequence_logps(model, batch, side: str, reduction: str) -> torch.Tenso
 
 
 def step_loss(strategy, batch):
-    return strategy.loss(batch, strategy.step_counts([batch]))
+    loss, metrics = strategy.loss(batch, strategy.step_counts([batch]))
+    return loss, read_metrics(metrics)  # as the trainer reads them
 
 
 @pytest.mark.parametrize("kind", ["sigmoid", "ipo"])

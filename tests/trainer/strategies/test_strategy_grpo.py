@@ -10,6 +10,7 @@ from strategy_testing import PAD, build, naive_logprobs, pad_rows, random_rows, 
 
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
+from ardea.trainer.step.updates import read_metrics
 
 EPS = 1e-8
 REWARDS = [1.0, 0.0, 0.5, 0.5, 2.0, 0.0]
@@ -39,7 +40,8 @@ def hand_advantages() -> list[float]:
 
 
 def step(strategy, batch):
-    return strategy.loss(batch, strategy.step_counts([batch]))
+    loss, metrics = strategy.loss(batch, strategy.step_counts([batch]))
+    return loss, read_metrics(metrics)  # as the trainer reads them
 
 
 def completion_tokens() -> list[int]:

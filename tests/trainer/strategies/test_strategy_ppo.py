@@ -9,6 +9,7 @@ from numerics import assert_gradients_close, decoder_gradient_terms, gamma
 from strategy_testing import online_strategy, rollout_batch, run_step, tiny_policy
 
 import ardea.trainer.strategies.online_ppo as online_ppo_module
+from ardea.trainer.step.updates import read_metrics
 from ardea.trainer.strategies import strategy_class
 from ardea.trainer.strategies.online_ppo import OnlinePPOStrategy
 
@@ -28,7 +29,8 @@ def prepared(strategy, batch=None):
 
 
 def loss_of(strategy, pinned):
-    return strategy.loss(pinned, strategy.step_counts([pinned]))
+    loss, metrics = strategy.loss(pinned, strategy.step_counts([pinned]))
+    return loss, read_metrics(metrics)  # as the trainer reads them
 
 
 def test_registered_as_online_ppo():

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ardea.algo import trusted_inputs
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError
 from ardea.model import Precision
@@ -102,9 +103,9 @@ class Updater:
         """Apply ``updates``; return each metric averaged over the updates that report it,
         with the training throughput."""
         per_update, applied = [], False
-        for micro_batches in updates:
+        for update, micro_batches in enumerate(updates):
             with timer.phase("forward_backward"):
-                metrics = self._forward_backward(micro_batches)
+                metrics = self._forward_backward(micro_batches, update)
             with timer.phase("optimizer"):
                 step_metrics, ok = self._optimizer_step(metrics.get("train/loss", 0.0))
             per_update.append(metrics | step_metrics)
@@ -121,33 +122,38 @@ class Updater:
         metrics["perf/train_tokens_per_s"] = update_tokens(updates) / max(trained, 1e-9)
         return metrics
 
-    def _forward_backward(self, micro_batches: list[TrajectoryBatch | Filler]) -> dict[str, float]:
+    def _forward_backward(
+        self, micro_batches: list[TrajectoryBatch | Filler], update: int = 0
+    ) -> dict[str, float]:
         """Every micro-batch's loss back-propagated; the counts it is normalised by are the
-        update's over all ranks (one all-reduce before the loop), so the summed gradient
-        (and the metrics, summed over micro-batches and ranks) are the whole update's. A
+        update's over all ranks (one all-reduce before the loop; ``counts["update"]`` is the
+        update's index in the step), so the summed gradient (and the metrics, summed over
+        micro-batches and ranks, kept as tensors and read once at the end) are the whole
+        update's. The loop makes no host sync of its own (the loss functions' value checks
+        are off, :func:`ardea.algo.trusted_inputs`). A
         :class:`~ardea.trainer.step.split.Filler` runs its forward and backward with the loss
         times zero and adds zeros under the metrics' names (every rank reduces the same
         names)."""
         real = [b for b in micro_batches if not isinstance(b, Filler)]
         counts = self.strategy.step_counts(real or [micro_batches[0].batch])
         counts = {k: v if real else 0.0 for k, v in counts.items()}
-        counts = self.dist.sum(counts, maximum=MAX_COUNTS)
-        totals: dict[str, float] = {}
+        counts = self.dist.sum(counts, maximum=MAX_COUNTS) | {"update": float(update)}
+        totals: dict[str, torch.Tensor | float] = {}
         trained = [component.module for component in self.components]
-        for index, item in enumerate(micro_batches):
-            last = index == len(micro_batches) - 1
-            filler = isinstance(item, Filler)
-            batch = item.batch if filler else item
-            with self.dist.accumulating(trained, accumulate=not last):
-                # forward in the compute dtype (and its attention kernel), backward outside
-                with self.precision.forward(self.policy, batch.input_ids.shape[1]):
-                    loss, metrics = self.strategy.loss(batch, counts)
-                scale = 0.0 if filler else self.dist.loss_scale  # DDP/FSDP2 average: sums
-                (loss * scale).backward()
-            for name, value in metrics.items():
-                value = 0.0 if filler else value
-                reduce = max if name.endswith(MAX_SUFFIX) else sum
-                totals[name] = reduce((totals.get(name, value if reduce is max else 0.0), value))
+        with trusted_inputs():  # batches were checked when built: no value checks (syncs)
+            for index, item in enumerate(micro_batches):
+                last = index == len(micro_batches) - 1
+                filler = isinstance(item, Filler)
+                batch = item.batch if filler else item
+                with self.dist.accumulating(trained, accumulate=not last):
+                    # forward in the compute dtype (and its attention kernel), backward outside
+                    with self.precision.forward(self.policy, batch.input_ids.shape[1]):
+                        loss, metrics = self.strategy.loss(batch, counts)
+                    scale = 0.0 if filler else self.dist.loss_scale  # DDP/FSDP2 average: sums
+                    (loss * scale).backward()
+                for name, value in metrics.items():
+                    add_metric(totals, name, 0.0 if filler else value)
+        totals = read_metrics(totals)  # the update's one read of its metric tensors
         return self.dist.sum(totals, maximum=tuple(k for k in totals if k.endswith(MAX_SUFFIX)))
 
     def _optimizer_step(self, loss: float) -> tuple[dict[str, float], bool]:
@@ -204,6 +210,32 @@ class Updater:
         """Read every component's weights besides the policy's from ``checkpoint``."""
         for component in self.components[1:]:
             component.load_weights(checkpoint)
+
+
+def add_metric(totals: dict[str, torch.Tensor | float], name: str, value) -> None:
+    """Add a micro-batch's metric ``value`` (a float or a 0-d tensor, not read) to
+    ``totals``: summed, or the maximum for names ending in ``_max``."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+    if name not in totals:
+        totals[name] = value
+    elif not name.endswith(MAX_SUFFIX):
+        totals[name] = totals[name] + value
+    elif isinstance(value, torch.Tensor) or isinstance(totals[name], torch.Tensor):
+        totals[name] = torch.maximum(torch.as_tensor(totals[name]), torch.as_tensor(value))
+    else:
+        totals[name] = max(totals[name], value)
+
+
+def read_metrics(totals: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """``totals`` as floats, its tensors read in one transfer (one host sync)."""
+    tensors = {k: v for k, v in totals.items() if isinstance(v, torch.Tensor)}
+    out = {k: float(v) for k, v in totals.items() if k not in tensors}
+    if tensors:
+        device = next(iter(tensors.values())).device
+        stacked = torch.stack([v.to(device, torch.float64).reshape(()) for v in tensors.values()])
+        out |= dict(zip(tensors, stacked.tolist(), strict=True))
+    return out
 
 
 def mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:

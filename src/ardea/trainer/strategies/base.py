@@ -109,8 +109,10 @@ class Strategy(ABC):
     @abstractmethod
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar loss of ``batch`` and its metrics (values that add up across micro-batches)."""
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        """Scalar loss of ``batch`` and its metrics: values that add up across micro-batches,
+        floats or 0-d tensors (the trainer reads every update's tensors at once, so a loss
+        that keeps its metrics as tensors makes no host sync for them)."""
 
     def trained_components(self) -> list[TrainedComponent]:
         """Modules besides the policy that the loss trains, each with its optimizer (e.g. a

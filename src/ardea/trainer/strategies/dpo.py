@@ -74,7 +74,7 @@ class DPOStrategy(Strategy):
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
         chosen, rejected = preference_pairs(batch)  # (P,) row indices each
         mask = batch.action_mask  # (2P, S)
         chunk = self.config.model.logprob_chunk_size
@@ -90,10 +90,10 @@ class DPOStrategy(Strategy):
             beta=self.beta,
             global_pairs=pairs,
         )
-        metrics = {f"train/{self.loss_name}_loss": float(parts[f"loss/{self.loss_name}"])}
+        metrics = {f"train/{self.loss_name}_loss": parts[f"loss/{self.loss_name}"].detach()}
         for name in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy"):
-            metrics[f"train/{name}"] = float(parts[f"loss/{name}"])
-        metrics["train/logps_chosen"] = float(logps[chosen].detach().sum()) / max(pairs, 1.0)
-        metrics["train/logps_rejected"] = float(logps[rejected].detach().sum()) / max(pairs, 1.0)
+            metrics[f"train/{name}"] = parts[f"loss/{name}"].detach()
+        metrics["train/logps_chosen"] = logps[chosen].detach().sum() / max(pairs, 1.0)
+        metrics["train/logps_rejected"] = logps[rejected].detach().sum() / max(pairs, 1.0)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
-        return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}
+        return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}

@@ -129,7 +129,7 @@ class GRPOStrategy(Strategy):
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
         if batch.advantages is None:  # offline: advantages of this micro-batch's groups
             batch = self.group_advantages(batch)
         mask = batch.action_mask  # (N, S) bool
@@ -143,14 +143,15 @@ class GRPOStrategy(Strategy):
             counts,
             old=self._old_logprobs(batch, out.logprobs),
             mismatch=self.config.algo.mismatch,
+            first_update=step_counts.get("update", 0.0) == 0.0,
         )
         tokens = step_counts["tokens"]
-        metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
+        metrics["train/entropy"] = masked_mean(out.entropy, mask, global_tokens=tokens).detach()
         loss = policy_loss + self._kl_term(batch, out.logprobs, counts, metrics)
         loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, counts, metrics)
         metrics |= self._reward_metrics(batch, step_counts)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
-        return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}
+        return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}
 
     def _kl_term(
         self, batch: TrajectoryBatch, logprobs: Tensor, counts: dict, metrics: dict
@@ -166,7 +167,8 @@ class GRPOStrategy(Strategy):
         mask = batch.action_mask
         kl = kl_penalty(logprobs, ref, self.ppo.kl_estimator)  # (N, S)
         kl_loss = agg_loss(kl, mask, self.ppo.loss_agg_mode, **counts)
-        metrics["train/kl"] = float(masked_mean(kl, mask, global_tokens=counts["global_tokens"]))
+        tokens = counts["global_tokens"]
+        metrics["train/kl"] = masked_mean(kl, mask, global_tokens=tokens).detach()
         return self.kl_ctl * kl_loss
 
     @staticmethod

@@ -103,7 +103,7 @@ class MoETerms:
 
     def add(
         self, loss: Tensor, output: object, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
         """``(loss + coef * share * aux, metrics * share)``; ``share`` is this forward's
         fraction of the step's routed tokens. ``output`` is the policy's
         :class:`~ardea.model.LogprobOutput` (or ``LogitsOutput``) on ``batch``."""
@@ -114,7 +114,7 @@ class MoETerms:
         tokens = _routed(batch)
         share = tokens / max(step_counts.get(ROUTED_TOKENS, tokens), 1.0)
         mask = None if attention_mask is None else attention_mask.reshape(-1)
-        metrics = {"train/moe_aux_loss": float(aux.detach()) * share}
+        metrics = {"train/moe_aux_loss": aux.detach() * share}
         for name, value in router_diagnostics(output.router_logits, self.top_k, mask).items():
             metrics[name] = value * share
         return loss + (self.coef * share) * aux.to(loss.dtype), metrics

@@ -171,7 +171,7 @@ class OnlinePPOStrategy(OnlineStrategy):
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
         mask = batch.action_mask  # (N, S) bool
         out = policy_gradient.policy_forward(self, batch)
         counts = policy_gradient.global_counts(step_counts)
@@ -183,6 +183,7 @@ class OnlinePPOStrategy(OnlineStrategy):
             counts,
             old=policy_gradient.ratio_reference(batch),
             mismatch=self.config.algo.mismatch,
+            first_update=step_counts.get("update", 0.0) == 0.0,
         )
         values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S) with gradient
         critic_loss, parts = value_loss(
@@ -195,9 +196,9 @@ class OnlinePPOStrategy(OnlineStrategy):
             **counts,
         )
         tokens = step_counts["tokens"]
-        metrics["train/entropy"] = float(masked_mean(out.entropy, mask, global_tokens=tokens))
-        metrics |= {name: float(value) for name, value in parts.items()}  # loss/value, ...
+        metrics["train/entropy"] = masked_mean(out.entropy, mask, global_tokens=tokens).detach()
+        metrics |= {name: value.detach() for name, value in parts.items()}  # loss/value, ...
         loss = policy_loss + self.config.algo.vf_coef * critic_loss
         loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, counts, metrics)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
-        return loss, {"train/loss": float(loss.detach()), **metrics, **moe_metrics}
+        return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}

@@ -98,14 +98,16 @@ def rl_step_counts(micro_batches: list[TrajectoryBatch], moe: MoETerms) -> dict[
     MoE routed tokens. Every entry but ``horizon`` (a maximum) adds up across ranks."""
     masks = [b.action_mask for b in micro_batches]
     rewards = torch.cat([b.rewards.detach().double() for b in micro_batches])
-    counts = {
-        "tokens": float(sum(m.sum() for m in masks)),
-        "seqs": float(sum(m.any(dim=-1).sum() for m in masks)),
-        "rows": float(rewards.numel()),
-        "horizon": float(max(m.shape[-1] for m in masks)),
-        "reward_sum": float(rewards.sum()),
-        "reward_sq_sum": float(rewards.square().sum()),
-    }
+    summed = torch.stack(  # read back in one transfer
+        [
+            sum(m.sum(dtype=torch.float64) for m in masks),
+            sum(m.any(dim=-1).sum(dtype=torch.float64) for m in masks),
+            rewards.sum(),
+            rewards.square().sum(),
+        ]
+    ).tolist()
+    counts = dict(zip(("tokens", "seqs", "reward_sum", "reward_sq_sum"), summed, strict=True))
+    counts |= {"rows": float(rewards.numel()), "horizon": float(max(m.shape[-1] for m in masks))}
     return counts | moe.step_counts(micro_batches)
 
 
@@ -128,13 +130,16 @@ def policy_objective(
     *,
     old: Tensor,
     mismatch: MismatchConfig | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+    first_update: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The policy loss and its metrics (module docstring), all ``(N, S)`` next-token
     aligned. ``old`` is the ratio's denominator: the behaviour policy, or for a loss that
     ``needs_proximal`` the proximal policy (the behaviour log-probs then give the weight).
     With ``mismatch`` (``algo.mismatch``) set, ``old`` is the proximal policy and each token's
     loss is weighted by :func:`ardea.algo.correction_weights` (the weight multiplies the
-    advantage, which for a weight >= 0 is the same as weighting the clipped loss)."""
+    advantage, which for a weight >= 0 is the same as weighting the clipped loss). The
+    metrics are 0-d tensors, read once per update by the trainer; ``mismatch/*`` only when
+    ``first_update``."""
     mask, advantages = batch.action_mask, batch.advantages.to(logprobs.dtype)
     corrections = {}
     if mismatch is not None and mismatch.mode != "none":
@@ -160,17 +165,19 @@ def policy_objective(
         **counts,
     )
     loss, parts = loss_fn(inputs, **{name: getattr(ppo, name) for name in loss_fn.options})
-    metrics = {name: float(value) for name, value in parts.items()}
+    metrics = {name: value.detach() for name, value in parts.items()}
     tokens = counts["global_tokens"]
     raw = batch.advantages.to(logprobs.dtype)
-    metrics["train/advantage_mean"] = float(masked_mean(raw, mask, global_tokens=tokens))
-    metrics |= {name: float(value) for name, value in corrections.items()}
-    if batch.logprobs is not None:  # the engine's behaviour log-probs against the trainer's
+    metrics["train/advantage_mean"] = masked_mean(raw, mask, global_tokens=tokens).detach()
+    metrics |= {name: value.detach() for name, value in corrections.items()}
+    # the engine's behaviour log-probs against the trainer's: before the step's first
+    # optimizer update only (later updates' values are not kept, so not computed)
+    if batch.logprobs is not None and first_update:
         gap = mismatch_metrics(
             logprobs, batch.behaviour_logprobs, mask,
             global_tokens=tokens, global_seqs=counts["global_seqs"],
         )  # fmt: skip
-        metrics |= {name: float(value) for name, value in gap.items()}
+        metrics |= {name: value.detach() for name, value in gap.items()}
     return loss, metrics
 
 

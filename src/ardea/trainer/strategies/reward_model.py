@@ -69,7 +69,7 @@ class RewardModelStrategy(Strategy):
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
         chosen, rejected = preference_pairs(batch)  # (P,) row indices each
         scores = self.scores(batch)  # (2P,)
         loss, parts = bradley_terry_loss(
@@ -79,5 +79,5 @@ class RewardModelStrategy(Strategy):
             center_coef=self.center_coef,
             global_pairs=step_counts["pairs"],
         )
-        metrics = {f"train/{name}": float(parts[key]) for key, name in METRICS.items()}
-        return loss, {"train/loss": float(loss.detach()), **metrics}
+        metrics = {f"train/{name}": parts[key].detach() for key, name in METRICS.items()}
+        return loss, {"train/loss": loss.detach(), **metrics}

@@ -70,7 +70,7 @@ class NextTokenStrategy(Strategy):
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
         mask = self.predicted_mask(batch)  # (N, S)
         inputs = batch.model_inputs()
         if self.label_smoothing > 0:
@@ -88,7 +88,7 @@ class NextTokenStrategy(Strategy):
             )
             loss = agg_loss(-out.logprobs, mask, "token-mean", global_tokens=step_counts["tokens"])
         loss, metrics = self.moe.add(loss, out, batch, step_counts)
-        return loss, {"train/loss": float(loss.detach()), **metrics}
+        return loss, {"train/loss": loss.detach(), **metrics}
 
 
 @register_strategy("seq")

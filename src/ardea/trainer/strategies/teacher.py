@@ -136,7 +136,7 @@ def forward_kl_term(
     kl = topk_forward_kl(logprobs_at, batch.teacher_top_logprobs)  # (N, S)
     term = agg_loss(kl, mask, config.algo.ppo.loss_agg_mode, **counts)
     tokens = counts["global_tokens"]
-    metrics["train/forward_kl"] = float(masked_mean(kl.detach(), mask, global_tokens=tokens))
+    metrics["train/forward_kl"] = masked_mean(kl.detach(), mask, global_tokens=tokens)
     return config.algo.teacher.coef * term
 
 
