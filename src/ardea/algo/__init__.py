@@ -9,7 +9,8 @@ rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
 - advantage estimators: :func:`register_advantage`, :func:`get_advantage_estimator`
 - the advantage pipeline: :func:`compute_advantages`
 - policy losses: PPO / decoupled PPO / GSPO as :class:`PolicyLoss` entries of
-  :data:`POLICY_LOSSES` reading :class:`PolicyLossInputs`; value, DPO / IPO, cross-entropy, :func:`agg_loss`
+  :data:`POLICY_LOSSES` reading :class:`PolicyLossInputs`; value, DPO / IPO, SimPO / ORPO,
+  cross-entropy, :func:`agg_loss`
 """
 
 from ardea.algo._checks import trusted_inputs
@@ -73,6 +74,7 @@ from ardea.algo.policy_loss_registry import (
     get_policy_loss,
 )
 from ardea.algo.preference_loss import dpo_loss, ipo_loss
+from ardea.algo.reference_free_loss import orpo_loss, simpo_loss
 from ardea.algo.reward_model_loss import bradley_terry_loss
 from ardea.algo.value_loss import explained_variance, value_loss
 
@@ -117,6 +119,8 @@ __all__ = [
     "ipo_loss",
     "kl_penalty",
     "topk_forward_kl",
+    "orpo_loss",
+    "simpo_loss",
     "trusted_inputs",
     "masked_cross_entropy",
     "masked_mean",

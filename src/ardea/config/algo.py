@@ -17,7 +17,15 @@ from ardea.errors import ConfigError
 class AlgoConfig:
     name: str = option("sft", "Training strategy by registered name: seq, sft, dpo, grpo, ...")
     label_smoothing: float = option(0.0, "seq/sft: label smoothing of the cross-entropy.")
-    beta: float = option(0.1, "dpo: inverse temperature of the implicit reward.")
+    beta: float | None = option(
+        None,
+        "Preference strategies: dpo / online_dpo the inverse temperature of the implicit "
+        "reward (default 0.1); simpo the scale of the length-normalised reward (default 2.0); "
+        "orpo the weight lambda of the odds-ratio term (default 0.1). null = those defaults.",
+    )
+    simpo_gamma: float = option(
+        0.5, "simpo: the margin gamma the chosen reply's reward must beat the rejected one's by."
+    )
     dpo_loss: str = option("sigmoid", "dpo: sigmoid (DPO) or ipo.", choices=("sigmoid", "ipo"))
     dpo_reduction: str = option(
         "sum",
@@ -113,7 +121,22 @@ class AlgoConfig:
                 "(ppo, decoupled_ppo, gspo) or be null"
             )
         check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
-        check_range("algo.beta", self.beta, low=0.0, low_open=True)
+        if self.beta is not None:
+            check_range("algo.beta", self.beta, low=0.0, low_open=True)
+        if self.name != "simpo" and self.simpo_gamma != 0.5:
+            raise ConfigError(
+                f"algo.simpo_gamma={self.simpo_gamma} is an option of algo.name=simpo; "
+                f"algo.name={self.name} does not use it: unset it"
+            )
+        if not math.isfinite(self.simpo_gamma):
+            raise ConfigError(f"algo.simpo_gamma={self.simpo_gamma!r} must be a finite number")
+        if self.name in ("simpo", "orpo") and (
+            self.dpo_loss != "sigmoid" or self.dpo_reduction != "sum"
+        ):
+            raise ConfigError(
+                f"algo.dpo_loss / algo.dpo_reduction are options of dpo; algo.name={self.name} "
+                "has its own loss on length-averaged log-probs: unset them"
+            )
         if self.name != "reward_model" and (self.rm_margin or self.rm_center_coef):
             raise ConfigError(
                 f"algo.rm_margin / algo.rm_center_coef are options of algo.name=reward_model; "

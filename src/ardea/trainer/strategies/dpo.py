@@ -50,20 +50,12 @@ def sequence_logps(logprobs: Tensor, mask: Tensor, reduction: str) -> Tensor:
     return total
 
 
-@register_strategy("dpo")
-class DPOStrategy(Strategy):
-    """DPO / IPO against a frozen reference (module docstring)."""
+class PreferencePairs(Strategy):
+    """What every strategy on preference pairs shares: the batch layout (``P`` chosen rows,
+    then their ``P`` rejected rows) and the step's pair count its loss is divided by."""
 
     sample_kind = "preference"
-
-    def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
-        super().__init__(policy, config, **kwargs)
-        algo = config.algo
-        self.loss_fn, self.loss_name = PREFERENCE_LOSSES[algo.dpo_loss]
-        self.beta = float(algo.beta)
-        self.reduction = algo.dpo_reduction
-        self.reference = self.frozen_reference()
-        self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
+    moe: MoETerms
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         return data.collate_preference(samples, self.tokenizer.pad_token_id)
@@ -71,6 +63,20 @@ class DPOStrategy(Strategy):
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         pairs = float(sum(len(preference_pairs(b)[0]) for b in micro_batches))
         return {"pairs": pairs} | self.moe.step_counts(micro_batches)
+
+
+@register_strategy("dpo")
+class DPOStrategy(PreferencePairs):
+    """DPO / IPO against a frozen reference (module docstring)."""
+
+    def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
+        super().__init__(policy, config, **kwargs)
+        algo = config.algo
+        self.loss_fn, self.loss_name = PREFERENCE_LOSSES[algo.dpo_loss]
+        self.beta = 0.1 if algo.beta is None else float(algo.beta)
+        self.reduction = algo.dpo_reduction
+        self.reference = self.frozen_reference()
+        self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
 
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
