@@ -86,7 +86,8 @@ def test_eval_and_report_commands(run_dir):
     assert shown is not None, out
     # the same greedy accuracy as at the end of training
     assert float(shown.group(1)) == pytest.approx(100 * results["accuracy"], abs=0.05)
-    assert "pass@2" in out
+    assert re.search(r"pass@2\s*│\s*[\d.]+% ± [\d.]+%", out), out  # with its standard error
+    assert re.search(r"avg@4\s*│\s*[\d.]+% ± [\d.]+%", out), out
     (run_dir / "report.png").unlink()
     ardea("report", str(run_dir), cwd=run_dir)
     assert (run_dir / "report.png").stat().st_size > 10_000

@@ -132,7 +132,9 @@ def evaluate(args: argparse.Namespace) -> int:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in result.metrics.items():
-        table.add_row(name, f"{value:.1%}")
+        if not name.endswith("_se"):
+            se = result.metrics.get(f"{name}_se")
+            table.add_row(name, f"{value:.1%}" + ("" if se is None else f" ± {se:.1%}"))
     console.print(table)
     for prompt, completion, score in result.samples[: args.show]:
         console.print(f"  {'✓' if score > 0 else '✗'} {prompt!r} → {completion!r}")

@@ -30,6 +30,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def sampled_metrics(correct: Sequence[int], n: int, k: int) -> dict[str, float]:
+    """From ``correct[i]`` right answers among ``n`` samples of prompt ``i``: ``avg@n`` (the
+    mean of ``c_i / n``: pass@1 averaged over the n samples) and the unbiased ``pass@k``
+    (:func:`pass_at_k`), each a mean over the prompts, with its standard error over them
+    (``<name>_se``: the per-prompt values' sample standard deviation over ``sqrt(P)``; left
+    out for a single prompt)."""
+    out: dict[str, float] = {}
+    for name, values in (
+        (f"avg@{n}", [c / n for c in correct]),
+        (f"pass@{k}", [pass_at_k(n, c, k) for c in correct]),
+    ):
+        mean = sum(values) / len(values)
+        out[name] = mean
+        if len(values) > 1:
+            variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+            out[f"{name}_se"] = math.sqrt(variance / len(values))
+    return out
+
+
 @dataclass
 class EvalResult:
     """Scores of one evaluation; ``samples`` holds (prompt, completion, score) triples."""
@@ -80,9 +99,9 @@ def evaluate_task(
 ) -> EvalResult:
     """Greedy accuracy on ``examples``; with ``k > 1`` also pass@k from sampled completions.
 
-    Returns metrics ``accuracy`` (greedy exact match, fraction) and, for ``k > 1``,
-    ``pass@k`` estimated without bias from ``num_samples`` (default ``k``) samples per
-    prompt at ``temperature``.
+    Returns metrics ``accuracy`` (greedy exact match, fraction) and, for ``k > 1``, from
+    ``num_samples`` (default ``k``) samples per prompt at ``temperature``, ``avg@n`` and
+    ``pass@k`` (estimated without bias) with their standard errors (:func:`sampled_metrics`).
     """
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     texts = _generate_texts(
@@ -115,7 +134,7 @@ def evaluate_task(
             batch_size=max(1, batch_size // n),
         )
         correct = [sum(task.score(t, e) > 0 for t in g) for g, e in zip(groups, examples)]
-        metrics[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+        metrics |= sampled_metrics(correct, n, k)
     return EvalResult(metrics, samples)
 
 
