@@ -25,9 +25,12 @@ from torch import Tensor
 from ardea.algo._checks import check_finite, check_float, check_shape
 
 
-def _pair_inputs(beta: float, global_pairs, **logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    if isinstance(beta, bool) or not (math.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta must be a positive number, got {beta!r}")
+def pair_count(weight_name: str, weight: float, global_pairs, **logps: Tensor) -> Tensor:
+    """Check a pair loss's positive ``weight`` and its ``(N,)`` per-pair tensors (float,
+    one shape, finite); the count its per-pair sum is divided by: ``global_pairs`` (the
+    whole step's pairs) or N, at least 1, as a 0-d tensor."""
+    if isinstance(weight, bool) or not (math.isfinite(weight) and weight > 0):
+        raise ValueError(f"{weight_name} must be a positive number, got {weight!r}")
     first = next(iter(logps.values()))
     if first.dim() != 1:
         raise ValueError(f"sequence log-probs must have shape (N,), got {tuple(first.shape)}")
@@ -35,15 +38,17 @@ def _pair_inputs(beta: float, global_pairs, **logps: Tensor) -> tuple[Tensor, Te
         check_float(name, x)
         check_shape(name, x, first.shape, "(N,)")
         check_finite(name, x.detach())
+    if global_pairs is not None and (isinstance(global_pairs, bool) or global_pairs < 0):
+        raise ValueError(f"global_pairs must be a non-negative count, got {global_pairs!r}")
+    count = max(first.shape[0] if global_pairs is None else float(global_pairs), 1)
+    return torch.as_tensor(count, dtype=first.dtype, device=first.device)
+
+
+def _pair_inputs(beta: float, global_pairs, **logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    count = pair_count("beta", beta, global_pairs, **logps)
     pc, pr, rc, rr = logps.values()
     chosen, rejected = pc - rc.detach(), pr - rr.detach()  # (N,) implicit log-ratios
-    if global_pairs is None:
-        count = max(first.shape[0], 1)
-    elif isinstance(global_pairs, bool) or global_pairs < 0:
-        raise ValueError(f"global_pairs must be a non-negative count, got {global_pairs!r}")
-    else:
-        count = max(float(global_pairs), 1.0)
-    return chosen, rejected, torch.as_tensor(count, dtype=first.dtype, device=first.device)
+    return chosen, rejected, count
 
 
 def _metrics(name: str, loss: Tensor, chosen: Tensor, rejected: Tensor, beta: float, count):

@@ -28,24 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ardea.algo._checks import check_finite, check_float, check_shape
-
-
-def _pairs(weight: float, name: str, global_pairs, **tensors: Tensor) -> Tensor:
-    """Checks; the pair count to divide by, as a tensor."""
-    if isinstance(weight, bool) or not (math.isfinite(weight) and weight > 0):
-        raise ValueError(f"{name} must be a positive number, got {weight!r}")
-    first = next(iter(tensors.values()))
-    if first.dim() != 1:
-        raise ValueError(f"sequence log-probs must have shape (N,), got {tuple(first.shape)}")
-    for key, x in tensors.items():
-        check_float(key, x)
-        check_shape(key, x, first.shape, "(N,)")
-        check_finite(key, x.detach())
-    if global_pairs is not None and (isinstance(global_pairs, bool) or global_pairs < 0):
-        raise ValueError(f"global_pairs must be a non-negative count, got {global_pairs!r}")
-    count = max(first.shape[0] if global_pairs is None else float(global_pairs), 1)
-    return torch.as_tensor(count, dtype=first.dtype, device=first.device)
+from ardea.algo.preference_loss import pair_count
 
 
 def _reward_metrics(chosen: Tensor, rejected: Tensor, count: Tensor) -> dict[str, Tensor]:
@@ -72,7 +55,7 @@ def simpo_loss(
     Returns:
         ``(loss, metrics)``; ``loss`` is 0-d, 0 for ``N = 0``.
     """
-    count = _pairs(beta, "beta", global_pairs, chosen_logps=chosen_logps,
+    count = pair_count("beta", beta, global_pairs, chosen_logps=chosen_logps,
                    rejected_logps=rejected_logps)  # fmt: skip
     if not math.isfinite(gamma):
         raise ValueError(f"gamma must be finite, got {gamma!r}")
@@ -97,7 +80,7 @@ def orpo_loss(
     Returns:
         ``(loss, metrics)``.
     """
-    count = _pairs(lam, "lam", global_pairs, chosen_logps=chosen_logps,
+    count = pair_count("lam", lam, global_pairs, chosen_logps=chosen_logps,
                    rejected_logps=rejected_logps, chosen_nll=chosen_nll)  # fmt: skip
     # log odds = a - log(1 - e^a); log1p(-exp(a)) is exact for a < 0 (a mean log-prob)
     log_odds = (chosen_logps - torch.log1p(-torch.exp(chosen_logps))) - (

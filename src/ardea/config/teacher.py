@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
@@ -11,6 +11,7 @@ from ardea.errors import ConfigError
 TEACHER_KLS = ("reverse_k1", "reverse_k3", "forward_topk")
 TEACHER_ENGINES = ("in_process", "vllm")
 DEFAULT_TOP_K = 20
+SERVED = ("url", "python", "server_args", "timeout_s")  # read by engine=vllm only
 
 
 @dataclass
@@ -63,6 +64,16 @@ class TeacherConfig:
         "runs over (>= 1; their probabilities renormalised).",
     )
 
+    def changed(self, names: tuple[str, ...] | None = None) -> list[str]:
+        """The options (of ``names``, default all) set away from their defaults."""
+        return [
+            f.name
+            for f in fields(self)
+            if (names is None or f.name in names)
+            and getattr(self, f.name)
+            != (f.default if f.default is not MISSING else f.default_factory())
+        ]
+
     def __post_init__(self) -> None:
         check_choices(self, "algo.teacher")
         if self.path is not None and (not isinstance(self.path, str) or not self.path):
@@ -70,25 +81,14 @@ class TeacherConfig:
         if not math.isfinite(self.coef):
             raise ConfigError(f"algo.teacher.coef={self.coef!r} must be a finite number")
         check_range("algo.teacher.coef", self.coef, low=0.0, low_open=True)
-        if self.path is None:
-            changed = [
-                f"{name}={getattr(self, name)!r}"
-                for name, default in (
-                    ("kl", "reverse_k1"), ("coef", 1.0), ("engine", "in_process"), ("url", None),
-                    ("top_k", DEFAULT_TOP_K), ("python", ".venv-vllm/bin/python"),
-                    ("server_args", []), ("timeout_s", 120.0),
-                )
-                if getattr(self, name) != default
-            ]  # fmt: skip
-            if changed:
-                raise ConfigError(
-                    f"algo.teacher.{', '.join(changed)} set without a teacher: set "
-                    "algo.teacher.path (the teacher's directory)"
-                )
-        served = {"url": None, "python": ".venv-vllm/bin/python", "server_args": [],
-                  "timeout_s": 120.0}  # fmt: skip
-        for name, default in served.items():
-            if self.engine != "vllm" and getattr(self, name) != default:
+        if self.path is None and self.changed():
+            changed = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.changed())
+            raise ConfigError(
+                f"algo.teacher.{changed} set without a teacher: set algo.teacher.path (the "
+                "teacher's directory)"
+            )
+        for name in self.changed(SERVED):
+            if self.engine != "vllm":
                 raise ConfigError(
                     f"algo.teacher.{name}={getattr(self, name)!r} is read by engine=vllm only "
                     f"(engine is {self.engine!r}): set algo.teacher.engine=vllm or unset it"

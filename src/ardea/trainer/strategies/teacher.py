@@ -94,9 +94,7 @@ class Teacher:
 
     def close(self) -> None:
         """Stop the teacher's vLLM server if ardea started it."""
-        close = getattr(self.scorer, "close", None)
-        if close is not None:
-            close()
+        self.scorer.close()
 
     def pin(
         self, batch: TrajectoryBatch, metrics: dict[str, float]

@@ -53,6 +53,9 @@ class TokenScorer:
             top_logprobs=top, **batch.sampling(),
         )  # fmt: skip
 
+    def close(self) -> None:
+        """Nothing to release: the model is the caller's."""
+
 
 class ServedTokenScorer:
     """:class:`TokenScorer`'s ``scores`` from a model a vLLM server serves (its prompt
