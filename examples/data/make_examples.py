@@ -7,6 +7,9 @@
 - ``text.jsonl``        200 lines of plain text (``{"text": ...}``).
 - ``preference.jsonl``  300 arithmetic prompts with a correct (chosen) and a wrong
                         (rejected) answer (``{"prompt", "chosen", "rejected"}``).
+- ``labeled.jsonl``     300 arithmetic prompts, each with one answer, right
+                        (``label: true``) or wrong (``false``), about half each
+                        (``{"prompt", "completion", "label"}``, KTO's format).
 - ``groups.jsonl``      200 arithmetic prompts with 4 completions each and 0/1 rewards
                         (``{"prompt", "completions", "rewards"}``).
 - ``prompts.jsonl``     200 arithmetic prompts for online RL with their answer and the
@@ -120,6 +123,16 @@ def preference(rng: random.Random, n: int = 300) -> list[dict]:
     return rows
 
 
+def labeled(rng: random.Random, n: int = 300) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        prompt, answer = _sum(rng)
+        right = rng.random() < 0.5
+        completion = str(answer) if right else str(_wrong(rng, answer))
+        rows.append({"prompt": prompt, "completion": completion, "label": right})
+    return rows
+
+
 def groups(rng: random.Random, n: int = 200, size: int = 4) -> list[dict]:
     rows = []
     for _ in range(n):
@@ -159,6 +172,7 @@ def main() -> None:
         ("preference", preference, 3),
         ("groups", groups, 4),
         ("prompts", prompts, 5),
+        ("labeled", labeled, 6),
     ):
         rows = make(random.Random(seed))
         write_jsonl(HERE / f"{name}.jsonl", rows)

@@ -138,7 +138,8 @@ def test_bad_datasets_get_one_clear_line_each(tokenizer, tmp_path):
 def test_unknown_kind_and_bad_max_length(tokenizer):
     records = [Record({"text": "a"})]
     with pytest.raises(
-        ArdeaError, match="unknown sample kind 'dpo'; known kinds: text, sft, preference, group"
+        ArdeaError,
+        match="unknown sample kind 'dpo'; known kinds: text, sft, preference, labeled, group",
     ):
         tokenize_records(records, tokenizer, "dpo", max_length=8)
     with pytest.raises(ArdeaError, match="max_length must be >= 1, got 0"):

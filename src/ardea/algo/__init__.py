@@ -37,6 +37,7 @@ from ardea.algo.gae import (
     compute_turn_level_gae,
 )
 from ardea.algo.kl import KL_ESTIMATORS, kl_penalty, topk_forward_kl
+from ardea.algo.kto_loss import kto_kl_estimate, kto_loss
 from ardea.algo.lambda_fn import (
     build_lambda_context,
     compute_gae_lambda,
@@ -119,6 +120,8 @@ __all__ = [
     "ipo_loss",
     "kl_penalty",
     "topk_forward_kl",
+    "kto_kl_estimate",
+    "kto_loss",
     "orpo_loss",
     "simpo_loss",
     "trusted_inputs",

@@ -21,7 +21,14 @@ class AlgoConfig:
         None,
         "Preference strategies: dpo / online_dpo the inverse temperature of the implicit "
         "reward (default 0.1); simpo the scale of the length-normalised reward (default 2.0); "
-        "orpo the weight lambda of the odds-ratio term (default 0.1). null = those defaults.",
+        "orpo the weight lambda of the odds-ratio term (default 0.1); kto the inverse "
+        "temperature of the implied reward (default 0.1). null = those defaults.",
+    )
+    kto_desirable_weight: float = option(
+        1.0, "kto: weight w_D of the desirable examples' loss (TRL's desirable_weight)."
+    )
+    kto_undesirable_weight: float = option(
+        1.0, "kto: weight w_U of the undesirable examples' loss (TRL's undesirable_weight)."
     )
     simpo_gamma: float = option(
         0.5, "simpo: the margin gamma the chosen reply's reward must beat the rejected one's by."
@@ -130,13 +137,20 @@ class AlgoConfig:
             )
         if not math.isfinite(self.simpo_gamma):
             raise ConfigError(f"algo.simpo_gamma={self.simpo_gamma!r} must be a finite number")
-        if self.name in ("simpo", "orpo") and (
+        if self.name in ("simpo", "orpo", "kto") and (
             self.dpo_loss != "sigmoid" or self.dpo_reduction != "sum"
         ):
             raise ConfigError(
                 f"algo.dpo_loss / algo.dpo_reduction are options of dpo; algo.name={self.name} "
-                "has its own loss on length-averaged log-probs: unset them"
+                "has its own loss: unset them"
             )
+        for name in ("kto_desirable_weight", "kto_undesirable_weight"):
+            check_range(f"algo.{name}", getattr(self, name), low=0.0, low_open=True)
+            if self.name != "kto" and getattr(self, name) != 1.0:
+                raise ConfigError(
+                    f"algo.{name}={getattr(self, name)} is an option of algo.name=kto; "
+                    f"algo.name={self.name} does not use it: unset it"
+                )
         if self.name != "reward_model" and (self.rm_margin or self.rm_center_coef):
             raise ConfigError(
                 f"algo.rm_margin / algo.rm_center_coef are options of algo.name=reward_model; "

@@ -3,9 +3,10 @@
 Training data files are read into :class:`Record`s (:mod:`ardea.data.records`), whose shape
 is detected from their keys (:mod:`ardea.data.shapes`), and tokenized into the samples of
 one kind (:mod:`ardea.data.load`): ``text`` and ``sft`` → :class:`SFTSample` (optionally
-packed, :mod:`ardea.data.packing`), ``preference`` → :class:`PreferenceSample`, ``group``
-→ :class:`GroupSample`, ``prompt`` → :class:`PromptSample` (online RL prompts whose other
-columns reach the reward functions, :mod:`ardea.data.prompt_data`). Each sample type has its
+packed, :mod:`ardea.data.packing`), ``preference`` → :class:`PreferenceSample`,
+``labeled`` → :class:`LabeledSample` (KTO), ``group`` → :class:`GroupSample`, ``prompt``
+→ :class:`PromptSample` (online RL prompts whose other columns reach the reward functions,
+:mod:`ardea.data.prompt_data`). Each sample type has its
 ``collate_*`` function producing a :class:`TrajectoryBatch` (:mod:`ardea.data.trajectory`),
 the one layout every strategy consumes and rollouts produce, built from prompt / generated /
 context segments.
@@ -13,6 +14,12 @@ context segments.
 
 from ardea.data.chat import chat_tokens
 from ardea.data.groups import GroupSample, collate_groups
+from ardea.data.labeled import (
+    LabeledSample,
+    collate_labeled,
+    labeled_rows,
+    task_labeled_samples,
+)
 from ardea.data.load import Sample, load_samples, tokenize_records
 from ardea.data.packing import PackedSample, collate_packed, pack_samples
 from ardea.data.preference import (
@@ -34,6 +41,7 @@ __all__ = [
     "Example",
     "GroupSample",
     "PackedSample",
+    "LabeledSample",
     "PreferenceSample",
     "PromptSample",
     "Record",
@@ -48,6 +56,7 @@ __all__ = [
     "chat_tokens",
     "collate_groups",
     "collate_packed",
+    "collate_labeled",
     "collate_preference",
     "collate_sft",
     "detect_format",
@@ -56,12 +65,14 @@ __all__ = [
     "load_samples",
     "make_task",
     "pack_samples",
+    "labeled_rows",
     "preference_pairs",
     "read_records",
     "register_task",
     "reward_row",
     "rollout_prompt_ids",
     "task_names",
+    "task_labeled_samples",
     "task_preference_samples",
     "tokenize_examples",
     "tokenize_records",

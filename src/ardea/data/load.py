@@ -5,6 +5,8 @@
     sft           {"messages"}, {"prompt",           SFTSample, loss on assistant /
                   "completion"}                      completion tokens only
     preference    {"prompt", "chosen", "rejected"}   PreferenceSample
+    labeled       {"prompt", "completion", "label"}, LabeledSample (KTO; a pair gives
+                  {"prompt", "chosen", "rejected"}   two: chosen desirable, rejected not)
     group         {"prompt", "completions",          GroupSample
                   "rewards", "logprobs"?}
     prompt        {"prompt", <any other columns>}    PromptSample (online RL; the other
@@ -23,6 +25,7 @@ from typing import Any
 
 from ardea.data.chat import tokenize_chat, tokenize_prompt_completion
 from ardea.data.groups import GroupSample, tokenize_group
+from ardea.data.labeled import LabeledSample, tokenize_labeled, unpair_preference
 from ardea.data.preference import PreferenceSample, tokenize_preference
 from ardea.data.prompt_data import PromptSample, tokenize_prompt
 from ardea.data.records import Record, read_records
@@ -31,13 +34,18 @@ from ardea.data.shapes import KIND_SHAPES, check_kind
 from ardea.data.text import tokenize_text
 from ardea.errors import ArdeaError
 
-Sample = SFTSample | PreferenceSample | GroupSample | PromptSample
+Sample = SFTSample | PreferenceSample | LabeledSample | GroupSample | PromptSample
 
 
 def _tokenize_one(
     tokenizer: Any, record: Record, kind: str, max_length: int, chat_template: bool
 ) -> list[Sample]:
     shape = check_kind(record, kind)
+    options = {"max_length": max_length, "chat_template": chat_template}
+    if kind == "labeled":
+        if shape == "preference":
+            return unpair_preference(tokenizer, record, **options)
+        return [tokenize_labeled(tokenizer, record, **options)]
     if shape == "text":
         return list(tokenize_text(tokenizer, record, max_length=max_length))
     if shape == "chat":
@@ -75,7 +83,7 @@ def tokenize_records(
         records: from :func:`~ardea.data.records.read_records` (or built in memory).
         tokenizer: a Hugging Face tokenizer (with an eos token; with a chat template for
             conversational records or ``chat_template=True``).
-        kind: ``text``, ``sft``, ``preference``, ``group`` or ``prompt``.
+        kind: ``text``, ``sft``, ``preference``, ``labeled``, ``group`` or ``prompt``.
         max_length: the longest sample in tokens (>= 1).
         chat_template: render *string* prompts as a user turn with the chat template;
             message lists always use it.

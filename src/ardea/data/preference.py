@@ -116,12 +116,17 @@ def preference_pairs(batch: TrajectoryBatch) -> tuple[Tensor, Tensor]:
     """``(chosen rows, rejected rows)`` of a batch in the preference layout: the first half
     of the rows chosen, the second half rejected, row ``i`` and ``i + P`` one pair (the same
     group id). Anything else is an error."""
+    return halves(batch, "a preference batch holds chosen rows then rejected rows, row i and i + P")
+
+
+def halves(batch: TrajectoryBatch, layout: str) -> tuple[Tensor, Tensor]:
+    """``(first half, second half)`` row indices of a batch whose row ``i`` and ``i + B``
+    share a group id, else an error starting with ``layout``."""
     rows = batch.rows
     half = rows // 2
     if rows % 2 or not torch.equal(batch.group_ids[:half], batch.group_ids[half:]):
         raise ValueError(
-            f"a preference batch holds chosen rows then rejected rows, row i and i + P of "
-            f"the same pair (group id); got {rows} rows with group ids "
+            f"{layout} sharing a group id; got {rows} rows with group ids "
             f"{batch.group_ids.tolist()[:8]}"
         )
     index = torch.arange(rows, device=batch.input_ids.device)

@@ -7,6 +7,8 @@ absent, as Parquet and ``datasets`` fill missing columns with nulls):
     prompt_completion   {"prompt": str | messages, "completion": str | messages}
     preference          {"prompt": str | messages, "chosen": str | messages,
                          "rejected": str | messages}
+    labeled             {"prompt": str | messages, "completion": str | messages,
+                         "label": bool}
     group               {"prompt": str | messages, "completions": [str, ...],
                          "rewards": [float, ...], "logprobs"?: [[float, ...], ...]}
     text                {"text": str}
@@ -30,6 +32,7 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "chat": ("messages",),
     "prompt_completion": ("prompt", "completion"),
     "preference": ("prompt", "chosen", "rejected"),
+    "labeled": ("prompt", "completion", "label"),
     "group": ("prompt", "completions", "rewards"),
     "text": ("text",),
     "prompt": ("prompt",),
@@ -39,6 +42,7 @@ KIND_SHAPES: dict[str, tuple[str, ...]] = {
     "text": ("text",),
     "sft": ("chat", "prompt_completion"),
     "preference": ("preference",),
+    "labeled": ("labeled", "preference"),
     "group": ("group",),
     "prompt": ("prompt",),
 }
@@ -60,8 +64,8 @@ def _got_fields(data: dict[str, Any]) -> str:
 
 
 def detect_format(record: Record | dict[str, Any]) -> str:
-    """The shape of ``record``: ``chat``, ``prompt_completion``, ``preference``, ``group``,
-    ``text`` or ``prompt`` (see module docstring); raises if none of their keys is present."""
+    """The shape of ``record``: ``chat``, ``prompt_completion``, ``preference``,
+    ``labeled``, ``group``, ``text`` or ``prompt`` (see module docstring); raises if none of their keys is present."""
     if not isinstance(record, Record):
         record = Record(record)
     data = record.data
@@ -71,6 +75,8 @@ def detect_format(record: Record | dict[str, Any]) -> str:
         return "preference"
     if _has(data, "completions") or _has(data, "rewards"):
         return "group"
+    if _has(data, "label"):
+        return "labeled"
     if _has(data, "completion"):
         return "prompt_completion"
     if _has(data, "text"):

@@ -1,10 +1,10 @@
 """Where a run's training samples come from: a data file or a built-in task.
 
 The strategy says which kind of sample it needs (``text``, ``sft``, ``preference``,
-``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
+``labeled``, ``group``, ``prompt``); a file named by ``data.path`` is read and tokenized into that kind,
 and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
 strategies, ``prompt`` examples, and for preference strategies pairs of its right and a
-plausibly wrong answer (an ``agent.env`` gives its rows and demonstrations, an
+plausibly wrong answer (``labeled``: the two as separate samples, for KTO) (an ``agent.env`` gives its rows and demonstrations, an
 ``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.trainer.rollouts.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
 packed into rows of ``max_length``. A prompt file's prompts must leave room for
 ``rollout.max_new_tokens`` within ``max_length``.
@@ -19,11 +19,15 @@ from ardea.data import (
     Task,
     load_samples,
     pack_samples,
+    task_labeled_samples,
     task_preference_samples,
     tokenize_examples,
 )
 from ardea.errors import ConfigError
 from ardea.trainer.rollouts.agent_runs import agent_samples
+
+#: samples built from a task's right and wrong answers: pairs, or (KTO) the two unpaired
+TASK_PAIRS = {"preference": task_preference_samples, "labeled": task_labeled_samples}
 
 
 def max_sequence_length(config: ArdeaConfig, context: int) -> int:
@@ -77,8 +81,8 @@ def training_samples(
         )
     elif kind == "prompt" and task is not None:
         samples = task.examples("train", data.train_size)  # prompts; the runner samples answers
-    elif kind == "preference" and task is not None:  # right against plausibly wrong answers
-        samples = task_preference_samples(
+    elif kind in TASK_PAIRS and task is not None:  # right against plausibly wrong answers
+        samples = TASK_PAIRS[kind](
             task,
             "train",
             data.train_size,
@@ -105,10 +109,10 @@ def eval_samples(
     strategies a file of prompt records, scored by the reward functions (an agent
     workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.rollouts.agent_runs`).
     Preference strategies on a task without a file get ``data.eval_size`` pairs of the
-    task's held-out split."""
+    task's held-out split (KTO: their halves)."""
     data = config.data
-    if kind == "preference" and task is not None and not data.eval_path and not data.path:
-        return task_preference_samples(
+    if kind in TASK_PAIRS and task is not None and not data.eval_path and not data.path:
+        return TASK_PAIRS[kind](
             task,
             "test",
             data.eval_size,

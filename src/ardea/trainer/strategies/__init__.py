@@ -1,8 +1,9 @@
-"""Strategies by registered name: ``seq``, ``sft``, ``dpo``, ``simpo``, ``orpo``,
+"""Strategies by registered name: ``seq``, ``sft``, ``dpo``, ``simpo``, ``orpo``, ``kto``,
 ``reward_model``, ``grpo``, ``online_grpo``, ``online_dpo``, ``online_ppo``."""
 
 from ardea.trainer.strategies import dpo as _dpo  # noqa: F401  (registers "dpo")
 from ardea.trainer.strategies import grpo as _grpo  # noqa: F401  (registers "grpo")
+from ardea.trainer.strategies import kto as _kto  # noqa: F401  (registers "kto")
 from ardea.trainer.strategies import online_dpo as _online_dpo  # noqa: F401  ("online_dpo")
 from ardea.trainer.strategies import online_grpo as _online  # noqa: F401  ("online_grpo")
 from ardea.trainer.strategies import online_ppo as _online_ppo  # noqa: F401  ("online_ppo")

@@ -9,8 +9,8 @@ the training loop, so every strategy runs under the same loop; an online strateg
 pins on a rollout before its updates.
 
 Sample kinds (built by :mod:`ardea.data`): ``text`` (every token trained), ``sft``
-(prompt + answer, loss on the answer), ``preference`` (prompt, chosen, rejected) and
-``group`` (a prompt with G scored completions) and ``prompt`` (task examples that the RL
+(prompt + answer, loss on the answer), ``preference`` (prompt, chosen, rejected),
+``labeled`` (prompt, completion, desirable or not) and ``group`` (a prompt with G scored completions) and ``prompt`` (task examples that the RL
 step turns into scored rollouts).
 """
 
@@ -31,7 +31,7 @@ from ardea.trainer.components import TrainedComponent
 from ardea.trainer.strategies.teacher import Teacher
 from ardea.trainer.strategies.token_scorer import TokenScorer
 
-SAMPLE_KINDS = ("text", "sft", "preference", "group", "prompt")
+SAMPLE_KINDS = ("text", "sft", "preference", "labeled", "group", "prompt")
 MODEL_HEADS = ("causal_lm", "scorer")
 
 

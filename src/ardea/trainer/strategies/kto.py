@@ -1,0 +1,100 @@
+"""KTO (``kto``): unpaired desirable / undesirable completions against a frozen reference.
+
+Reference: Ethayarajh et al. 2024, eq. 8, as implemented once in :func:`ardea.algo.kto_loss`.
+
+Batch: :func:`ardea.data.collate_labeled`, ``B`` labeled rows then their ``B`` mismatched
+rows (each prompt with another sample's completion). Per row the sequence log-prob is
+``log pi(y|x) = sum_t m[t] * logprobs[t]`` (``m`` the action mask, next-token aligned). The
+policy scores the labeled rows with gradients and the mismatched rows without; the frozen
+reference (built once, :meth:`~ardea.trainer.strategies.base.Strategy.frozen_reference`)
+scores all ``2B``. The reference point ``z`` (:func:`ardea.algo.kto_kl_estimate`) is the
+micro-batch's mean log-ratio on its mismatched rows, clamped at 0 and detached, as TRL
+estimates it per device batch. The loss is the sum over labeled rows divided by the
+examples of the whole optimizer step; ``algo.beta`` (default 0.1),
+``algo.kto_desirable_weight`` and ``algo.kto_undesirable_weight`` (default 1 each; the
+KTO paper keeps ``w_D n_D / (w_U n_U)`` between 1 and 4/3).
+
+Metrics (sums over micro-batches give the step value): ``train/loss``, ``train/kto``,
+``train/kl`` (mean ``z`` over the step's micro-batches), ``train/rewards_chosen``,
+``train/rewards_rejected``, ``train/rewards_margins``, ``train/logps_chosen``,
+``train/logps_rejected`` (TRL's ``rewards/chosen`` and so on); held out, ``eval/loss``
+and ``eval/rewards_margins``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ardea import data
+from ardea.algo import kto_kl_estimate, kto_loss
+from ardea.data import TrajectoryBatch, labeled_rows
+from ardea.model import sequence_logprobs
+from ardea.trainer.strategies.base import Strategy, register_strategy
+from ardea.trainer.strategies.dpo import sequence_logps
+from ardea.trainer.strategies.moe import MoETerms
+
+
+@register_strategy("kto")
+class KTOStrategy(Strategy):
+    """KTO against a frozen reference (module docstring)."""
+
+    sample_kind = "labeled"
+    eval_metrics = ("rewards_margins",)
+
+    def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
+        super().__init__(policy, config, **kwargs)
+        algo = config.algo
+        self.beta = 0.1 if algo.beta is None else float(algo.beta)
+        self.weights = {
+            "desirable_weight": algo.kto_desirable_weight,
+            "undesirable_weight": algo.kto_undesirable_weight,
+        }
+        self.reference = self.frozen_reference()
+        self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
+
+    def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
+        return data.collate_labeled(samples, self.tokenizer.pad_token_id)
+
+    def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
+        layouts = [labeled_rows(b) for b in micro_batches]
+        labels = torch.cat([desirable for _, _, desirable in layouts])
+        desirable = float(labels.sum())
+        counts = {
+            "examples": float(len(labels)),
+            "desirable": desirable,
+            "undesirable": float(len(labels)) - desirable,
+            "micro_batches": float(len(micro_batches)),
+        }
+        if self.moe.active:  # the router's tokens: those of the forwards with gradients
+            forwards = [b.select(rows) for b, (rows, _, _) in zip(micro_batches, layouts)]
+            counts |= self.moe.step_counts(forwards)
+        return counts
+
+    def loss(
+        self, batch: TrajectoryBatch, step_counts: dict[str, float]
+    ) -> tuple[Tensor, dict[str, Tensor | float]]:
+        rows, mismatched, desirable = labeled_rows(batch)  # (B,) each
+        examples, chunk = batch.select(rows), self.config.model.logprob_chunk_size
+        out = sequence_logprobs(self.policy, **examples.model_inputs(), chunk_size=chunk)
+        logps = sequence_logps(out.logprobs, examples.action_mask, "sum")  # (B,)
+        ref_logps = sequence_logps(self.reference.logprobs(batch), batch.action_mask, "sum")
+        kl_rows = batch.select(mismatched)
+        with torch.no_grad():
+            kl_out = sequence_logprobs(self.policy, **kl_rows.model_inputs(), chunk_size=chunk)
+        kl = kto_kl_estimate(
+            sequence_logps(kl_out.logprobs, kl_rows.action_mask, "sum"), ref_logps[mismatched]
+        )
+        loss, parts = kto_loss(
+            logps, ref_logps[rows], desirable, kl, beta=self.beta, **self.weights,
+            global_examples=step_counts["examples"],
+            global_desirable=step_counts["desirable"],
+            global_undesirable=step_counts["undesirable"],
+        )  # fmt: skip
+        metrics = {name.replace("loss/", "train/", 1): v for name, v in parts.items()}
+        metrics["train/kl"] = kl / step_counts["micro_batches"]
+        loss, moe_metrics = self.moe.add(loss, out, examples, step_counts)
+        return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}
