@@ -26,6 +26,8 @@ SHORT_RUN = [
     "data.task_args.digits=2",
     "data.train_size=5000",
     "data.eval_size=200",
+    "trainer.eval_samples=4",  # and the sampled metrics at each evaluation
+    "trainer.eval_k=2",
     "logging.log_every=25",
     "logging.progress=false",
 ]
@@ -59,6 +61,13 @@ def test_accuracy_rose_and_metrics_were_logged(run_dir):
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert len(losses) == 24 and losses[-1] < 0.5 * losses[0]
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 200, 400, 600]
+    for name in ("eval/avg@4", "eval/pass@2", "eval/maj@2", "eval/maj@2_se"):
+        assert [r["step"] for r in records if name in r] == [0, 200, 400, 600], name
+    last = next(r for r in reversed(records) if "eval/avg@4" in r)
+    assert 0 <= last["eval/avg@4"] <= last["eval/pass@2"] <= 1  # pass@2 >= pass@1 always
+    assert results["avg@4"] == last["eval/avg@4"] and results["maj@2"] == last["eval/maj@2"]
+    assert results["eval_sampling"] == {"n": 4, "k": 2, "temperature": 1.0, "top_p": 1.0,
+                                        "top_k": 0, "max_new_tokens": 16, "seed": 0}  # fmt: skip
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == {0, 200, 400, 600}
 
@@ -88,6 +97,12 @@ def test_eval_and_report_commands(run_dir):
     assert float(shown.group(1)) == pytest.approx(100 * results["accuracy"], abs=0.05)
     assert re.search(r"pass@2\s*│\s*[\d.]+% ± [\d.]+%", out), out  # with its standard error
     assert re.search(r"avg@4\s*│\s*[\d.]+% ± [\d.]+%", out), out
+    assert re.search(r"maj@2\s*│\s*[\d.]+% ± [\d.]+%", out), out
+    assert "sampled: n=4, k=2, temperature=1.0" in out
+    data = Path(__file__).parents[2] / "examples" / "data" / "prompts.jsonl"  # 200 2-digit sums
+    out = ardea("eval", str(run_dir), "--data", str(data), cwd=run_dir).stdout
+    assert "prompts.jsonl: 200 prompts, the arithmetic verifier" in out
+    assert re.search(r"accuracy\s*│\s*[\d.]+%", out), out
     (run_dir / "report.png").unlink()
     ardea("report", str(run_dir), cwd=run_dir)
     assert (run_dir / "report.png").stat().st_size > 10_000

@@ -20,6 +20,7 @@ READY_CONFIGS = (
     "distill.yaml",
     "dpo.yaml",
     "grpo_offline.yaml",
+    "kto.yaml",
     "online_dpo.yaml",
     "online_grpo.yaml",
     "online_grpo_dapo.yaml",

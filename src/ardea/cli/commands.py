@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -103,16 +104,24 @@ def evaluate(args: argparse.Namespace) -> int:
     )
     from rich.table import Table
 
-    from ardea.data import make_task
-    from ardea.trainer.evaluate import evaluate_task
+    from ardea.data import make_task, read_examples
+    from ardea.trainer.evaluate import SampledEval, evaluate_task
 
     task = make_task(config.data.task, seed=config.data.seed, **config.data.task_args)
-    size = (
-        config.data.eval_size
-        if args.split == "test"
-        else min(config.data.eval_size, config.data.train_size)
-    )
-    examples = task.examples(args.split, size)
+    if args.data is not None:
+        examples, source = read_examples(args.data), args.data
+    else:
+        size = config.data.eval_size
+        if args.split == "train":
+            size = min(size, config.data.train_size)
+        examples, source = task.examples(args.split, size), f"{task.name}/{args.split}"
+    sampled = None
+    if args.k > 1 or args.num_samples is not None:
+        sampled = SampledEval(
+            n=args.num_samples or args.k, k=args.k, temperature=config.rollout.temperature,
+            top_p=config.rollout.top_p, top_k=config.rollout.top_k,
+            max_new_tokens=config.rollout.max_new_tokens, seed=config.trainer.seed,
+        )  # fmt: skip
     result = evaluate_task(
         engine,
         tokenizer,
@@ -121,14 +130,11 @@ def evaluate(args: argparse.Namespace) -> int:
         max_new_tokens=config.rollout.max_new_tokens,
         chat_template=config.data.chat_template,
         batch_size=config.rollout.batch_size,
-        k=args.k,
-        num_samples=args.num_samples,
-        temperature=config.rollout.temperature,
-        top_p=config.rollout.top_p,
-        top_k=config.rollout.top_k,
-        seed=config.trainer.seed,
+        sampled=sampled,
     )
-    table = Table(title=f"{model_dir} on {task.name}/{args.split} ({len(examples)} prompts)")
+    where = f"{model_dir} on {source}: {len(examples)} prompts, the {task.name} verifier"
+    console.print(where, soft_wrap=True)
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in result.metrics.items():
@@ -136,6 +142,9 @@ def evaluate(args: argparse.Namespace) -> int:
             se = result.metrics.get(f"{name}_se")
             table.add_row(name, f"{value:.1%}" + ("" if se is None else f" ± {se:.1%}"))
     console.print(table)
+    if sampled is not None:
+        settings = ", ".join(f"{k}={v}" for k, v in asdict(sampled).items())
+        console.print(f"sampled: {settings}")
     for prompt, completion, score in result.samples[: args.show]:
         console.print(f"  {'✓' if score > 0 else '✗'} {prompt!r} → {completion!r}")
     return 0

@@ -79,15 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_eval_parser(sub) -> None:
     ev = sub.add_parser(
-        "eval", help="accuracy and pass@k of a run or model directory on a task split"
+        "eval", help="accuracy, avg@n, pass@k and maj@k of a run or model on a task's problems"
     )
     ev.add_argument(
         "path", help="run directory, checkpoint directory or Hugging Face model directory"
     )
     ev.add_argument("args", nargs="*", help="config overrides, e.g. data.eval_size=1000")
     ev.add_argument("--split", default="test", choices=["train", "test"])
-    ev.add_argument("--k", type=int, default=1, help="report pass@k from sampled completions")
-    ev.add_argument("--num-samples", type=int, default=None, help="samples per prompt for pass@k")
+    ev.add_argument(
+        "--data",
+        default=None,
+        help="a file of {prompt, answer, ...} records to score with the task's verifier, "
+        "instead of the task's split",
+    )
+    ev.add_argument(
+        "--k", type=int, default=1, help="report pass@k and maj@k from sampled completions"
+    )
+    ev.add_argument(
+        "--num-samples", type=int, default=None, help="samples per prompt (avg@n; default k)"
+    )
     ev.add_argument("--show", type=int, default=5, help="print this many example completions")
 
 

@@ -146,6 +146,15 @@ class TrainerConfig:
     min_lr_ratio: float = option(0.1, "Final learning rate as a fraction of the peak.")
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = off).")
     eval_every: int = option(500, "Evaluate every N steps (0 = only at the end).")
+    eval_samples: int = option(
+        0,
+        "Sampled completions per held-out task prompt at each evaluation, at "
+        "rollout.temperature / top_p / top_k: eval/avg@n, eval/pass@k and eval/maj@k beside "
+        "the greedy eval/accuracy (0 = greedy only).",
+    )
+    eval_k: int = option(
+        0, "k of eval/pass@k and eval/maj@k, at most trainer.eval_samples (0 = eval_samples)."
+    )
     save_every: int = option(1000, "Save a checkpoint every N steps (0 = only at the end).")
     keep_last: int = option(2, "Checkpoints kept on disk (older ones are deleted).")
     keep_best: bool = option(
@@ -207,6 +216,13 @@ class TrainerConfig:
         check_range("trainer.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_range("trainer.max_grad_norm", self.max_grad_norm, low=0.0)
         check_range("trainer.eval_every", self.eval_every, low=0)
+        check_range("trainer.eval_samples", self.eval_samples, low=0)
+        if self.eval_k and not self.eval_samples:
+            raise ConfigError(
+                f"trainer.eval_k={self.eval_k} needs sampled completions: set "
+                "trainer.eval_samples (n >= k)"
+            )
+        check_range("trainer.eval_k", self.eval_k, low=0, high=max(self.eval_samples, 0))
         check_range("trainer.save_every", self.save_every, low=0)
         check_range("trainer.keep_last", self.keep_last, low=1)
         check_range("trainer.num_threads", self.num_threads, low=0)

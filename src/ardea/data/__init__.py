@@ -33,7 +33,7 @@ from ardea.data.prompts import encode_answer, encode_prompt
 from ardea.data.records import Record, read_records
 from ardea.data.sft import SFTSample, collate_sft, tokenize_examples
 from ardea.data.shapes import KIND_SHAPES, detect_format
-from ardea.data.tasks import Example, Task, make_task, register_task, task_names
+from ardea.data.tasks import Example, Task, make_task, read_examples, register_task, task_names
 from ardea.data.trajectory import Segment, Trajectory, TrajectoryBatch, action_positions
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "encode_prompt",
     "load_samples",
     "make_task",
+    "read_examples",
     "pack_samples",
     "labeled_rows",
     "preference_pairs",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +31,43 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def sampled_metrics(correct: Sequence[int], n: int, k: int) -> dict[str, float]:
+def majority_at_k(answers: Sequence[Hashable | None], scores: Sequence[float], k: int) -> float:
+    """maj@k of one prompt from its ``n`` samples' extracted answers and scores: the samples
+    split in order into ``n // k`` disjoint groups of ``k`` (a remainder is left out); in
+    each group the answer given most often wins (a tie: the one given first; samples with no
+    answer do not vote) and the group counts 1 when a sample giving the winner scores > 0;
+    the mean over the groups."""
+    n = len(answers)
+    if len(scores) != n or not 1 <= k <= n:
+        raise ValueError(f"maj@k needs 1 <= k <= n answers and n scores, got k={k}, "
+                         f"{n} answers, {len(scores)} scores")  # fmt: skip
+    wins = 0
+    for start in range(0, n - n % k, k):
+        group = [(a, s) for a, s in zip(answers[start : start + k], scores[start : start + k])]
+        votes = Counter(a for a, _ in group if a is not None)
+        if votes:
+            top = max(votes.values())
+            winner = next(a for a, _ in group if votes.get(a) == top)
+            wins += next(s for a, s in group if a == winner) > 0
+    return wins / (n // k)
+
+
+def sampled_metrics(
+    correct: Sequence[int], n: int, k: int, majority: Sequence[float] | None = None
+) -> dict[str, float]:
     """From ``correct[i]`` right answers among ``n`` samples of prompt ``i``: ``avg@n`` (the
     mean of ``c_i / n``: pass@1 averaged over the n samples) and the unbiased ``pass@k``
-    (:func:`pass_at_k`), each a mean over the prompts, with its standard error over them
-    (``<name>_se``: the per-prompt values' sample standard deviation over ``sqrt(P)``; left
-    out for a single prompt)."""
+    (:func:`pass_at_k`), and from ``majority[i]`` (:func:`majority_at_k`) ``maj@k``, each a
+    mean over the prompts, with its standard error over them (``<name>_se``: the per-prompt
+    values' sample standard deviation over ``sqrt(P)``; left out for a single prompt)."""
     out: dict[str, float] = {}
-    for name, values in (
+    named = [
         (f"avg@{n}", [c / n for c in correct]),
         (f"pass@{k}", [pass_at_k(n, c, k) for c in correct]),
-    ):
+    ]
+    if majority is not None:
+        named.append((f"maj@{k}", list(majority)))
+    for name, values in named:
         mean = sum(values) / len(values)
         out[name] = mean
         if len(values) > 1:
@@ -81,6 +108,41 @@ def _generate_texts(
     return texts
 
 
+@dataclass(frozen=True)
+class SampledEval:
+    """How an evaluation samples: ``n`` completions per prompt at these settings, scored as
+    avg@n, pass@k and maj@k (:func:`sampled_metrics`)."""
+
+    n: int
+    k: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.n:
+            raise ArdeaError(f"pass@k and maj@k need 1 <= k <= n samples, got k={self.k}, "
+                             f"n={self.n}")  # fmt: skip
+        if self.temperature == 0:
+            raise ArdeaError(
+                f"avg@{self.n} and pass@{self.k} need sampled completions, but the sampling "
+                "temperature is 0 (greedy); set rollout.temperature > 0"
+            )
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens, n=self.n, seed=self.seed,
+        )  # fmt: skip
+
+
+def extracts_answers(task: Task) -> bool:
+    """Whether ``task`` overrides :meth:`~ardea.data.Task.extract_answer` (maj@k needs it)."""
+    return type(task).extract_answer is not Task.extract_answer
+
+
 def evaluate_task(
     engine: GenerationEngine,
     tokenizer: Any,
@@ -90,18 +152,14 @@ def evaluate_task(
     max_new_tokens: int,
     chat_template: bool = False,
     batch_size: int = 256,
-    k: int = 1,
-    num_samples: int | None = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    seed: int = 0,
+    sampled: SampledEval | None = None,
 ) -> EvalResult:
-    """Greedy accuracy on ``examples``; with ``k > 1`` also pass@k from sampled completions.
+    """Greedy accuracy on ``examples``; with ``sampled`` also the sampled metrics.
 
-    Returns metrics ``accuracy`` (greedy exact match, fraction) and, for ``k > 1``, from
-    ``num_samples`` (default ``k``) samples per prompt at ``temperature``, ``avg@n`` and
-    ``pass@k`` (estimated without bias) with their standard errors (:func:`sampled_metrics`).
+    Returns metrics ``accuracy`` (greedy exact match, fraction) and, with ``sampled``, from
+    its ``n`` samples per prompt ``avg@n``, ``pass@k`` (estimated without bias) and, when
+    the task extracts answers, ``maj@k``, with their standard errors
+    (:func:`sampled_metrics`).
     """
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     texts = _generate_texts(
@@ -110,31 +168,21 @@ def evaluate_task(
     scores = [task.score(t[0], e) for t, e in zip(texts, examples)]
     metrics = {"accuracy": sum(scores) / len(scores)}
     samples = [(e.prompt, t[0], s) for e, t, s in zip(examples, texts, scores)]
-    if k > 1:
-        if temperature == 0:
-            raise ArdeaError(
-                f"pass@{k} needs sampled completions, but the sampling temperature is 0 "
-                "(greedy); set rollout.temperature > 0"
-            )
-        n = num_samples or k
-        sampled = SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_new_tokens,
-            n=n,
-            seed=seed,
-        )
+    if sampled is not None:
+        n, k = sampled.n, sampled.k
         groups = _generate_texts(
-            engine,
-            tokenizer,
-            examples,
-            sampled,
-            chat_template=chat_template,
-            batch_size=max(1, batch_size // n),
-        )
-        correct = [sum(task.score(t, e) > 0 for t in g) for g, e in zip(groups, examples)]
-        metrics |= sampled_metrics(correct, n, k)
+            engine, tokenizer, examples, sampled.params(),
+            chat_template=chat_template, batch_size=max(1, batch_size // n),
+        )  # fmt: skip
+        group_scores = [[task.score(t, e) for t in g] for g, e in zip(groups, examples)]
+        correct = [sum(s > 0 for s in g) for g in group_scores]
+        majority = None
+        if extracts_answers(task):
+            majority = [
+                majority_at_k([task.extract_answer(t, e) for t in g], gs, k)
+                for g, gs, e in zip(groups, group_scores, examples)
+            ]
+        metrics |= sampled_metrics(correct, n, k, majority)
     return EvalResult(metrics, samples)
 
 
@@ -172,10 +220,25 @@ def evaluate_rewards(
     )
 
 
+def sampled_eval(config) -> SampledEval | None:
+    """The sampling of ``trainer.eval_samples`` / ``trainer.eval_k`` at the rollout's
+    settings, or None (greedy only)."""
+    trainer, rollout = config.trainer, config.rollout
+    if not trainer.eval_samples:
+        return None
+    return SampledEval(
+        n=trainer.eval_samples, k=trainer.eval_k or trainer.eval_samples,
+        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens, seed=trainer.seed,
+    )  # fmt: skip
+
+
 class Evaluator:
     """The evaluations of a training run, each optional.
 
-    - ``eval/accuracy``: greedy exact match on the task's held-out split (when a task is set);
+    - ``eval/accuracy``: greedy exact match on the task's held-out split (when a task is set),
+      and with ``trainer.eval_samples`` its sampled ``eval/avg@n``, ``eval/pass@k`` and
+      ``eval/maj@k`` (:func:`evaluate_task`);
     - ``eval/reward_mean``: online strategies, mean reward of greedy completions of the
       ``data.eval_path`` prompt records (when set), by ``reward.functions``;
     - ``eval/loss``: other strategies, the loss on ``data.eval_path`` samples (when set, or
@@ -202,6 +265,7 @@ class Evaluator:
         self.examples = (
             task.examples("test", config.data.eval_size) if task is not None and generates else []
         )
+        self.sampled = sampled_eval(config) if self.examples else None
         self.scorer = None
         self.agent = None  # an agent run's AgentEvaluation (set by the trainer)
         if held_out_samples and strategy.sample_kind == "prompt":
@@ -236,6 +300,7 @@ class Evaluator:
                 max_new_tokens=self.config.rollout.max_new_tokens,
                 chat_template=self.config.data.chat_template,
                 batch_size=self.config.rollout.batch_size,
+                sampled=self.sampled,
             )
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
             append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])

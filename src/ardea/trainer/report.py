@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,28 @@ PANELS = [
 ]
 
 
+#: the sampled held-out metrics (trainer.eval_samples), drawn together in one panel
+SAMPLED = re.compile(r"eval/(avg|pass|maj)@\d+")
+
+
+def _points(records: list[dict], name: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
+
+
+def _panels(records: list[dict]) -> dict[str, tuple[str, dict[str, list]]]:
+    """``{panel: (title, {line label: points})}`` of the metrics ``records`` hold."""
+    panels = {}
+    for name, title in PANELS:
+        if points := _points(records, name):
+            panels[name] = (title, {name: points})
+        if name == "eval/accuracy":  # the sampled metrics right after the greedy accuracy
+            names = sorted({k for r in records for k in r if SAMPLED.fullmatch(k)})
+            if names:
+                lines = {n.removeprefix("eval/"): _points(records, n) for n in names}
+                panels["eval/sampled"] = ("held-out accuracy (sampled, ± 1 s.e.)", lines)
+    return panels
+
+
 def draw_report(run_dir: str | Path) -> Path:
     """Draw every available panel into ``<run_dir>/report.png`` and return its path."""
     run_dir = Path(run_dir)
@@ -38,25 +61,31 @@ def draw_report(run_dir: str | Path) -> Path:
     if not metrics_path.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {run_dir}; is it a run directory?")
     records = read_metrics(metrics_path)
-    series = {}
-    for name, title in PANELS:
-        points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
-        if points:
-            series[name] = (title, points)
-    if not series:
+    panels = _panels(records)
+    if not panels:
         raise ValueError(f"{metrics_path} holds no plottable metrics")
-    cols = 2 if len(series) > 1 else 1
-    rows = (len(series) + cols - 1) // cols
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
-    for ax, (name, (title, points)) in zip(axes.flat, series.items()):
-        steps, values = zip(*points)
-        ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3)
+    for ax, (name, (title, lines)) in zip(axes.flat, panels.items()):
+        for label, points in lines.items():
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3,
+                    label=label if len(lines) > 1 else None)  # fmt: skip
+            errors = dict(_points(records, f"eval/{label}_se"))
+            if name == "eval/sampled" and len(errors) == len(points):
+                low = [v - errors[s] for s, v in points]
+                high = [v + errors[s] for s, v in points]
+                ax.fill_between(steps, low, high, alpha=0.2)
+        if len(lines) > 1:
+            ax.legend()
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        values = [v for points in lines.values() for _, v in points]
         if name == "train/loss" and min(values) > 0:
             ax.set_yscale("log")
-    for ax in list(axes.flat)[len(series) :]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     return _save(fig, run_dir)
 

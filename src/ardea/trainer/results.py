@@ -54,6 +54,12 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         results["accuracy"] = accuracies[-1][1]
         results["best_accuracy"] = max(a for _, a in accuracies)
         results["eval_examples"] = len(trainer.evaluator.examples)
+    sampled = trainer.evaluator.sampled
+    if sampled is not None and accuracies:  # the sampled metrics, and how they were sampled
+        results["eval_sampling"] = dataclasses.asdict(sampled)
+        for name in (f"avg@{sampled.n}", f"pass@{sampled.k}", f"maj@{sampled.k}"):
+            if values := trainer.history.get(f"eval/{name}", []):
+                results[f"{name}_initial"], results[name] = values[0][1], values[-1][1]
     metrics = (
         ("eval/reward_mean", "eval_reward"),
         ("eval/loss", "eval_loss"),

@@ -71,6 +71,13 @@ def parse_gold(gold: str) -> list:
     return parsed
 
 
+def math_answer(completion: str) -> str | None:
+    """math-verify's parse of ``completion``'s answer (a ``\\boxed{}`` or LaTeX answer
+    first, else the last expression) as text, or None when it finds none."""
+    answer = _math_verify().parse(completion, parsing_timeout=None)
+    return str(answer[0]) if answer else None
+
+
 def math_equal(gold: str, completion: str) -> bool | None:
     """Whether ``completion``'s answer (a ``\\boxed{}`` or LaTeX answer first, else the
     last expression) equals ``gold`` according to math-verify; ``None`` when the gold

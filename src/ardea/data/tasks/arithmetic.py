@@ -145,6 +145,10 @@ class ArithmeticTask(Task):
     def score(self, completion: str, example: Example) -> float:
         return 1.0 if completion.strip() == example.answer else 0.0
 
+    def extract_answer(self, completion: str, example: Example) -> str | None:
+        """The completion as :meth:`score` compares it: stripped (None when empty)."""
+        return completion.strip() or None
+
     def wrong_answer(self, example: Example, rng: random.Random) -> str:
         """A wrong answer a policy could give, written as the task writes answers: for an
         addition with a carry out of the top digit, 40 % of the time that carry left out

@@ -2,7 +2,8 @@
 
 A task generates problems with verifiable answers: ``examples(split, n)`` returns
 ``n`` deterministic :class:`Example`s of the ``train`` or ``test`` split (the two are
-disjoint), and ``score(completion, example)`` says whether a completion solves one.
+disjoint), ``score(completion, example)`` says whether a completion solves one, and
+``extract_answer(completion, example)`` which answer it gives (for majority voting).
 Tasks are created by registered name (or the dotted path of a :class:`Task` subclass) with
 explicit keyword arguments; an unknown name or argument is an error that lists the allowed
 ones.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import inspect
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,12 @@ class Task(ABC):
     @abstractmethod
     def score(self, completion: str, example: Example) -> float:
         """1.0 when ``completion`` answers ``example`` correctly, else 0.0."""
+
+    def extract_answer(self, completion: str, example: Example) -> Hashable | None:
+        """The answer ``completion`` gives, as :meth:`score` reads it, in a form where equal
+        answers compare equal (maj@k votes on it); None when it gives none. A task that does
+        not override this has no majority vote (``maj@k`` is then an error naming it)."""
+        raise NotImplementedError(f"task {self.name!r} does not extract answers")
 
     def wrong_answer(self, example: Example, rng: random.Random) -> str | None:
         """A plausible wrong answer to ``example``, drawn with ``rng``: the rejected reply of

@@ -275,3 +275,8 @@ class CountdownTask(Task):
                 f"'3 7 25 50 -> 81:': {example.prompt[:80]!r}"
             )
         return 1.0 if check_expression(completion, numbers, target) else 0.0
+
+    def extract_answer(self, completion: str, example: Example) -> str | None:
+        """The expression with its whitespace removed (None when empty): two spellings of
+        one expression vote together, two different expressions apart."""
+        return "".join(completion.split()) or None

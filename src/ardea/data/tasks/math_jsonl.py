@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+from fractions import Fraction
 from pathlib import Path
 
 from ardea.data.records import Record, read_records
-from ardea.data.tasks.answers import last_number, math_equal, parse_number
+from ardea.data.tasks.answers import last_number, math_answer, math_equal, parse_number
 from ardea.data.tasks.base import SPLITS, Example, Task, register_task
 from ardea.errors import ArdeaError, ConfigError
 
@@ -136,6 +137,13 @@ class MathJsonlTask(Task):
 
     def score(self, completion: str, example: Example) -> float:
         return 1.0 if answers_match(example.answer, completion) else 0.0
+
+    def extract_answer(self, completion: str, example: Example) -> Fraction | str | None:
+        """As :meth:`score` reads it: the last number's exact value when the reference answer
+        is a plain number, else math-verify's parse of the completion (as text)."""
+        if parse_number(example.answer) is not None:
+            return last_number(completion)
+        return math_answer(completion)
 
 
 def answers_match(gold: str, completion: str) -> bool:
