@@ -350,8 +350,11 @@ def test_refill_round_size_follows_the_kept_share(missing, kept, generated, cap,
     )
 
 
-def test_online_ppo_resumes_with_its_critic(tmp_path, reward_module):
-    short = [*RUN, "algo.name=online_ppo", "trainer.max_steps=6", "trainer.save_every=3"]
+@pytest.mark.parametrize(
+    "lora", [[], ["model.lora_r=4", "model.lora_alpha=8"]], ids=["full", "lora"]
+)
+def test_online_ppo_resumes_with_its_critic(lora, tmp_path, reward_module):
+    short = [*RUN, "algo.name=online_ppo", "trainer.max_steps=6", "trainer.save_every=3", *lora]
     Trainer(load_config(None, [*short, f"trainer.output_dir={tmp_path / 'a'}"])).train()
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_0000006")
@@ -360,10 +363,38 @@ def test_online_ppo_resumes_with_its_critic(tmp_path, reward_module):
     )
     assert resumed.step == 3
     resumed.train()
-    for part in ("policy", "critic"):
-        final = f"checkpoints/step_0000006/{part}/model.safetensors"
+    parts = ["policy/model.safetensors", "critic/model.safetensors"]
+    if lora:  # and what the resume itself loads: the adapters and the critic's head
+        parts += ["adapter/adapter_model.safetensors", "critic/trainable.safetensors"]
+    for part in parts:
+        final = f"checkpoints/step_0000006/{part}"
         a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+
+
+def test_online_ppo_with_lora_trains_the_critic_adapters_and_head_only(tmp_path, reward_module):
+    """The critic's trained tensors are its adapters and value head; its frozen base stays
+    the initial policy's; the saved critic (merged) gives the LoRA critic's values."""
+    overrides = [*RUN, "algo.name=online_ppo", "trainer.max_steps=3", "model.lora_r=4",
+                 "model.lora_alpha=8", f"trainer.output_dir={tmp_path / 'run'}"]  # fmt: skip
+    trainer = Trainer(load_config(None, overrides))
+    critic = trainer.strategy.critic
+    trained = {n for n, p in critic.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n or n.startswith("value_head.") for n in trained)
+    assert {"value_head.weight", "value_head.bias"} <= trained
+    before = {n: p.detach().clone() for n, p in critic.named_parameters()}
+    trainer.train()
+    after = dict(critic.named_parameters())
+    changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert changed and changed <= trained  # only adapters and head moved (B starts at 0)
+    assert {"value_head.weight"} <= changed and any("lora_B" in n for n in changed)
+    from ardea.model import ValueModel
+
+    saved = ValueModel.from_pretrained(tmp_path / "run" / "checkpoints" / "step_0000003" / "critic")
+    ids = torch.tensor([[5, 17, 23, 9, 31, 8]])
+    with torch.no_grad():
+        critic.eval()
+        torch.testing.assert_close(saved(ids), critic(ids), atol=1e-5, rtol=1e-4)
 
 
 def test_online_ppo_refuses_to_resume_without_a_critic(tmp_path, reward_module):

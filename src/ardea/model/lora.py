@@ -1,7 +1,8 @@
 """LoRA adapters through ``peft``, and exporting them separately or merged.
 
 ``apply_lora`` wraps a causal LM in a ``peft`` model whose only trainable weights are
-the low-rank adapters (``W + (alpha / r)·B·A`` on the named modules). ``save_policy``
+the low-rank adapters (``W + (alpha / r)·B·A`` on the named modules); ``lora_critic`` does
+the same to a critic's backbone (its value head trained in full). ``save_policy``
 writes what other tools load: for a LoRA policy, the merged full model (plain
 ``transformers``/vLLM) *and* the adapter alone (``peft``); otherwise the model itself.
 """
@@ -53,6 +54,28 @@ def apply_lora(
 
 def is_lora(model: Any) -> bool:
     return isinstance(model, PeftModel)
+
+
+def lora_critic(critic: Any, *, r: int, alpha: float, dropout: float,
+                target_modules: list[str]) -> Any:  # fmt: skip
+    """``critic`` (a :class:`~ardea.model.ValueModel`) with rank-``r`` adapters on its
+    backbone's ``target_modules`` (its base weights frozen) and its value head trained in
+    full: the critic of a LoRA run keeps an optimizer state as small as the policy's."""
+    critic.model = apply_lora(
+        critic.model, r=r, alpha=alpha, dropout=dropout, target_modules=target_modules,
+        task_type="FEATURE_EXTRACTION",
+    )  # fmt: skip
+    critic.value_head.requires_grad_(True)
+    return critic
+
+
+def merged_critic(critic: Any, state: dict[str, torch.Tensor]) -> Any:
+    """A copy of the LoRA ``critic`` holding ``state`` (its whole tensors by name), with the
+    adapters merged into the backbone: a plain critic to save for other tools."""
+    merged = copy.deepcopy(critic)
+    merged.load_state_dict(state)
+    merged.model = merged.model.merge_and_unload()
+    return merged
 
 
 def save_policy(

@@ -16,7 +16,12 @@ Roles:
   clipping (``algo.critic_max_grad_norm``) and learning-rate schedule
   (``trainer.lr_schedule`` with ``algo.critic_warmup_steps``), stepped by the updater right
   after every policy optimizer step; it never generates, so it is not part of a policy
-  version;
+  version. With LoRA (``model.lora_r > 0``) the critic gets adapters of the same rank on
+  the same modules of its own backbone copy and trains them and its value head only
+  (:func:`ardea.model.lora.lora_critic`): its optimizer state stays as small as the
+  policy's. The frozen base weights are a second copy, not shared with the policy: sharing
+  one module between the policy and the critic would mean switching adapters between their
+  forwards, and each is wrapped for data parallelism on its own;
 - the reference: a frozen copy of the initial policy, built only when
   ``algo.ppo.kl_ctl > 0``.
 
@@ -43,8 +48,9 @@ Metrics besides GRPO's policy metrics: the value loss's ``loss/value`` and
 per-token KL estimate between behaviour and reference, with a reference); per update
 ``critic/grad_norm`` and ``critic/lr`` (the component's metrics).
 
-Checkpoints hold the critic in ``critic/`` (Hugging Face token-classification format) and
-its optimizer and scheduler in ``trainer_state.pt``; a resume from a checkpoint without them
+Checkpoints hold the critic in ``critic/`` (Hugging Face token-classification format; a
+LoRA critic merged, with its adapters and head alone in ``critic/trainable.safetensors``,
+which a resume loads) and its optimizer and scheduler in ``trainer_state.pt``; a resume from a checkpoint without them
 is an error, never a silently fresh critic.
 
 Deviations from seed 001: advantages are not whitened unless ``algo.ppo.adv_norm`` says so;
@@ -58,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from ardea.algo import (
@@ -70,6 +77,7 @@ from ardea.algo import (
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import ValueModel
+from ardea.model.lora import lora_critic, merged_critic
 from ardea.trainer.components import TrainedComponent
 from ardea.trainer.distributed import load_full_state_dict, unwrap
 from ardea.trainer.strategies import policy_gradient
@@ -78,6 +86,7 @@ from ardea.trainer.strategies.moe import MoETerms
 from ardea.trainer.strategies.teacher import forward_kl_term
 
 CRITIC_DIR = "critic"
+CRITIC_TRAINED = "trainable.safetensors"  # a LoRA critic's adapters and value head
 
 
 @register_strategy("online_ppo")
@@ -89,11 +98,6 @@ class OnlinePPOStrategy(OnlineStrategy):
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
         algo = config.algo
-        if config.model.lora_r:
-            raise ConfigError(
-                "online_ppo does not support LoRA yet (model.lora_r > 0): the critic would be "
-                "a copy of the adapted policy; train all weights (model.lora_r=0)"
-            )
         self.ppo = algo.ppo
         self.loss_name = policy_gradient.policy_loss_name(config, online=True)
         self.policy_loss = policy_gradient.resolve_policy_loss(self.loss_name, self.ppo)
@@ -108,7 +112,7 @@ class OnlinePPOStrategy(OnlineStrategy):
             warmup_steps=algo.critic_warmup_steps,
             max_grad_norm=algo.critic_max_grad_norm,
             checkpoint_dir=CRITIC_DIR,
-            save=lambda path, state: unwrap(self.critic).save_pretrained(path, state_dict=state),
+            save=self._save_critic,
             load=self._load_critic,
         )
         kl = float(self.ppo.kl_ctl)
@@ -121,12 +125,43 @@ class OnlinePPOStrategy(OnlineStrategy):
             critic = ValueModel.from_policy(self.initial_policy())
         else:
             critic = ValueModel.from_pretrained(path, device=device)
-        return self.wrap(critic.to(device).train().requires_grad_(True), trainable=True)
+        critic.requires_grad_(True)
+        m = self.config.model
+        if m.lora_r:
+            critic = lora_critic(critic, r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
+                                 target_modules=list(m.lora_target_modules))  # fmt: skip
+        return self.wrap(critic.to(device).train(), trainable=True)
 
     def trained_components(self) -> list[TrainedComponent]:
         return [self.critic_component]
 
+    def _save_critic(self, path: Path, state: dict[str, Tensor]) -> None:
+        """The critic as a plain token-classifier (merged, for LoRA) and, for LoRA, its
+        trained tensors alone (what a resume loads: merging is not undone exactly)."""
+        critic = unwrap(self.critic)
+        if not self.config.model.lora_r:
+            critic.save_pretrained(path, state_dict=state)
+            return
+        merged_critic(critic, state).save_pretrained(path)
+        trained = {n for n, p in critic.named_parameters() if p.requires_grad}
+        tensors = {k: v.detach().contiguous() for k, v in state.items() if k in trained}
+        save_file(tensors, str(Path(path) / CRITIC_TRAINED))
+
     def _load_critic(self, path: Path) -> None:
+        if self.config.model.lora_r:
+            file = Path(path) / CRITIC_TRAINED
+            if not file.is_file():
+                raise ConfigError(f"model.lora_r > 0 but the checkpoint's critic has no {file}")
+            state = load_file(str(file))
+            trained = {n for n, p in unwrap(self.critic).named_parameters() if p.requires_grad}
+            _, unexpected = load_full_state_dict(self.critic, state)
+            if unexpected or trained - set(state):
+                raise ConfigError(
+                    f"{file} does not fit this LoRA critic (model.lora_r / "
+                    f"lora_target_modules changed?): missing {sorted(trained - set(state))[:3]}, "
+                    f"unexpected {list(unexpected)[:3]}"
+                )
+            return
         device = next(self.critic.parameters()).device
         saved = ValueModel.from_pretrained(path, device=device)
         load_full_state_dict(self.critic, saved.state_dict())
