@@ -36,6 +36,7 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_gae.py",
         "bench_grpo_vs_trl.py",
         "bench_logprob_memory.py",
+        "bench_lora_sync.py",
         "bench_mismatch.py",
         "bench_partial.py",
         "bench_reward_model.py",
@@ -215,6 +216,15 @@ def test_vllm_smoke(tmp_path):
     [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["rows"] == 8 and row["vllm_tok_s"] > 0 and row["in_process_tok_s"] > 0
     assert all(row[f"sync_{t}_s"] > 0 for t in ("state_dict", "file", "http"))
+
+
+def test_lora_sync_smoke(tmp_path):
+    out = smoke("bench_lora_sync.py", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # rank 8 on q, k, v, o of 2 layers (hidden 64, kv 32): 2 x (4 x 8 x 64 + 8 x (64 + 32 x 2
+    # + 64)) floats of 4 bytes
+    assert row["adapter_bytes"] == 2 * (4 * 8 * 64 + 8 * (64 + 32 + 32 + 64)) * 4
+    assert row["merged_bytes"] > 10 * row["adapter_bytes"] and row["adapter_s"] > 0
 
 
 def test_mismatch_smoke(tmp_path):

@@ -444,10 +444,6 @@ def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
             r"rollout.vllm.launch is set but rollout.engine='in_process'",
         ),
         (
-            ["rollout.engine=vllm", "rollout.vllm.launch=true", "model.lora_r=4"],
-            r"model.lora_r > 0 with rollout.engine=vllm is not supported yet",
-        ),
-        (
             ["rollout.engine=vllm", "rollout.vllm.servers=2"],
             r"rollout.vllm.servers=2 starts servers only with rollout.vllm.launch=true",
         ),

@@ -290,12 +290,6 @@ class ArdeaConfig:
             _check_agent_reward(
                 self.reward, "agent.workflow is set: the workflow returns the reward"
             )
-        if self.model.lora_r and self.rollout.engine == "vllm":
-            raise ConfigError(
-                "model.lora_r > 0 with rollout.engine=vllm is not supported yet: the servers "
-                "would need the adapters merged into their weights (or vLLM's LoRA serving); "
-                "train LoRA with rollout.engine=in_process"
-            )
         if self.reward.overlong_buffer > self.rollout.max_new_tokens:
             raise ConfigError(
                 f"reward.overlong_buffer={self.reward.overlong_buffer} exceeds "

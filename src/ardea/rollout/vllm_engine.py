@@ -20,10 +20,10 @@ in ``--logprobs-mode processed_logprobs`` (after temperature and top-k/top-p, as
 in-process engine records them), checked at connect on ``/server_info``.
 
 Weights (:meth:`VLLMEngine.update_weights`): a state dict is written as one safetensors
-file into ``<run>/vllm/weights`` (``lm_head.weight`` written out for a tied head: vLLM
-keeps its old head when the file lacks it), then every server reloads it
-(``/collective_rpc reload_weights``) and drops its prefix cache; the new version is
-published only when every server has confirmed. With ``rollout.vllm.sync_tolerance`` > 0
+file into ``<run>/vllm/weights`` (:mod:`ardea.rollout.vllm_weights`), then every server
+reloads it (``/collective_rpc reload_weights``) and drops its prefix cache; the new version
+is published only when every server has confirmed. A LoRA policy syncs its adapter alone,
+which the servers load with vLLM's runtime LoRA API (same module). With ``rollout.vllm.sync_tolerance`` > 0
 the servers' log-probs of a fixed greedy probe completion are then compared with the live
 policy's own (``vllm/sync_logprob_error``): above the tolerance the run fails.
 
@@ -38,14 +38,13 @@ from __future__ import annotations
 import base64
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
-from safetensors.torch import save_file
 
 from ardea.config.vllm import VLLMConfig
 from ardea.errors import ConfigError
@@ -67,9 +66,19 @@ from ardea.rollout.vllm_extension import FOLDER, WORKER_EXTENSION
 from ardea.rollout.vllm_pool import PoolServer, ServerPool, VLLMServerDown
 from ardea.rollout.vllm_requests import Running, StreamedRequests, completion_body, stream_segment
 from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError, check_servers, log_tail
+from ardea.rollout.vllm_weights import (
+    LORA_ENV,
+    LORA_NAME,
+    WEIGHTS_FILE,
+    AdapterSync,
+    adopt,
+    is_peft,
+    policy_logprobs,
+    write_model_dir,
+    write_weights,
+)
 
 PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
-WEIGHTS_FILE = "model.safetensors"
 
 
 class VLLMEngine(GenerationEngine):
@@ -98,6 +107,9 @@ class VLLMEngine(GenerationEngine):
             raise ConfigError(f"rollout.vllm: {exc}") from None
         self.work_dir = Path(spec.work_dir)
         self.weights_dir = self.work_dir / "weights"
+        transport = self.options.weight_transport
+        self.adapter = AdapterSync(module, self.work_dir, transport) if is_peft(module) else None
+        self.model_name = "ardea" if self.adapter is None else LORA_NAME
         self._version = version
         self._lock = threading.Lock()
         self._metrics: dict[str, float] = {}
@@ -113,11 +125,11 @@ class VLLMEngine(GenerationEngine):
             servers,
             request=self._request,
             max_restarts=self.options.max_restarts,
-            started=lambda server: self._check_servers([server]),
+            started=self._started,
         )
         self._max_context = self._check_servers(servers)
-        if not self.options.launch:
-            self._reload_all()  # servers the user started get the policy's exact weights
+        if not self.options.launch or self.adapter is not None:
+            self._reload_all()  # the policy's exact weights, or its adapter
 
     # ------------------------------------------------------------ interface
     @property
@@ -180,9 +192,12 @@ class VLLMEngine(GenerationEngine):
         with self._lock, self.requests.paused():
             check_next_version(version, self._version)
             tensors = load_weights(weights)
-            self._adopt(tensors)
-            # a directory is rewritten too: save_pretrained leaves a tied head out
-            self._write_weights(tensors)
+            adopt(self.module, tensors)
+            if self.adapter is not None:  # the adapter alone; the servers keep the base
+                self._metrics["vllm/sync_bytes"] = self.adapter.write(tensors)
+            else:  # a directory is rewritten too: save_pretrained leaves a tied head out
+                path = write_weights(self.weights_dir, tensors)
+                self._metrics["vllm/sync_bytes"] = path.stat().st_size
             self.pool.restart_dead()  # launched servers that died start on these weights
             self._reload_all()
             self._probe()
@@ -207,8 +222,9 @@ class VLLMEngine(GenerationEngine):
         request = run.request
         prompt = list(request.prompt_ids) + run.tokens
         body = completion_body(
-            prompt, request.params, request.row_id, self.stop_token_ids, len(run.tokens)
-        )
+            prompt, request.params, request.row_id, self.stop_token_ids, len(run.tokens),
+            model=self.model_name,
+        )  # fmt: skip
         return self.pool.stream(
             run.key, lambda url: stream_segment(self.http, url, body, run, version, self._log(url))
         )
@@ -243,7 +259,9 @@ class VLLMEngine(GenerationEngine):
                 f"the vLLM server {url} answered {call} ({path}) with HTTP "
                 f"{response.status_code}: {response.text[:500]}{self._log(url)}"
             )
-        return response.json() if response.content else {}
+        if not response.content or path == "/v1/load_lora_adapter":  # it answers in text
+            return {}
+        return response.json()
 
     def _log(self, url: str) -> str:
         """The end of the log of the launched server at ``url`` ('' for a user's)."""
@@ -264,6 +282,8 @@ class VLLMEngine(GenerationEngine):
             getattr(self.spec.model_config, "max_position_embeddings", 0) or 2048
         )
         extension, env = [], {}
+        if self.adapter is not None:  # servers that take the adapter at runtime
+            extension, env = self.adapter.server_args(), dict(LORA_ENV)
         if options.weight_transport == "http":  # the worker loads the bytes it is sent
             extension = ["--worker-extension-cls", WORKER_EXTENSION]
             env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FOLDER), os.environ.get("PYTHONPATH")]))}  # fmt: skip
@@ -289,6 +309,14 @@ class VLLMEngine(GenerationEngine):
             raise
         return [PoolServer(i, url, server) for i, (url, server) in enumerate(zip(urls, launched))]
 
+    def _started(self, server: PoolServer) -> None:
+        """A server the pool (re)started on the weights file: checked, and given the
+        adapter of a LoRA policy."""
+        self._check_servers([server])
+        if self.adapter is not None:
+            self._request(server.url, "/v1/load_lora_adapter", self.adapter.load_body(),
+                          "a LoRA adapter load")  # fmt: skip
+
     def _check_servers(self, servers: list[PoolServer]) -> int | None:
         """:func:`~ardea.rollout.vllm_server.check_servers` on ``servers``' URLs."""
         return check_servers([s.url for s in servers], self._request)
@@ -297,7 +325,14 @@ class VLLMEngine(GenerationEngine):
         """Every live server loads the weights (from the file, or its bytes sent in the
         request: ``rollout.vllm.weight_transport``); one that does not answer is taken out
         (and the call fails when none is left)."""
-        if self.options.weight_transport == "http":
+        route, call = "/collective_rpc", "a weight reload"
+        if self.adapter is not None:
+            route, call, body = (
+                "/v1/load_lora_adapter",
+                "a LoRA adapter load",
+                self.adapter.load_body(),
+            )
+        elif self.options.weight_transport == "http":
             data = base64.b64encode((self.weights_dir / WEIGHTS_FILE).read_bytes()).decode()
             body = {"method": "ardea_load_weights", "kwargs": {"data": data}}
         else:
@@ -305,11 +340,17 @@ class VLLMEngine(GenerationEngine):
             body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
         for server in self.pool.live:
             try:
-                self._request(server.url, "/collective_rpc", body, "a weight reload")
+                self._request(server.url, route, body, call)
                 self._request(server.url, "/reset_prefix_cache", {}, "a prefix-cache reset")
             except VLLMServerDown as error:
                 self.pool.take_out(server, server.url, error)
             except VLLMServerError as error:
+                if self.adapter is not None:
+                    raise VLLMServerError(
+                        f"{error}\n(a LoRA policy: start the server with --enable-lora "
+                        f"--max-lora-rank {self.adapter.rank} and "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+                    ) from None
                 if self.options.weight_transport != "http":
                     raise
                 raise VLLMServerError(
@@ -321,23 +362,12 @@ class VLLMEngine(GenerationEngine):
 
     # ------------------------------------------------------------- weights
     def _write_model_dir(self) -> None:
-        """The model directory servers start from: config, tokenizer, the live weights."""
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.spec.model_config.save_pretrained(self.weights_dir)
-        self.spec.tokenizer.save_pretrained(self.weights_dir)
-        generation = getattr(self.module, "generation_config", None)
-        if generation is not None:
-            generation.save_pretrained(self.weights_dir)
-        self._write_weights(self.module.state_dict())
-
-    def _write_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """One safetensors file, with ``lm_head.weight`` written out for a tied head."""
-        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
-        if "lm_head.weight" not in tensors:
-            embedding = next((k for k in tensors if k.endswith("embed_tokens.weight")), None)
-            if embedding is not None:
-                tensors["lm_head.weight"] = tensors[embedding].clone()
-        save_file(tensors, str(self.weights_dir / WEIGHTS_FILE))
+        """The model directory servers start from (the frozen base of a LoRA policy, whose
+        adapter then goes to its own directory)."""
+        weights = self.module.state_dict() if self.adapter is None else self.adapter.base_weights()
+        write_model_dir(self.weights_dir, self.spec, self.module, weights)
+        if self.adapter is not None:
+            self.adapter.write(self.module.state_dict())
 
     @torch.no_grad()
     def _probe(self) -> None:
@@ -347,12 +377,12 @@ class VLLMEngine(GenerationEngine):
             return
         prompt = list(self.spec.tokenizer("1+1=", add_special_tokens=False)["input_ids"])
         greedy = SamplingParams(temperature=0.0, max_new_tokens=PROBE_TOKENS)
-        body = completion_body(prompt, greedy, 0, self.stop_token_ids)
+        body = completion_body(prompt, greedy, 0, self.stop_token_ids, model=self.model_name)
         worst = 0.0
         for url in [server.url for server in self.pool.live]:
             reply = self._request(url, "/v1/completions", body, "the sync probe")
             served = self._completion(prompt, reply["choices"][0], self._version)
-            own = self._policy_logprobs(prompt, served.token_ids)
+            own = policy_logprobs(self.module, prompt, served.token_ids)
             worst = max(worst, float((own - torch.tensor(served.logprobs)).abs().max()))
         self._metrics["vllm/sync_logprob_error"] = worst
         if worst > tolerance:
@@ -361,29 +391,6 @@ class VLLMEngine(GenerationEngine):
                 f"differ from the policy's by {worst:.2e} > rollout.vllm.sync_tolerance="
                 f"{tolerance}: the servers did not load the trained weights"
             )
-
-    @torch.no_grad()
-    def _adopt(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Load ``tensors`` into the engine's module (which the probe reads), as the
-        in-process engine does; free when they are its own (the trainer's live policy)."""
-        own = self.module.state_dict()
-        for name, tensor in tensors.items():
-            if name in own and own[name].data_ptr() != tensor.data_ptr():
-                own[name].copy_(tensor)
-
-    def _policy_logprobs(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-        """``(T,)`` log-probs of ``tokens`` after ``prompt`` under the live policy (eval
-        mode, float32 softmax at temperature 1: the probe is greedy)."""
-        device = next(self.module.parameters()).device
-        ids = torch.tensor([prompt + tokens], device=device)
-        training = self.module.training
-        self.module.eval()
-        try:
-            logits = self.module(input_ids=ids).logits.float()[0, len(prompt) - 1 : -1]
-        finally:
-            self.module.train(training)
-        own = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt) :, None])
-        return own[:, 0].cpu()
 
 
 @register_engine("vllm")

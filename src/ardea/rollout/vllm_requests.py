@@ -196,12 +196,19 @@ def row_seed(seed: int, row: int, offset: int = 0) -> int:
 
 
 def completion_body(
-    prompt: list[int], params: SamplingParams, row: int, stop_ids: list[int], done: int = 0
+    prompt: list[int],
+    params: SamplingParams,
+    row: int,
+    stop_ids: list[int],
+    done: int = 0,
+    *,
+    model: str = "ardea",
 ) -> dict[str, Any]:
     """The ``/v1/completions`` body of one row (``stop_ids``: the engine's eos ids);
-    ``done``: the tokens it already has (a resumed request)."""
+    ``done``: the tokens it already has (a resumed request); ``model``: the served name
+    (a LoRA adapter's, :mod:`ardea.rollout.vllm_weights`)."""
     body = {
-        "model": "ardea",
+        "model": model,
         "prompt": list(prompt),
         "max_tokens": params.max_new_tokens - done,
         "min_tokens": max(0, params.min_new_tokens - done),

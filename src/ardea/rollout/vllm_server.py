@@ -169,8 +169,8 @@ def check_servers(urls: list[str], request: Callable[..., Any]) -> int | None:
                 f"the vLLM server {url} serves {names}, not the model 'ardea' this run's "
                 "requests name: start it with --served-model-name ardea"
             )
-        for model in models["data"]:
-            if "max_model_len" in model:
+        for model in models["data"]:  # a LoRA adapter is listed too, without a length
+            if model.get("max_model_len") is not None:
                 lengths[url] = int(model["max_model_len"])
     if len(set(lengths.values())) > 1:
         raise VLLMServerError(
