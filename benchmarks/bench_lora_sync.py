@@ -19,6 +19,11 @@ The sync probe is off on both (``sync_tolerance: 0``; runs add one probe to eith
 bytes written per sync, the median seconds of each path over ``--repeats`` rounds and the
 paired ratio merged / adapter (median).
 
+In process, before the server starts: an in-process engine on its own copy of the policy
+(as a background worker's or a torchrun owner's engine has) takes ``update_weights`` of the
+whole state dict (every tensor copied) or of the adapter alone (what ardea's trainer sends a
+LoRA policy's engines), alternating, median seconds of ``--repeats`` after one warm-up.
+
     python benchmarks/bench_lora_sync.py            # the table in benchmarks/README.md
     python benchmarks/bench_lora_sync.py --smoke    # 0.1M, rank 8, one round (starts a server)
 """
@@ -39,7 +44,7 @@ from bench_vllm import PYTHON, SIZES
 
 from ardea.model import build_char_tokenizer, build_tiny_model
 from ardea.model.lora import apply_lora
-from ardea.rollout import EngineSpec, SamplingParams, make_engine
+from ardea.rollout import EngineSpec, SamplingParams, make_engine, own_copy
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ONE_TOKEN = SamplingParams(temperature=0.0, max_new_tokens=1)
@@ -63,7 +68,29 @@ def engines(size: str, rank: int, work: Path):
     return policy, lora, plain, tokenizer("1+1=")["input_ids"]
 
 
+def in_process_times(size: str, rank: int, repeats: int) -> dict[str, float]:
+    """Median seconds of an own-copy in-process engine's sync, whole state dict against
+    the adapter alone (module docstring)."""
+    tokenizer = build_char_tokenizer(model_max_length=256)
+    model = build_tiny_model(tokenizer, **SIZES[size], seed=0).float().eval()
+    policy = apply_lora(model, r=rank, alpha=2 * rank, dropout=0.0, target_modules=TARGETS)
+    engine = make_engine("in_process", EngineSpec.of(policy, tokenizer), module=own_copy(policy))
+    states = {
+        "in_process_full_s": policy.state_dict(),
+        "in_process_adapter_s": {k: v for k, v in policy.state_dict().items() if "lora_" in k},
+    }
+    times: dict[str, list[float]] = {name: [] for name in states}
+    for round_ in range(repeats + 1):
+        for name, state in states.items() if round_ % 2 else reversed(states.items()):
+            start = time.perf_counter()
+            engine.update_weights(state, engine.version + 1)
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def bench(size: str, rank: int, repeats: int, work: Path) -> dict:
+    local = in_process_times(size, rank, repeats)  # before the server shares the cores
     policy, lora, plain, prompt = engines(size, rank, work)
     times: dict[str, list[float]] = {"merged": [], "adapter": [], "merge_only": []}
     sizes: dict[str, int] = {}
@@ -114,7 +141,7 @@ def bench(size: str, rank: int, repeats: int, work: Path) -> dict:
         "merged_over_adapter": statistics.median(
             m / a for m, a in zip(times["merged"], times["adapter"])
         ),
-    }
+    } | local
 
 
 def main() -> None:
@@ -143,6 +170,12 @@ def main() -> None:
               f"{r['merged_bytes'] / 1e6:.2f} MB / {r['adapter_bytes'] / 1e6:.3f} MB | "
               f"{r['merged_s']:.3f} ({r['merge_only_s']:.3f}) | {r['adapter_s']:.3f} | "
               f"{r['merged_over_adapter']:.1f}x |")  # fmt: skip
+    print("\n| model | rank | in-process sync s: whole state dict | adapter alone | ratio |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        full, adapter = r["in_process_full_s"], r["in_process_adapter_s"]
+        print(f"| {r['size']} ({r['parameters_m']}M) | {r['rank']} | {full:.4f} | "
+              f"{adapter:.4f} | {full / adapter:.1f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -45,3 +45,15 @@ def test_every_strategy_trains_adapters_only(name, tmp_path, monkeypatch):
     adapter = tmp_path / "checkpoints" / "step_0000002" / "adapter" / "adapter_model.safetensors"
     names = set(load_file(adapter))
     assert any("lora_A" in n for n in names) and any("lora_B" in n for n in names)
+
+
+def test_background_rollouts_of_a_lora_policy(tmp_path, monkeypatch):
+    """The background worker's engine holds its own copy of the policy; each publish sends
+    it the adapters alone, and its rollouts stay within the staleness bound."""
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).parents[2])
+    overrides = ["algo.name=online_grpo", *TASK, *SMOKE, "rollout.max_staleness=1",
+                 "trainer.max_steps=3", "logging.log_every=1"]  # fmt: skip
+    assert main(["train", "--recipe", "none", *overrides, f"trainer.output_dir={tmp_path}"]) == 0
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, lines) if "train/loss" in r]
+    assert len(steps) == 3 and all(s["rollout/staleness"] <= 1 for s in steps)

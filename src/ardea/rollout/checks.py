@@ -5,7 +5,7 @@ or a directory of safetensors files (never a pickle)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +80,22 @@ def check_prompts(
 
 
 def check_state_dict(
-    own: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]
+    own: Mapping[str, torch.Tensor],
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    frozen: Set[str] = frozenset(),
 ) -> None:
     """Raise ValueError unless ``state_dict`` can replace ``own`` (a model's state dict)
     exactly: no missing, unexpected or mis-shaped tensors. A key may be missing only if in
-    ``own`` it aliases (shares storage with) a key that is present, as tied embeddings do."""
+    ``own`` it aliases (shares storage with) a key that is present, as tied embeddings do,
+    or if it is in ``frozen`` (tensors the model does not train, e.g. a LoRA policy's base:
+    the model keeps its own)."""
     unexpected = sorted(set(state_dict) - set(own))
     present = {own[k].data_ptr() for k in state_dict if k in own}
-    missing = sorted(k for k in own if k not in state_dict and own[k].data_ptr() not in present)
+    missing = sorted(
+        k for k in own if k not in state_dict and own[k].data_ptr() not in present
+        and k not in frozen
+    )  # fmt: skip
     shapes = [
         f"{k}: {tuple(v.shape)} vs model {tuple(own[k].shape)}"
         for k, v in state_dict.items()
@@ -98,3 +106,16 @@ def check_state_dict(
             "state_dict does not match the model: "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
         )
+
+
+def is_peft(module: object) -> bool:
+    """Whether ``module`` is a ``peft`` model (LoRA adapters on a frozen base)."""
+    return hasattr(module, "peft_config") and hasattr(module, "get_base_model")
+
+
+def frozen_base(module: torch.nn.Module) -> frozenset[str]:
+    """The state-dict keys of a LoRA policy's frozen base (every key but its adapters'),
+    which a weight sync may leave out; empty for any other model."""
+    if not is_peft(module):
+        return frozenset()
+    return frozenset(k for k in module.state_dict() if "lora_" not in k)

@@ -53,7 +53,7 @@ from transformers import AutoModelForCausalLM
 
 from ardea.model import Precision
 from ardea.model.flops import count_generation
-from ardea.rollout.checks import request_input
+from ardea.rollout.checks import frozen_base, request_input
 from ardea.rollout.continuous import (
     Decoder,
     additive_mask_dtype,
@@ -143,6 +143,7 @@ class InProcessEngine(GenerationEngine):
             "logits_to_keep" in params, tokenizer,
         )  # fmt: skip
         self._merge_ok: bool | None = None  # learnt from the first cache built
+        self._frozen = frozen_base(model)  # a LoRA policy's base: syncs may leave it out
         self._batches: dict[Kind, DecodeBatch] = {}
         self._loop = StepLoop(self._take, self._iterate, lambda: bool(self._batches), self._fail)
 
@@ -226,8 +227,10 @@ class InProcessEngine(GenerationEngine):
         requests go on under them from their tokens so far (module docstring).
 
         ``weights`` (a state dict, or a directory of ``*.safetensors`` files) must hold
-        every tensor of the model (tied aliases may be omitted) with matching shapes; it is
-        checked before anything is copied, so a bad one leaves weights and version untouched.
+        every tensor of the model the model trains (tied aliases may be omitted; a LoRA
+        policy's frozen base may be too, so that a sync moves its adapter alone) with
+        matching shapes; it is checked before anything is copied, so a bad one leaves
+        weights and version untouched.
         ``version`` must be greater than the current one: a version names one set of
         weights. Fast path: a tensor that already is the engine's own (an engine built on
         the trainer's module) is not copied, so publishing costs only the check.
@@ -236,7 +239,7 @@ class InProcessEngine(GenerationEngine):
         with self._loop.exclusively():
             check_next_version(version, self._version)
             own = self._model.state_dict()
-            check_state_dict(own, named_tensors)
+            check_state_dict(own, named_tensors, frozen=self._frozen)
             running: list[Row] = []
             for batch in self._batches.values():
                 batch.fold()

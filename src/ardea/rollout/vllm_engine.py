@@ -48,7 +48,7 @@ import torch
 
 from ardea.config.vllm import VLLMConfig
 from ardea.errors import ConfigError
-from ardea.rollout.checks import request_input
+from ardea.rollout.checks import is_peft, request_input
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -72,7 +72,6 @@ from ardea.rollout.vllm_weights import (
     WEIGHTS_FILE,
     AdapterSync,
     adopt,
-    is_peft,
     policy_logprobs,
     write_model_dir,
     write_weights,

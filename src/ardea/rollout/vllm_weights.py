@@ -87,10 +87,6 @@ def policy_logprobs(module: torch.nn.Module, prompt: list[int], tokens: list[int
     return own[:, 0].cpu()
 
 
-def is_peft(module: Any) -> bool:
-    return hasattr(module, "peft_config") and hasattr(module, "get_base_model")
-
-
 class AdapterSync:
     """The adapter side of a LoRA policy's servers (module docstring)."""
 

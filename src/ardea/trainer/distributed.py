@@ -20,6 +20,7 @@ backward.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
@@ -220,10 +221,17 @@ def unwrap(module: nn.Module) -> nn.Module:
     return module.module if isinstance(module, DistributedDataParallel) else module
 
 
-def full_state_dict(module: nn.Module, *, cpu: bool = False) -> dict[str, torch.Tensor]:
+def full_state_dict(
+    module: nn.Module, *, cpu: bool = False, trained_only: bool = False
+) -> dict[str, torch.Tensor]:
     """The whole model's tensors by name (collective under FSDP2). With ``cpu``, rank 0
-    gets them on CPU and the other ranks an empty dict (for writing a checkpoint)."""
-    return get_model_state_dict(module, options=FULL_ON_CPU if cpu else FULL)
+    gets them on CPU and the other ranks an empty dict (for writing a checkpoint); with
+    ``trained_only``, the parameters that require gradients alone (a LoRA policy's
+    adapters: its frozen base is neither gathered nor copied)."""
+    options = FULL_ON_CPU if cpu else FULL
+    if trained_only:
+        options = dataclasses.replace(options, ignore_frozen_params=True)
+    return get_model_state_dict(module, options=options)
 
 
 def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> Any:

@@ -177,10 +177,12 @@ class Trainer:
         return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
 
     def _gather_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's whole weights by name for the engine: its own tensors in one
-        process; under torchrun gathered onto rank 0, on CPU (the other ranks get {}; a
-        collective: every rank calls it)."""
-        return full_state_dict(self.policy, cpu=self.dist.active)
+        """The policy's weights by name for the engine: its own tensors in one process;
+        under torchrun gathered onto rank 0, on CPU (the other ranks get {}; a collective:
+        every rank calls it). A LoRA policy gives its adapters alone: engines keep the
+        frozen base they started with."""
+        lora = is_lora(unwrap(self.policy))
+        return full_state_dict(self.policy, cpu=self.dist.active, trained_only=lora)
 
     @property
     def nonfinite(self) -> dict[str, int]:
