@@ -124,13 +124,15 @@ def test_partial_rollouts_on_launched_vllm_servers(tmp_path):
     assert all(s["train/grad_norm"] > 0 for s in steps)
 
 
-def test_lora_on_launched_vllm_syncs_the_adapter_alone(tmp_path):
-    """A LoRA policy on a launched server (--enable-lora): the server starts on the frozen
-    base and each step sends the adapter alone (vllm/sync_bytes: its tensors' bytes, here
-    under a tenth of the model's), which the server loads in place; its log-probs equal the
+def test_lora_on_vllm_syncs_the_adapter_alone(vllm_url, tmp_path):
+    """A LoRA policy on the session's server (started with --enable-lora): the run loads its
+    frozen base into it once and each step sends the adapter alone (vllm/sync_bytes: its
+    tensors' bytes, here under a tenth of the model's), which the server loads in place; its log-probs equal the
     adapted policy's at every step, and by the end the adapter changes them measurably."""
     config = load_config(None, [
-        *RUN, "rollout.vllm.launch=true", "model.lora_r=4", "model.lora_alpha=16",
+        # seed 3: a base the session's server does not hold until the run reloads it
+        *RUN, f"rollout.vllm.urls=[{vllm_url}]", "model.lora_r=4", "model.lora_alpha=16",
+        "trainer.seed=3",
         "trainer.lr=0.02", "trainer.max_steps=3", "trainer.save_every=0",
         f"trainer.output_dir={tmp_path}",
     ])  # fmt: skip

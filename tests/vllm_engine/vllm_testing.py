@@ -31,8 +31,12 @@ def write_model_dir(path: Path) -> Path:
     return path
 
 
-#: a server that logs every request's prompt token ids (DEBUG), read by the pool tests
-LOG_REQUESTS = (["--enable-log-requests"], {"VLLM_LOGGING_LEVEL": "DEBUG"})
+#: a server that logs every request's prompt token ids (DEBUG), read by the pool tests, and
+#: takes LoRA adapters at runtime (the LoRA tests load theirs into it instead of launching one)
+LOG_REQUESTS = (
+    ["--enable-log-requests", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"],
+    {"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+)
 PROMPT_IDS = re.compile(r"prompt_token_ids: \[([0-9, ]*)\]")
 
 

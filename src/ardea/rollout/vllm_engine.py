@@ -127,8 +127,10 @@ class VLLMEngine(GenerationEngine):
             started=self._started,
         )
         self._max_context = self._check_servers(servers)
-        if not self.options.launch or self.adapter is not None:
-            self._reload_all()  # the policy's exact weights, or its adapter
+        if not self.options.launch:  # servers the user started: the policy's (base) weights
+            self._reload_all(full=True)
+        if self.adapter is not None:
+            self._reload_all()
 
     # ------------------------------------------------------------ interface
     @property
@@ -309,8 +311,7 @@ class VLLMEngine(GenerationEngine):
         return [PoolServer(i, url, server) for i, (url, server) in enumerate(zip(urls, launched))]
 
     def _started(self, server: PoolServer) -> None:
-        """A server the pool (re)started on the weights file: checked, and given the
-        adapter of a LoRA policy."""
+        """A server the pool (re)started: checked, and given a LoRA policy's adapter."""
         self._check_servers([server])
         if self.adapter is not None:
             self._request(server.url, "/v1/load_lora_adapter", self.adapter.load_body(),
@@ -320,12 +321,12 @@ class VLLMEngine(GenerationEngine):
         """:func:`~ardea.rollout.vllm_server.check_servers` on ``servers``' URLs."""
         return check_servers([s.url for s in servers], self._request)
 
-    def _reload_all(self) -> None:
+    def _reload_all(self, *, full: bool = False) -> None:
         """Every live server loads the weights (from the file, or its bytes sent in the
-        request: ``rollout.vllm.weight_transport``); one that does not answer is taken out
-        (and the call fails when none is left)."""
+        request: ``rollout.vllm.weight_transport``), or a LoRA policy's adapter unless
+        ``full``; one that does not answer is taken out (the call fails when none is left)."""
         route, call = "/collective_rpc", "a weight reload"
-        if self.adapter is not None:
+        if self.adapter is not None and not full:  # full: the weights file (a LoRA base)
             route, call, body = (
                 "/v1/load_lora_adapter",
                 "a LoRA adapter load",
