@@ -27,7 +27,8 @@ import math
 import torch
 from torch import Tensor
 
-from ardea.algo._checks import check_finite, check_float, check_shape
+from ardea.algo._checks import check_float, check_shape
+from ardea.algo.preference_loss import pair_count
 
 
 def kto_kl_estimate(policy_logps: Tensor, ref_logps: Tensor) -> Tensor:
@@ -38,12 +39,6 @@ def kto_kl_estimate(policy_logps: Tensor, ref_logps: Tensor) -> Tensor:
     if policy_logps.numel() == 0:
         return policy_logps.new_zeros(())
     return (policy_logps.detach() - ref_logps.detach()).mean().clamp(min=0)
-
-
-def _count(name: str, value: float | None, default: int) -> float:
-    if value is not None and (isinstance(value, bool) or value < 0):
-        raise ValueError(f"{name} must be a non-negative count, got {value!r}")
-    return max(float(default if value is None else value), 1.0)
 
 
 def kto_loss(
@@ -66,27 +61,22 @@ def kto_loss(
     Returns:
         ``(loss, metrics)``; ``loss`` is 0-d, 0 for ``N = 0``.
     """
-    for name, weight in (("beta", beta), ("desirable_weight", desirable_weight),
+    # beta, the (N,) log-probs and the example count: checked as the pair losses check theirs
+    examples = pair_count("beta", beta, global_examples, policy_logps=policy_logps,
+                          ref_logps=ref_logps)  # fmt: skip
+    for name, weight in (("desirable_weight", desirable_weight),
                          ("undesirable_weight", undesirable_weight)):  # fmt: skip
         if isinstance(weight, bool) or not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"{name} must be a positive number, got {weight!r}")
-    if policy_logps.dim() != 1:
-        raise ValueError(f"sequence log-probs must have shape (N,), got {policy_logps.shape}")
-    check_float("policy_logps", policy_logps)
-    check_shape("ref_logps", ref_logps, policy_logps.shape, "(N,)")
     check_shape("desirable", desirable, policy_logps.shape, "(N,)")
     if desirable.dtype != torch.bool:
         raise ValueError(f"desirable must be a bool tensor, got {desirable.dtype}")
-    check_finite("policy_logps", policy_logps.detach())
-    check_finite("ref_logps", ref_logps)
     if kl.dim() != 0:
         raise ValueError(f"kl must be a 0-d tensor, got shape {tuple(kl.shape)}")
-    n_desirable = int(desirable.sum()) if global_desirable is None else None
-    examples = _count("global_examples", global_examples, policy_logps.shape[0])
-    chosen_count = _count("global_desirable", global_desirable, n_desirable or 0)
-    rejected_count = _count(
-        "global_undesirable", global_undesirable, policy_logps.shape[0] - (n_desirable or 0)
-    )
+    if global_desirable is None or global_undesirable is None:  # this batch's (a host sync)
+        global_desirable = float(desirable.sum())
+        global_undesirable = desirable.numel() - global_desirable
+    chosen_count, rejected_count = max(global_desirable, 1.0), max(global_undesirable, 1.0)
     ratio = policy_logps - ref_logps.detach()  # (N,) implied rewards / beta
     z = kl.detach()
     chosen = desirable_weight * (1 - torch.sigmoid(beta * (ratio - z)))
