@@ -25,4 +25,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "[setup] installing ardea and its dependencies"
 "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+# tinker-cookbook, for the Tinker API's recipe tests: alone, its dependencies are in [dev]
+# (pyproject.toml says why)
+"$VENV/bin/python" -m pip install --quiet --no-deps "tinker-cookbook==0.6.1"
 touch "$stamp"

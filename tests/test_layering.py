@@ -15,6 +15,7 @@ LAYERS = [
     {"data", "reward"},
     {"rollout", "agent"},
     {"trainer"},
+    {"service"},
     {"cli"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

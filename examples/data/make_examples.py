@@ -20,6 +20,11 @@
                         2000 training games with the targets the ``guess_number``
                         environment draws for ``data.seed=0``, in its order, and the 16
                         held-out games 1..16.
+- ``tinker_sft.jsonl``  400 tinker-cookbook arithmetic questions ("What is 37 + 52?",
+                        operands 0..100) with their answers as conversations, for the
+                        cookbook's chat SFT recipe (``docs/tinker.md``).
+- ``tinker_comparisons.jsonl``  32 such questions with a right and a wrong answer in the
+                        cookbook's comparison format, for its DPO recipe.
 
 Prompts use the built-in arithmetic task's format (``"23+58="``), answers are bare numbers,
 so a tiny character-level model learns them quickly.
@@ -153,6 +158,36 @@ def prompts(rng: random.Random, n: int = 200) -> list[dict]:
     return rows
 
 
+def tinker_sft(rng: random.Random, n: int = 400) -> list[dict]:
+    """tinker-cookbook's arithmetic questions ("What is a + b?", a, b in 0..100) answered."""
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 100), rng.randint(0, 100)
+        rows.append({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
+                                  {"role": "assistant", "content": str(a + b)}]})  # fmt: skip
+    return rows
+
+
+def tinker_comparisons(rng: random.Random, n: int = 32) -> list[dict]:
+    """tinker-cookbook's comparison records (its JSONL loader's format): the right sum is
+    completion A or B at random, and ``label`` names it."""
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 100), rng.randint(0, 100)
+        right, wrong = str(a + b), str(_wrong(rng, a + b))
+        label = rng.choice("AB")
+        first, second = (right, wrong) if label == "A" else (wrong, right)
+        rows.append({
+            "comparison": {
+                "prompt_conversation": [{"role": "user", "content": f"What is {a} + {b}?"}],
+                "completion_A": [{"role": "assistant", "content": first}],
+                "completion_B": [{"role": "assistant", "content": second}],
+            },
+            "label": label,
+        })  # fmt: skip
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
@@ -173,6 +208,8 @@ def main() -> None:
         ("groups", groups, 4),
         ("prompts", prompts, 5),
         ("labeled", labeled, 6),
+        ("tinker_sft", tinker_sft, 7),
+        ("tinker_comparisons", tinker_comparisons, 8),
     ):
         rows = make(random.Random(seed))
         write_jsonl(HERE / f"{name}.jsonl", rows)

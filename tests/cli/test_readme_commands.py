@@ -17,8 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+import tinker
 import yaml
 
 import ardea.agent.server  # noqa: F401  (imported here, not by two threads at once in serve)
@@ -251,6 +253,57 @@ def talk_then_interrupt(port: int) -> threading.Thread:
     return thread
 
 
+def tinker_then_interrupt(port: int) -> threading.Thread:
+    """A ``tinker`` SDK client of ``ardea serve --tinker`` on ``port``: once it answers, a
+    LoRA training client that takes one step and saves its state as ``readme``; then Ctrl-C."""
+
+    def run():
+        try:
+            for _ in range(600):
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").raise_for_status()
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-x")
+            trainer = service.create_lora_training_client(base_model="tiny", rank=2).result()
+            datum = tinker.types.Datum(
+                model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0, 1.0, 1.0]},
+            )
+            trainer.forward_backward([datum], "cross_entropy").result()
+            trainer.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()
+            trainer.save_state("readme").result()
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def serve_and_talk(argv: list[str], workdir: Path) -> None:
+    """Run ``ardea serve`` with a client that talks to it, then stops it with Ctrl-C; the
+    OpenAI server writes one trajectory, the Tinker server keeps the client's saved state."""
+    tinker_api = "--tinker" in argv
+    (workdir / "trajectories.jsonl").unlink(missing_ok=True)
+    # Ctrl-C raises KeyboardInterrupt here even when the suite was started with SIGINT
+    # ignored (a background job of a shell without job control), which Python keeps
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        talk = tinker_then_interrupt if tinker_api else talk_then_interrupt
+        client = talk(int(argv[-1]))
+        ardea(*argv, cwd=workdir)
+        client.join(timeout=30)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if tinker_api:
+        saved = list((workdir / "tinker-state").glob("*/weights/readme/trainer_state.pt"))
+        assert len(saved) == 1, saved
+    else:
+        assert len((workdir / "trajectories.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("index", "command"),
@@ -260,17 +313,7 @@ def talk_then_interrupt(port: int) -> threading.Thread:
 def test_example_command_runs(index, command, workdir):
     argv = shortened(command, index, workdir)
     if argv and argv[0] == "serve":
-        (workdir / "trajectories.jsonl").unlink(missing_ok=True)
-        # Ctrl-C raises KeyboardInterrupt here even when the suite was started with SIGINT
-        # ignored (a background job of a shell without job control), which Python keeps
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            client = talk_then_interrupt(int(argv[-1]))
-            ardea(*argv, cwd=workdir)
-            client.join(timeout=10)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        assert len((workdir / "trajectories.jsonl").read_text().splitlines()) == 1
+        serve_and_talk(argv, workdir)
     elif argv:
         ardea(*argv, cwd=workdir)
     if not argv or (argv[0] == "train" and not PRINT_ONLY & set(argv)):

@@ -274,7 +274,47 @@ def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-class ChatServer:
+class AppServer:
+    """Serve an ASGI ``app`` on ``host:port`` with uvicorn in a background thread
+    (``port=0``: a free port); a context manager, or :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server"):
+        self.host = host
+        self.name = name
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def start(self):
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise ArdeaError(f"the {self.name} on {self.host}:{self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._socket.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ChatServer(AppServer):
     """Serve ``client`` (one client, or :class:`Clients` choosing by episode) on
     ``host:port`` in a background thread (``port=0``: a free port).
 
@@ -291,40 +331,9 @@ class ChatServer:
         max_request_bytes: int = MAX_REQUEST_BYTES,
     ):
         self.client = client
-        self.host = host
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
-        self.port = self._socket.getsockname()[1]
         app = build_app(client, max_request_bytes=max_request_bytes)
-        config = uvicorn.Config(app, log_level="warning", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        super().__init__(app, host=host, port=port, name="chat server")
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
-
-    def start(self) -> ChatServer:
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise ArdeaError(f"the chat server on {self.host}:{self.port} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self._socket.close()
-
-    def __enter__(self) -> ChatServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -52,12 +52,26 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--max-tokens", type=int, default=256, help="default max_tokens of a reply")
     serve.add_argument("--temperature", type=float, default=1.0, help="default temperature")
     serve.add_argument("--max-request-mb", type=float, default=8.0, help="largest request body")
+    tinker = serve.add_argument_group("the Tinker API (--tinker)")
+    tinker.add_argument("--tinker", action="store_true",
+                        help="serve the Tinker training API (tinker SDK, tinker-cookbook) "
+                        "instead of the OpenAI one: LoRA training clients on this base model")  # fmt: skip
+    tinker.add_argument("--name", default=None,
+                        help="the base_model name clients ask for (default: the directory's "
+                        "name; its path is always accepted too)")  # fmt: skip
+    tinker.add_argument("--state-dir", default="tinker-state",
+                        help="where save_state and save_weights_for_sampler write (kept "
+                        "across restarts: load_state reads them back)")  # fmt: skip
+    tinker.add_argument("--samplers", type=int, default=3,
+                        help="sampler weights kept loaded at once (oldest unloaded first)")  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:
     from ardea.cli.commands import _load_for_inference
 
     _check(args)
+    if args.tinker:
+        return serve_tinker(args)
     _, model_dir, tokenizer, engine = _load_for_inference(args.path, list(args.args))
     from ardea.agent import RecordingClient
     from ardea.agent.server import ChatServer
@@ -78,11 +92,46 @@ def serve(args: argparse.Namespace) -> int:
     limit = int(args.max_request_mb * 2**20)
     server = ChatServer(client, host=args.host, port=args.port, max_request_bytes=limit)
     out = Path(args.out)
+    banner = (f"ardea serve: {model_dir} at {server.url} (history={args.history}); "
+              f"Ctrl-C to stop and write {out}")  # fmt: skip
+    try:
+        serve_until_stopped(server, banner)
+    finally:
+        rows = client.export(style=args.export)
+        _write(out, rows, tokenizer)
+        print(f"ardea serve: wrote {len(rows)} trajectories of {len(client.interactions)} "
+              f"calls to {out} ({client.orphans} undelivered calls left out, "
+              f"{client.tool_choice_unmet} replies without a required tool call, "
+              f"{client.rewritten_turns_kept} rewritten turns kept as generated)", flush=True)  # fmt: skip
+    return 0
+
+
+def serve_tinker(args: argparse.Namespace) -> int:
+    """``ardea serve --tinker``: the Tinker API on the model directory of ``args.path``."""
+    from ardea.cli.commands import quiet_transformers, resolve_model_dir
+
+    if args.args:
+        raise ArdeaError(f"ardea serve --tinker takes no config overrides, got {args.args}")
+    if args.samplers < 1:
+        raise ArdeaError(f"--samplers {args.samplers}: must be >= 1")
+    model_dir, _ = resolve_model_dir(args.path)
+    name = args.name or Path(model_dir).name
+    quiet_transformers()
+    from ardea.service.tinker_server import TinkerServer
+
+    server = TinkerServer({name: model_dir}, state_dir=args.state_dir, host=args.host,
+                          port=args.port, samplers=args.samplers)  # fmt: skip
+    serve_until_stopped(server, f"ardea serve --tinker: {model_dir} as base_model {name!r} at "
+                        f"{server.url} (states in {args.state_dir}); Ctrl-C to stop")  # fmt: skip
+    return 0
+
+
+def serve_until_stopped(server, banner: str) -> None:
+    """Start ``server``, print ``banner``, serve until Ctrl-C or SIGTERM, then stop it."""
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
-    print(f"ardea serve: {model_dir} at {server.url} (history={args.history}); "
-          f"Ctrl-C to stop and write {out}", flush=True)  # fmt: skip
+    print(banner, flush=True)
     try:
         while not stop.wait(0.2):
             pass
@@ -91,13 +140,6 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.stop()
-        rows = client.export(style=args.export)
-        _write(out, rows, tokenizer)
-        print(f"ardea serve: wrote {len(rows)} trajectories of {len(client.interactions)} "
-              f"calls to {out} ({client.orphans} undelivered calls left out, "
-              f"{client.tool_choice_unmet} replies without a required tool call, "
-              f"{client.rewritten_turns_kept} rewritten turns kept as generated)", flush=True)  # fmt: skip
-    return 0
 
 
 def _check(args: argparse.Namespace) -> None:

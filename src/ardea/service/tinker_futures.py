@@ -1,0 +1,110 @@
+"""Futures and in-order execution, as the Tinker client expects them.
+
+Every submitted operation answers at once with a ``request_id``; the client then polls
+``retrieve_future`` until the result is there. :class:`Futures` holds those results.
+:class:`Worker` runs the operations that touch a model's weights on one thread, each
+model's in ``seq_id`` order: a training client numbers its requests 1, 2, 3, ... and may
+retry one (the same ``seq_id`` again), so a request is queued until its predecessors have
+been, and a repeated ``(model, seq_id)`` gets the first one's ``request_id`` and is not run
+twice. A failed operation fails its future only: the model and later requests go on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class Futures:
+    """``request_id`` -> :class:`concurrent.futures.Future` of the operation's result."""
+
+    def __init__(self) -> None:
+        self._futures: dict[str, Future] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def new(self) -> tuple[str, Future]:
+        with self._lock:
+            request_id = f"req-{next(self._ids)}"
+            future: Future = Future()
+            self._futures[request_id] = future
+        return request_id, future
+
+    def get(self, request_id: str) -> Future | None:
+        with self._lock:
+            return self._futures.get(request_id)
+
+
+def settle(future: Future, operation: Callable[[], Any]) -> None:
+    """Run ``operation`` and put its result (or its exception) into ``future``."""
+    try:
+        result = operation()
+    except BaseException as exc:  # noqa: BLE001 - every failure goes to the client
+        future.set_exception(exc)
+    else:
+        if result is not _LATER:
+            future.set_result(result)
+
+
+_LATER = object()  # an operation that settles its future itself (sampling, on its engine)
+
+
+def later() -> object:
+    """What an operation returns when it has handed its future to something that settles
+    it afterwards (the engine's thread)."""
+    return _LATER
+
+
+class Worker:
+    """One thread for weight-touching work; per model, operations in ``seq_id`` order."""
+
+    def __init__(self, futures: Futures) -> None:
+        self.futures = futures
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}  # model -> the seq_id that runs next
+        self._waiting: dict[str, dict[int, tuple[Future, Callable]]] = {}
+        self._seen: dict[tuple[str, int], str] = {}
+
+    def start_model(self, model_id: str, next_seq: int = 1) -> None:
+        with self._lock:
+            self._next[model_id] = next_seq
+            self._waiting[model_id] = {}
+
+    def run(self, operation: Callable[[], Any]) -> str:
+        """Queue an operation with no order to keep; returns its ``request_id``."""
+        request_id, future = self.futures.new()
+        self._pool.submit(settle, future, operation)
+        return request_id
+
+    def run_in_order(self, model_id: str, seq_id: int, operation: Callable[[], Any]) -> str:
+        """Queue ``operation`` as request ``seq_id`` of ``model_id`` (see the module doc)."""
+        with self._lock:
+            key = (model_id, seq_id)
+            if key in self._seen:
+                return self._seen[key]
+            request_id, future = self.futures.new()
+            self._seen[key] = request_id
+            waiting = self._waiting.setdefault(model_id, {})
+            nxt = self._next.setdefault(model_id, seq_id)
+            if seq_id < nxt:  # below the counter (a client that restarted): run it now
+                self._pool.submit(settle, future, operation)
+                return request_id
+            waiting[seq_id] = (future, operation)
+            while nxt in waiting:
+                queued_future, queued = waiting.pop(nxt)
+                self._pool.submit(settle, queued_future, queued)
+                nxt += 1
+            self._next[model_id] = nxt
+        return request_id
+
+    def call(self, operation: Callable[[], Any]) -> Any:
+        """Run ``operation`` on the worker's thread and wait for it (reads of a model's
+        weights that must not interleave with a training step)."""
+        return self._pool.submit(operation).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

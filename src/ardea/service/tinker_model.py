@@ -1,0 +1,226 @@
+"""One model a Tinker training client trains: a LoRA policy, its AdamW, its saved states.
+
+``forward_backward`` adds the gradient of a request's summed loss to what earlier requests
+left (:mod:`ardea.algo.token_sum_losses`); ``optim_step`` takes one AdamW step with the
+request's :class:`AdamParams` (learning rate, betas, eps, decoupled weight decay, global
+norm clip) and clears the gradient. A datum is ``T`` input tokens and per-token inputs of
+shape ``[T]``: ``target_tokens[t]`` is the token that follows ``tokens[: t + 1]``; its
+output ``logprobs[t] = log p(target_tokens[t] | tokens[: t + 1])``.
+
+The LoRA layout: rank ``r`` adapters with ``alpha = 32`` (scale ``32 / r``), no dropout, on
+the attention projections (``train_attn``), the MLP projections (``train_mlp``) and the LM
+head (``train_unembed``) — the ones of those the architecture has. ``seed`` draws the
+adapters' initial ``A`` (``B`` starts at zero, so a fresh model computes the base model).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from ardea.algo.token_sum_losses import TOKEN_SUM_LOSSES
+from ardea.model.logprobs import logprobs_from_logits
+from ardea.model.lora import apply_lora, load_policy_weights
+from ardea.service.tinker_wire import ForwardBackwardCall, WireDatum, WireError
+from ardea.trainer.checkpoint import save_checkpoint
+from ardea.trainer.schedule import clip_gradients
+
+LORA_ALPHA = 32.0
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")
+UNEMBED = ("lm_head",)
+MICRO_BATCH = 16  # datums per forward: bounds the [N, T, V] logits held at once
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What ``create_model``'s ``lora_config`` asks for."""
+
+    rank: int = 32
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    seed: int | None = None
+
+    def target_modules(self, model: torch.nn.Module) -> list[str]:
+        wanted = (ATTN if self.train_attn else ()) + (MLP if self.train_mlp else ())
+        wanted += UNEMBED if self.train_unembed else ()
+        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        chosen = [m for m in wanted if m in present]
+        if not chosen:
+            raise WireError(f"lora_config trains no module this model has (asked: {wanted})")
+        return chosen
+
+
+def _tensor(datum: WireDatum, index: int, key: str, length: int, dtype) -> torch.Tensor:
+    if key not in datum.inputs:
+        raise WireError(f"data[{index}].loss_fn_inputs has no {key!r}")
+    value = datum.inputs[key]
+    if value.shape != (length,):
+        raise WireError(
+            f"data[{index}].loss_fn_inputs[{key!r}] has shape {list(value.shape)}, not "
+            f"[{length}] (one value per input token)"
+        )
+    tensor = torch.from_numpy(np.array(value)).to(dtype)
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise WireError(f"data[{index}].loss_fn_inputs[{key!r}] holds NaN or inf")
+    return tensor
+
+
+class TrainingModel:
+    """A LoRA policy on ``base_dir`` with AdamW; see the module docstring."""
+
+    def __init__(self, base_dir: Path, spec: LoraSpec, *, tokenizer: Any) -> None:
+        self.base_dir = Path(base_dir)
+        self.spec = spec
+        self.tokenizer = tokenizer
+        base = AutoModelForCausalLM.from_pretrained(
+            self.base_dir, dtype=torch.float32, local_files_only=True
+        )
+        targets = spec.target_modules(base)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0 if spec.seed is None else spec.seed)
+            self.policy = apply_lora(
+                base, r=spec.rank, alpha=LORA_ALPHA, dropout=0.0, target_modules=targets
+            )
+        self.policy.train()
+        self.vocab = int(base.get_input_embeddings().num_embeddings)
+        self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
+        self.steps = 0
+
+    # -- forward_backward ------------------------------------------------------------
+    def _checked(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
+        if call.loss_fn not in TOKEN_SUM_LOSSES:
+            raise WireError(
+                f"loss_fn {call.loss_fn!r} is not served; served: {', '.join(TOKEN_SUM_LOSSES)}"
+            )
+        _, needs, config_keys = TOKEN_SUM_LOSSES[call.loss_fn]
+        unknown = sorted(set(call.config) - set(config_keys))
+        if unknown:
+            raise WireError(f"loss_fn_config keys {unknown} mean nothing to {call.loss_fn!r}")
+        if not call.data:
+            raise WireError("forward_backward needs at least one datum")
+        rows = []
+        for i, datum in enumerate(call.data):
+            length = len(datum.tokens)
+            if length == 0:
+                raise WireError(f"data[{i}].model_input holds no tokens")
+            bad = [t for t in datum.tokens if not 0 <= t < self.vocab]
+            if bad:
+                raise WireError(f"data[{i}].model_input has token ids outside [0, {self.vocab})")
+            row = {"tokens": torch.tensor(datum.tokens, dtype=torch.long)}
+            row["target_tokens"] = _tensor(datum, i, "target_tokens", length, torch.long)
+            if bool(((row["target_tokens"] < 0) | (row["target_tokens"] >= self.vocab)).any()):
+                raise WireError(f"data[{i}].target_tokens has ids outside [0, {self.vocab})")
+            for key in needs:
+                row[key] = _tensor(datum, i, key, length, torch.float32)
+            rows.append(row)
+        return rows
+
+    def _logprobs(self, rows: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """``[N, T_max]`` log-probs of each row's targets (right-padded rows)."""
+        width = max(len(r["tokens"]) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        targets = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["tokens"])
+            ids[i, :n], mask[i, :n], targets[i, :n] = r["tokens"], 1, r["target_tokens"]
+        logits = self.policy(input_ids=ids, attention_mask=mask).logits
+        return logprobs_from_logits(logits, targets)
+
+    def forward_backward(self, call: ForwardBackwardCall):
+        """Per datum its log-probs and elementwise loss (arrays), and the metrics; the
+        gradient of the summed loss is added to the parameters' (not with forward_only)."""
+        rows = self._checked(call)
+        loss_fn = TOKEN_SUM_LOSSES[call.loss_fn][0]
+        logprobs, losses, total = [], [], 0.0
+        for start in range(0, len(rows), MICRO_BATCH):
+            chunk = rows[start : start + MICRO_BATCH]
+            with torch.set_grad_enabled(not call.forward_only):
+                lp = self._logprobs(chunk)
+                per_row = [loss_fn(lp[i, : len(r["tokens"])], r, call.config)
+                           for i, r in enumerate(chunk)]  # fmt: skip
+                loss = torch.stack([x.sum() for x in per_row]).sum()
+                if not math.isfinite(float(loss.detach())):
+                    raise WireError(f"the loss of data[{start}:{start + len(chunk)}] is not finite")
+                if not call.forward_only:
+                    loss.backward()
+            total += float(loss.detach())
+            for i, r in enumerate(chunk):
+                logprobs.append(lp[i, : len(r["tokens"])].detach().numpy())
+                losses.append(per_row[i].detach().numpy())
+        return logprobs, losses, {"loss:sum": total}
+
+    # -- optim_step ------------------------------------------------------------------
+    def optim_step(self, adam: dict[str, float]) -> dict[str, float]:
+        """One AdamW step with the request's ``adam_params``; the gradient is then cleared."""
+        lr = float(adam.get("learning_rate", 1e-4))
+        betas = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
+        eps, decay = float(adam.get("eps", 1e-12)), float(adam.get("weight_decay", 0.0))
+        clip = float(adam.get("grad_clip_norm", 0.0))
+        if not (lr >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and eps >= 0 and decay >= 0):
+            raise WireError(f"adam_params out of range: {adam}")
+        for group in self.optimizer.param_groups:
+            group.update(lr=lr, betas=betas, eps=eps, weight_decay=decay)
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        norm = clip_gradients(self.parameters, clip if clip > 0 else math.inf) if grads else 0.0
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise WireError("the gradient is not finite: the step was skipped, weights unchanged")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm": norm, "learning_rate": lr}
+
+    # -- weights ---------------------------------------------------------------------
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the trained tensors (the adapters), by parameter name."""
+        return {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
+
+    def merged_copy(self, adapters: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """A frozen plain model: the base with ``adapters`` (default: the current) merged."""
+        grads = [p.grad for p in self.parameters]
+        for p in self.parameters:  # deepcopy would copy the gradients too
+            p.grad = None
+        try:
+            twin = copy.deepcopy(self.policy)
+        finally:
+            for p, g in zip(self.parameters, grads):
+                p.grad = g
+        if adapters is not None:
+            twin.load_state_dict(adapters, strict=False)
+        return twin.merge_and_unload().requires_grad_(False).eval()
+
+    def save_state(self, directory: Path, *, optimizer: bool = True) -> Path:
+        """An ardea checkpoint at ``directory``: ``policy/`` (merged), ``adapter/`` and
+        ``trainer_state.pt`` (AdamW state and step count), written atomically."""
+        state: dict[str, Any] = {"steps": self.steps}
+        if optimizer:
+            state["optimizer"] = self.optimizer.state_dict()
+        directory = Path(directory)
+        return save_checkpoint(
+            directory.parent, self.steps, policy=self.policy, tokenizer=self.tokenizer,
+            state=state, keep_last=0, final=directory,
+        )  # fmt: skip
+
+    def load_state(self, directory: Path, *, optimizer: bool) -> None:
+        """Load a state written by :meth:`save_state` (the optimizer's too when asked)."""
+        from ardea.trainer.checkpoint import load_trainer_state
+
+        load_policy_weights(self.policy, directory)
+        state = load_trainer_state(directory)
+        self.steps = int(state.get("steps", 0))
+        if optimizer:
+            if "optimizer" not in state:
+                raise WireError(f"{directory} was saved without its optimizer state")
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,141 @@
+"""Sampling for the Tinker API: one in-process engine per set of sampler weights.
+
+A sampler holds a frozen plain model (the base with one snapshot of the adapters merged)
+and ardea's :class:`~ardea.rollout.inprocess.InProcessEngine` on it, so concurrent
+``asample`` requests are decoded together. ``sample`` maps the SDK's ``SamplingParams``:
+``max_tokens`` (None: up to the model's context), ``temperature`` (0: greedy), ``top_k``
+(-1: off), ``top_p``, ``seed`` (each of the ``num_samples`` rows gets its own random
+numbers of that seed) and ``stop`` (None: the model's end-of-sequence tokens; strings or
+token ids stop too, and the stop token or the tokens that complete a stop string are part
+of the returned tokens, as the client's parsers expect). Every sampled token carries the
+log-prob of the distribution it was drawn from (``temperature``, ``top_k``, ``top_p``).
+``prompt_logprobs``: ``log p(x_t | x_<t)`` under the same weights, NaN at ``t = 0``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ardea.model.logprobs import logprobs_from_logits
+from ardea.rollout.engine import Completion, Request, stop_token_ids
+from ardea.rollout.inprocess import InProcessEngine
+from ardea.rollout.sampling_params import SamplingParams
+from ardea.service.tinker_wire import WireError
+
+UNSUPPORTED_SAMPLING = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k",
+                        "target_prompt_logprobs", "prompt_logprobs_last_n")  # fmt: skip
+
+
+class Sampler:
+    """An engine on ``module`` (a frozen plain causal LM) and its prompt scorer."""
+
+    def __init__(self, module: torch.nn.Module, tokenizer: Any) -> None:
+        self.module = module
+        self.tokenizer = tokenizer
+        self.eos = stop_token_ids(module, tokenizer)
+        self.context = int(getattr(module.config, "max_position_embeddings", 2048))
+        self.vocab = int(module.get_input_embeddings().num_embeddings)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
+        self.engine = InProcessEngine(module, pad_token_id=pad, eos_token_ids=self.eos,
+                                      tokenizer=tokenizer)  # fmt: skip
+        self._score_lock = threading.Lock()
+
+    def params(self, prompt: list[int], sampling: dict[str, Any], n: int) -> SamplingParams:
+        """ardea's sampling parameters for the SDK's ``sampling_params`` dict."""
+        room = self.context - len(prompt)
+        max_tokens = sampling.get("max_tokens")
+        max_tokens = room if max_tokens is None else int(max_tokens)
+        if max_tokens < 1 or max_tokens > room:
+            raise WireError(
+                f"sampling_params.max_tokens={sampling.get('max_tokens')} does not fit: the "
+                f"prompt has {len(prompt)} tokens of the model's {self.context}"
+            )
+        stop = sampling.get("stop")
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        if sampling.get("stop") is not None and not stop:
+            raise WireError("sampling_params.stop=[] (no end-of-sequence stop) is not served")
+        top_k = int(sampling.get("top_k", -1))
+        try:
+            return SamplingParams(
+                temperature=float(sampling.get("temperature", 1.0)),
+                top_k=0 if top_k == -1 else top_k,
+                top_p=float(sampling.get("top_p", 1.0)),
+                max_new_tokens=max_tokens,
+                seed=sampling.get("seed"),
+                stop=[s for s in stop if isinstance(s, str)],
+                stop_token_ids=[s for s in stop if not isinstance(s, str)],
+                n=n,
+            )
+        except ValueError as exc:
+            raise WireError(f"sampling_params: {exc}") from exc
+
+    def submit(
+        self, prompt: list[int], params: SamplingParams, done: Callable[[list[Completion]], None],
+        fail: Callable[[BaseException], None],
+    ) -> None:  # fmt: skip
+        """Start ``params.n`` completions of ``prompt``; ``done(completions)`` (or ``fail``)
+        is called from the engine's thread when the last one ends."""
+        if not prompt or any(not 0 <= t < self.vocab for t in prompt):
+            raise WireError(f"prompt must be non-empty token ids in [0, {self.vocab})")
+        handles = self.engine.submit_all([Request(prompt, params, r) for r in range(params.n)])
+        left = [len(handles)]
+        lock = threading.Lock()
+
+        def finished(_handle) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            try:
+                done([h.result() for h in handles])
+            except BaseException as exc:  # noqa: BLE001 - reported through the future
+                fail(exc)
+
+        for handle in handles:
+            handle.add_done_callback(finished)
+
+    @torch.no_grad()
+    def prompt_logprobs(self, prompt: list[int]) -> list[float]:
+        """``[NaN, log p(x_1 | x_0), ...]``: one value per prompt token."""
+        ids = torch.tensor([prompt], dtype=torch.long)
+        with self._score_lock:
+            logits = self.module(input_ids=ids).logits[:, :-1]
+        scores = logprobs_from_logits(logits, ids[:, 1:])[0].tolist()
+        return [math.nan, *scores]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class SamplerCache:
+    """The most recently used samplers by key; the oldest is closed past ``size``."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.size = size
+        self._samplers: OrderedDict[str, Sampler] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, build: Callable[[], Sampler]) -> Sampler:
+        with self._lock:
+            if key in self._samplers:
+                self._samplers.move_to_end(key)
+                return self._samplers[key]
+        sampler = build()
+        with self._lock:
+            self._samplers[key] = sampler
+            while len(self._samplers) > self.size:
+                _, old = self._samplers.popitem(last=False)
+                old.close()
+        return sampler
+
+    def close(self) -> None:
+        with self._lock:
+            for sampler in self._samplers.values():
+                sampler.close()
+            self._samplers.clear()
