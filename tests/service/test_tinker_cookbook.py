@@ -20,6 +20,8 @@ import pytest
 from ardea.service.tinker_server import TinkerServer
 from tests.tiny_models import small_model
 
+pytestmark = pytest.mark.slow  # ~35 s: started early under -n 2
+
 REPO = Path(__file__).parents[2]
 PAGE = REPO / "docs" / "howto" / "tinker.md"
 
@@ -79,7 +81,7 @@ def runs(tmp_path_factory, tokenizer):
 def test_sft_lowers_the_nll_and_saves_where_the_server_keeps_states(runs):
     logs, state = runs
     nll = metrics(logs / "sft", "train_mean_nll")
-    assert len(nll) == 80
+    assert len(nll) == 60
     assert sum(nll[-5:]) / 5 < 0.5 * sum(nll[:5]) / 5
     final = json.loads((logs / "sft" / "checkpoints.jsonl").read_text().splitlines()[-1])
     model_id, kind, name = final["state_path"].removeprefix("tinker://").split("/")
@@ -87,11 +89,16 @@ def test_sft_lowers_the_nll_and_saves_where_the_server_keeps_states(runs):
 
 
 def test_rl_raises_the_reward(runs):
-    """From the SFT state the tiny model ends about half its answers with the renderer's
-    stop sequence (format 1, reward -0.1 * (1 - format) + correct); RL raises that."""
+    """From the SFT state the tiny model ends some of its answers with the renderer's stop
+    sequence (``format`` 1; reward ``correct - 0.1 (1 - format)``, and a model this small
+    gets no sum right): RL raises the share. Each step samples 64 answers, so a step's
+    share is known to about ±0.06; the last three steps must beat the first by 0.1."""
     reward = metrics(runs[0] / "rl", "env/all/reward/total")
-    assert len(reward) == 10
-    assert sum(reward[-3:]) / 3 > sum(reward[:2]) / 2 + 0.02, reward
+    formatted = metrics(runs[0] / "rl", "env/all/format")
+    print("RL format", [round(f, 3) for f in formatted])
+    assert len(reward) == 8
+    assert sum(formatted[-3:]) / 3 > formatted[0] + 0.1, formatted
+    assert sum(reward[-3:]) / 3 > reward[0], reward
 
 
 def test_dpo_starts_at_ln2_and_learns(runs):

@@ -34,3 +34,16 @@ def test_requests_run_in_seq_order_once_each_and_failures_stay_local():
         worker.futures.get(second).result(5)
     assert ran == [1, 2, 3]
     worker.close()
+
+
+def test_settled_results_are_dropped_after_their_keeping_time(monkeypatch):
+    import ardea.service.tinker_futures as module
+
+    futures = Futures()
+    kept, future = futures.new()
+    future.set_result("done")
+    assert futures.get(kept).result() == "done"
+    monkeypatch.setattr(module, "KEEP_SECONDS", 0.0)
+    pending, _ = futures.new()  # a new request drops what settled before it
+    assert futures.get(kept) is None
+    assert futures.get(pending) is not None  # unsettled ones stay

@@ -140,6 +140,35 @@ def test_save_and_load_state_resume_bit_exactly(service, server, tokenizer):
     assert not all(torch.equal(other[k], expected[k]) for k in other)
 
 
+def test_a_custom_loss_takes_the_same_step_as_the_built_in_one(service, server, tokenizer):
+    """forward_backward_custom runs in the SDK as a forward and a cross_entropy request with
+    ``-dL/dlogprobs`` as weights: with L the weighted NLL it must move the adapters exactly
+    as forward_backward("cross_entropy") does, and report L as loss:sum."""
+    data, rows = batch(tokenizer)
+    adam = types.AdamParams(learning_rate=1e-2)
+
+    def weighted_nll(batch_data, logprobs):
+        loss = sum((-lp * torch.tensor(d.loss_fn_inputs["weights"].data)).sum()
+                   for d, lp in zip(batch_data, logprobs))  # fmt: skip
+        return loss, {"nll": float(loss.detach())}
+
+    saved = {}
+    for name in ("custom", "built_in"):
+        trainer = service.create_lora_training_client(base_model="tiny", rank=RANK, seed=9).result()
+        if name == "custom":
+            out = trainer.forward_backward_custom(data, weighted_nll).result()
+        else:
+            out = trainer.forward_backward(data, "cross_entropy").result()
+        trainer.optim_step(adam).result()
+        saved[name] = (
+            out.metrics["loss:sum"],
+            adapter(server, trainer.save_state(name).result().path),
+        )
+    assert saved["custom"][0] == pytest.approx(saved["built_in"][0], rel=1e-6)
+    for key, value in saved["built_in"][1].items():
+        torch.testing.assert_close(saved["custom"][1][key], value, rtol=0, atol=1e-6)
+
+
 def teacher_forced(model, prompt, tokens):
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
@@ -154,6 +183,7 @@ def test_sampling_matches_the_engine_and_a_forward(service, server, tokenizer):
     trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     path = trainer.save_weights_for_sampler("s1").result().path
     sampler = service.create_sampling_client(model_path=path).result()
+    assert sampler.get_tokenizer().encode("12+3") == tokenizer.encode("12+3")  # a local dir
     prompt = tokenizer.encode("12+3", add_special_tokens=False)
     params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=11)
     result = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()

@@ -62,6 +62,9 @@ def add_serve_parser(sub) -> None:
     tinker.add_argument("--state-dir", default="tinker-state",
                         help="where save_state and save_weights_for_sampler write (kept "
                         "across restarts: load_state reads them back)")  # fmt: skip
+    tinker.add_argument("--device", default="auto",
+                        help="where LoRA training and sampling run: auto (cuda when there "
+                        "is one), cpu, cuda, cuda:N")  # fmt: skip
     tinker.add_argument("--samplers", type=int, default=3,
                         help="sampler weights kept loaded at once (oldest unloaded first)")  # fmt: skip
 
@@ -120,7 +123,7 @@ def serve_tinker(args: argparse.Namespace) -> int:
     from ardea.service.tinker_server import TinkerServer
 
     server = TinkerServer({name: model_dir}, state_dir=args.state_dir, host=args.host,
-                          port=args.port, samplers=args.samplers)  # fmt: skip
+                          port=args.port, samplers=args.samplers, device=args.device)  # fmt: skip
     serve_until_stopped(server, f"ardea serve --tinker: {model_dir} as base_model {name!r} at "
                         f"{server.url} (states in {args.state_dir}); Ctrl-C to stop")  # fmt: skip
     return 0

@@ -85,7 +85,9 @@ def save_policy(
     ``state_dict``: the whole model's tensors when ``model``'s own are shards (FSDP2)."""
     directory = Path(directory)
     if is_lora(model):
-        model.save_pretrained(directory / ADAPTER_DIR)
+        # the adapters only: not the base embeddings or head peft would add when they are
+        # LoRA targets (the base is loaded from its own directory)
+        model.save_pretrained(directory / ADAPTER_DIR, save_embedding_layers=False)
         merged = copy.deepcopy(model).merge_and_unload()
         merged.save_pretrained(directory / POLICY_DIR, safe_serialization=True)
     else:

@@ -13,25 +13,42 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+KEEP_SECONDS = 600.0
+
 
 class Futures:
-    """``request_id`` -> :class:`concurrent.futures.Future` of the operation's result."""
+    """``request_id`` -> :class:`concurrent.futures.Future` of the operation's result.
+
+    A settled result is kept :data:`KEEP_SECONDS` after it settled (a client whose poll
+    reply was lost polls again), then dropped, so a long run's results do not pile up."""
 
     def __init__(self) -> None:
         self._futures: dict[str, Future] = {}
+        self._settled: dict[str, float] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
     def new(self) -> tuple[str, Future]:
         with self._lock:
+            self._forget(time.monotonic() - KEEP_SECONDS)
             request_id = f"req-{next(self._ids)}"
             future: Future = Future()
             self._futures[request_id] = future
+        future.add_done_callback(lambda _f: self._settle(request_id))
         return request_id, future
+
+    def _settle(self, request_id: str) -> None:
+        with self._lock:
+            self._settled[request_id] = time.monotonic()
+
+    def _forget(self, before: float) -> None:
+        for request_id in [r for r, t in self._settled.items() if t < before]:
+            del self._settled[request_id], self._futures[request_id]
 
     def get(self, request_id: str) -> Future | None:
         with self._lock:

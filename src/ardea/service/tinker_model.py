@@ -77,8 +77,11 @@ def _tensor(datum: WireDatum, index: int, key: str, length: int, dtype) -> torch
 class TrainingModel:
     """A LoRA policy on ``base_dir`` with AdamW; see the module docstring."""
 
-    def __init__(self, base_dir: Path, spec: LoraSpec, *, tokenizer: Any) -> None:
+    def __init__(
+        self, base_dir: Path, spec: LoraSpec, *, tokenizer: Any, device: torch.device | str = "cpu"
+    ) -> None:
         self.base_dir = Path(base_dir)
+        self.device = torch.device(device)
         self.spec = spec
         self.tokenizer = tokenizer
         base = AutoModelForCausalLM.from_pretrained(
@@ -90,7 +93,7 @@ class TrainingModel:
             self.policy = apply_lora(
                 base, r=spec.rank, alpha=LORA_ALPHA, dropout=0.0, target_modules=targets
             )
-        self.policy.train()
+        self.policy.to(self.device).train()
         self.vocab = int(base.get_input_embeddings().num_embeddings)
         self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
@@ -134,6 +137,7 @@ class TrainingModel:
         for i, r in enumerate(rows):
             n = len(r["tokens"])
             ids[i, :n], mask[i, :n], targets[i, :n] = r["tokens"], 1, r["target_tokens"]
+        ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
         logits = self.policy(input_ids=ids, attention_mask=mask).logits
         return logprobs_from_logits(logits, targets)
 
@@ -144,7 +148,8 @@ class TrainingModel:
         loss_fn = TOKEN_SUM_LOSSES[call.loss_fn][0]
         logprobs, losses, total = [], [], 0.0
         for start in range(0, len(rows), MICRO_BATCH):
-            chunk = rows[start : start + MICRO_BATCH]
+            chunk = [{k: v.to(self.device) for k, v in r.items()}
+                     for r in rows[start : start + MICRO_BATCH]]  # fmt: skip
             with torch.set_grad_enabled(not call.forward_only):
                 lp = self._logprobs(chunk)
                 per_row = [loss_fn(lp[i, : len(r["tokens"])], r, call.config)
@@ -156,8 +161,8 @@ class TrainingModel:
                     loss.backward()
             total += float(loss.detach())
             for i, r in enumerate(chunk):
-                logprobs.append(lp[i, : len(r["tokens"])].detach().numpy())
-                losses.append(per_row[i].detach().numpy())
+                logprobs.append(lp[i, : len(r["tokens"])].detach().cpu().numpy())
+                losses.append(per_row[i].detach().cpu().numpy())
         return logprobs, losses, {"loss:sum": total}
 
     # -- optim_step ------------------------------------------------------------------

@@ -103,10 +103,10 @@ class Sampler:
     @torch.no_grad()
     def prompt_logprobs(self, prompt: list[int]) -> list[float]:
         """``[NaN, log p(x_1 | x_0), ...]``: one value per prompt token."""
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.module.device)
         with self._score_lock:
             logits = self.module(input_ids=ids).logits[:, :-1]
-        scores = logprobs_from_logits(logits, ids[:, 1:])[0].tolist()
+        scores = logprobs_from_logits(logits, ids[:, 1:])[0].cpu().tolist()
         return [math.nan, *scores]
 
     def close(self) -> None:

@@ -5,7 +5,8 @@
 
 Base models are local directories, each served under a name (and under its own path, so
 ``base_model="/models/tiny"`` works too). Saved states and sampler weights go to
-``state_dir`` (see :mod:`ardea.service.tinker_store`) and outlive the server.
+``state_dir`` (see :mod:`ardea.service.tinker_store`) and outlive the server. ``device``:
+where training and sampling run (``cpu``, ``cuda``, ``cuda:1``, ``auto``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ class TinkerServer(AppServer):
         host: str = "127.0.0.1",
         port: int = 0,
         samplers: int = 3,
+        device: str = "cpu",
     ) -> None:
-        self.service = TinkerService(
-            {name: Path(path) for name, path in bases.items()}, Path(state_dir), samplers=samplers
-        )
+        bases = {name: Path(path) for name, path in bases.items()}
+        self.service = TinkerService(bases, Path(state_dir), samplers=samplers, device=device)
         super().__init__(build_app(self.service), host=host, port=port, name="Tinker server")
 
     @property

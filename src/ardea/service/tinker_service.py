@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ardea.model.loading import check_model_dir, load_tokenizer
@@ -30,22 +31,25 @@ from ardea.service.tinker_wire import (
     read_forward_backward,
     sample_response,
 )
+from ardea.trainer.setup import resolve_device
 
 
-def _plain_model(directory: Path):
-    return AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).requires_grad_(
-        False
-    ).eval()  # fmt: skip
+def _plain_model(directory: Path, device: torch.device):
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    return model.to(device).requires_grad_(False).eval()
 
 
 class TinkerService:
     """The server's state: base models, sessions, trained models, samplers, futures."""
 
-    def __init__(self, bases: dict[str, Path], state_dir: Path, *, samplers: int = 3) -> None:
+    def __init__(
+        self, bases: dict[str, Path], state_dir: Path, *, samplers: int = 3, device: str = "cpu"
+    ) -> None:
         if not bases:
             raise WireError("the Tinker server needs at least one base model directory")
         self.bases = {name: check_model_dir(path).resolve() for name, path in bases.items()}
         self.tokenizers = {path: load_tokenizer(path) for path in set(self.bases.values())}
+        self.device = resolve_device(device)
         self.store = Store(state_dir)
         self.futures = Futures()
         self.worker = Worker(self.futures)
@@ -87,7 +91,8 @@ class TinkerService:
     # -- training models -------------------------------------------------------------
     def _register(self, model_id: str, base: str, spec: LoraSpec, metadata: dict) -> TrainingModel:
         directory = self.base_dir(base)
-        model = TrainingModel(directory, spec, tokenizer=self.tokenizers[directory])
+        model = TrainingModel(directory, spec, tokenizer=self.tokenizers[directory],
+                              device=self.device)  # fmt: skip
         with self._lock:
             self.models[model_id] = (base, model)
         record = {"base_model": base, "lora": spec.__dict__, "user_metadata": metadata,
@@ -123,8 +128,9 @@ class TinkerService:
         return {
             "type": "get_info", "model_id": body["model_id"], "is_lora": True,
             "lora_rank": model.spec.rank, "optimizer_config": {"type": "adamw"},
-            "model_data": {"arch": model.policy.config.model_type, "model_name": base,
-                           "tokenizer_id": str(model.base_dir)},
+            # the directory, not the name: the SDK loads tokenizers from model_name too
+            "model_data": {"arch": model.policy.config.model_type,
+                           "model_name": str(model.base_dir), "tokenizer_id": str(model.base_dir)},
         }  # fmt: skip
 
     def forward_backward(self, body: bytes, encoding: str | None) -> dict[str, Any]:
@@ -243,7 +249,7 @@ class TinkerService:
     def sampler_info(self, session: str) -> dict[str, Any]:
         base, key, _ = self.sampling_entry(session)
         path = key if key.startswith("tinker://") else None
-        return {"sampler_id": session, "base_model": base, "model_path": path}
+        return {"sampler_id": session, "base_model": str(self.base_dir(base)), "model_path": path}
 
     def sampling_entry(self, session: str) -> tuple[str, str, Any]:
         with self._lock:
@@ -261,7 +267,7 @@ class TinkerService:
             if source[0] == "adapters":
                 module = self.worker.call(lambda: source[1].merged_copy(source[2]))
             else:
-                module = _plain_model(source[1])
+                module = _plain_model(source[1], self.device)
             return Sampler(module, tokenizer)
 
         return self.samplers.get(key, build)
@@ -298,6 +304,9 @@ class TinkerService:
                   "sample_sequence_ids": [f"{request_id}:{i}" for i in range(n)]}  # fmt: skip
         with self._lock:
             self._asked[dedupe] = answer
+            if len(self._asked) > 4096:  # keep the retries of requests whose results are kept
+                self._asked = {k: v for k, v in self._asked.items()
+                               if self.futures.get(v["request_id"]) is not None}  # fmt: skip
         return answer
 
     # -- the REST side ----------------------------------------------------------------
