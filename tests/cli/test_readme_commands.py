@@ -265,15 +265,16 @@ def tinker_then_interrupt(port: int) -> threading.Thread:
                     break
                 except httpx.TransportError:
                     time.sleep(0.1)
-            service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-x")
-            trainer = service.create_lora_training_client(base_model="tiny", rank=2).result()
-            datum = tinker.types.Datum(
-                model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
-                loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0, 1.0, 1.0]},
-            )
-            trainer.forward_backward([datum], "cross_entropy").result()
-            trainer.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()
-            trainer.save_state("readme").result()
+            url = f"http://127.0.0.1:{port}"
+            with tinker.ServiceClient(base_url=url, api_key="tml-x") as service:
+                trainer = service.create_lora_training_client(base_model="tiny", rank=2).result()
+                datum = tinker.types.Datum(
+                    model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                    loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0, 1.0, 1.0]},
+                )
+                trainer.forward_backward([datum], "cross_entropy").result()
+                trainer.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()
+                trainer.save_state("readme").result()
         finally:
             os.kill(os.getpid(), signal.SIGINT)
 

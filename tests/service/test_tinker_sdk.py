@@ -44,7 +44,8 @@ def server(base_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(server, monkeypatch_module):
-    return tinker.ServiceClient(base_url=server.url, api_key="tml-test")
+    with tinker.ServiceClient(base_url=server.url, api_key="tml-test") as client:
+        yield client  # leaving the block finishes the session: no heartbeats left behind
 
 
 @pytest.fixture(scope="module")
@@ -296,3 +297,13 @@ def test_the_rest_api_lists_and_deletes_checkpoints(service, server):
     rest.delete_checkpoint_from_tinker_path(state).result()
     listed = rest.list_checkpoints(trainer.model_id).result().checkpoints
     assert [c.checkpoint_id for c in listed] == ["sampler_weights/kept"]
+
+
+def test_a_retried_creation_gets_the_first_answer(server):
+    """The SDK resubmits a create_model whose reply it lost: the same request, not a second
+    model (one future, one registration)."""
+    body = {"session_id": "retry", "model_seq_id": 0, "base_model": "tiny",
+            "lora_config": {"rank": 2}}  # fmt: skip
+    first = server.service.create_model(body)
+    assert server.service.create_model(body) == first
+    assert server.service.futures.get(first["request_id"]).result(60)["model_id"] == "retry:train:0"

@@ -98,6 +98,7 @@ class TrainingModel:
         self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
         self.steps = 0
+        self.loss_since_step = 0.0  # summed loss of the forward_backward calls since the step
 
     # -- forward_backward ------------------------------------------------------------
     def _checked(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
@@ -163,6 +164,8 @@ class TrainingModel:
             for i, r in enumerate(chunk):
                 logprobs.append(lp[i, : len(r["tokens"])].detach().cpu().numpy())
                 losses.append(per_row[i].detach().cpu().numpy())
+        if not call.forward_only:
+            self.loss_since_step += total
         return logprobs, losses, {"loss:sum": total}
 
     # -- optim_step ------------------------------------------------------------------
@@ -180,11 +183,13 @@ class TrainingModel:
         norm = clip_gradients(self.parameters, clip if clip > 0 else math.inf) if grads else 0.0
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
+            self.loss_since_step = 0.0
             raise WireError("the gradient is not finite: the step was skipped, weights unchanged")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        return {"grad_norm": norm, "learning_rate": lr}
+        loss, self.loss_since_step = self.loss_since_step, 0.0
+        return {"grad_norm": norm, "learning_rate": lr, "loss": loss}
 
     # -- weights ---------------------------------------------------------------------
     def adapter_state(self) -> dict[str, torch.Tensor]:

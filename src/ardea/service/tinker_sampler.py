@@ -45,6 +45,9 @@ class Sampler:
         self.engine = InProcessEngine(module, pad_token_id=pad, eos_token_ids=self.eos,
                                       tokenizer=tokenizer)  # fmt: skip
         self._score_lock = threading.Lock()
+        self._state = threading.Lock()
+        self._in_flight = 0  # submitted calls not finished yet
+        self._retired = False  # evicted: close once the calls in flight are done
 
     def params(self, prompt: list[int], sampling: dict[str, Any], n: int) -> SamplingParams:
         """ardea's sampling parameters for the SDK's ``sampling_params`` dict."""
@@ -83,6 +86,8 @@ class Sampler:
         is called from the engine's thread when the last one ends."""
         if not prompt or any(not 0 <= t < self.vocab for t in prompt):
             raise WireError(f"prompt must be non-empty token ids in [0, {self.vocab})")
+        with self._state:
+            self._in_flight += 1
         handles = self.engine.submit_all([Request(prompt, params, r) for r in range(params.n)])
         left = [len(handles)]
         lock = threading.Lock()
@@ -96,6 +101,11 @@ class Sampler:
                 done([h.result() for h in handles])
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 fail(exc)
+            with self._state:
+                self._in_flight -= 1
+                last = self._retired and self._in_flight == 0
+            if last:  # not on this thread: it is the engine's own, inside its step
+                threading.Thread(target=self.engine.close, daemon=True).start()
 
         for handle in handles:
             handle.add_done_callback(finished)
@@ -109,12 +119,21 @@ class Sampler:
         scores = logprobs_from_logits(logits, ids[:, 1:])[0].cpu().tolist()
         return [math.nan, *scores]
 
+    def retire(self) -> None:
+        """Close the engine now, or when the calls in flight have finished."""
+        with self._state:
+            self._retired = True
+            idle = self._in_flight == 0
+        if idle:
+            self.engine.close()
+
     def close(self) -> None:
         self.engine.close()
 
 
 class SamplerCache:
-    """The most recently used samplers by key; the oldest is closed past ``size``."""
+    """The most recently used samplers by key; past ``size`` the least recently used one is
+    retired (closed once its requests in flight are done)."""
 
     def __init__(self, size: int = 3) -> None:
         self.size = size
@@ -131,7 +150,7 @@ class SamplerCache:
             self._samplers[key] = sampler
             while len(self._samplers) > self.size:
                 _, old = self._samplers.popitem(last=False)
-                old.close()
+                old.retire()  # an evicted sampler finishes what it was asked first
         return sampler
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ given at start (and their paths).
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
 from pathlib import Path
@@ -58,6 +59,7 @@ class TinkerService:
         self.sampling: dict[str, tuple[str, str, Any]] = {}  # id -> (base, path, source)
         self._sessions = itertools.count(1)
         self._asked: dict[tuple[str, Any], dict[str, Any]] = {}  # asample retries
+        self._created: dict[str, dict[str, Any]] = {}  # create retries
         self._lock = threading.Lock()
         self.started = time.time()
 
@@ -115,13 +117,22 @@ class TinkerService:
             raise WireError(f"optimizer_config.type {optimizer!r} is not served (only adamw)")
         base = body["base_model"]
         self.base_dir(base)  # an unknown name fails the request itself, not only its future
-        self.worker.start_model(model_id)
 
         def create() -> dict[str, Any]:
             self._register(model_id, base, spec, body.get("user_metadata") or {})
             return {"type": "create_model", "model_id": model_id}
 
-        return {"request_id": self.worker.run(create), "model_id": model_id}
+        return self._create_once(model_id, create)
+
+    def _create_once(self, model_id: str, create) -> dict[str, Any]:
+        """Queue a model's creation; a retried creation gets the first one's answer."""
+        with self._lock:
+            if model_id in self._created:
+                return self._created[model_id]
+            self.worker.start_model(model_id)
+            answer = {"request_id": self.worker.run(create), "model_id": model_id}
+            self._created[model_id] = answer
+        return answer
 
     def get_info(self, body: dict[str, Any]) -> dict[str, Any]:
         base, model = self.model(body["model_id"])
@@ -151,7 +162,11 @@ class TinkerService:
         adam = body.get("adam_params") or {}
 
         def step() -> dict[str, Any]:
-            return {"type": "optim_step", "metrics": model.optim_step(adam)}
+            metrics = model.optim_step(adam)
+            print(f"ardea tinker: {model_id} step {model.steps}: loss {metrics['loss']:.6g} "
+                  f"(summed since the last step), grad_norm {metrics['grad_norm']:.4g}, "
+                  f"lr {metrics['learning_rate']:g}", file=sys.stderr, flush=True)  # fmt: skip
+            return {"type": "optim_step", "metrics": metrics}
 
         return {"request_id": self.worker.run_in_order(model_id, body["seq_id"], step),
                 "model_id": model_id}  # fmt: skip
@@ -215,7 +230,6 @@ class TinkerService:
         run = self.store.run(parsed.model_id)
         base = body.get("base_model") or run["base_model"]
         self.base_dir(base)
-        self.worker.start_model(model_id)
 
         def create() -> dict[str, Any]:
             model = self._register(model_id, base, LoraSpec(**run["lora"]),
@@ -223,7 +237,7 @@ class TinkerService:
             model.load_state(directory, optimizer=with_optimizer)
             return {"type": "load_weights", "path": body["path"], "model_id": model_id}
 
-        return {"request_id": self.worker.run(create), "model_id": model_id}
+        return self._create_once(model_id, create)
 
     # -- sampling sessions -----------------------------------------------------------
     def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
