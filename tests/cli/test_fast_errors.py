@@ -21,6 +21,9 @@ MISTAKES = [
     ["eval", "{missing}"],
     ["generate", "{missing}", "--prompt", "1+1="],
     ["serve", "{missing}"],
+    ["serve", "{missing}", "--tinker"],
+    ["serve", "{missing}", "--tinker", "rollout.engine=vllm"],
+    ["serve", "{missing}", "--tinker", "--samplers", "0"],
     ["train", "trainer.max_step=3"],
     ["train", "model.dtype=float8"],
 ]
@@ -36,3 +39,13 @@ def test_a_mistake_is_answered_before_torch_is_imported(argv, tmp_path):
         done.stdout + done.stderr
     )
     assert f"ardea {argv[0]}: error:" in done.stderr
+
+
+def test_a_device_that_is_not_one_is_named(tmp_path, tokenizer, capsys):
+    from ardea.cli.main import main
+    from tests.tiny_models import small_model
+
+    small_model(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert main(["serve", str(tmp_path), "--tinker", "--device", "gpu0"]) == 2
+    assert "--device 'gpu0': not a device" in capsys.readouterr().err

@@ -84,11 +84,15 @@ def test_sft_steps_equal_ardea_loss_and_adamw(service, server, base_dir, tokeniz
     and the adapters after the steps equal the reference's."""
     trainer = service.create_lora_training_client(base_model="tiny", rank=RANK, seed=SEED).result()
     data, rows = batch(tokenizer)
-    adam = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
+    # eps 1e-4 keeps Adam's step Lipschitz in the gradient (|d step / d g| <= lr / eps = 100):
+    # the server and the reference sum in other orders (a mask or none, ~1e-8 apart on these
+    # gradients), which a tiny eps would turn into lr-sized sign flips of near-zero entries;
+    # 100 x 1e-8 per step over three steps stays far inside atol 1e-5
+    adam = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-4,
                             weight_decay=0.01)  # fmt: skip
     ref = reference_model(base_dir)
     optimizer = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-2,
-                                  betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)  # fmt: skip
+                                  betas=(0.9, 0.95), eps=1e-4, weight_decay=0.01)  # fmt: skip
     ids = torch.tensor([r[0] for r in rows])
     mask = torch.tensor([r[1] for r in rows]).bool()
     losses = []
@@ -165,9 +169,12 @@ def test_a_custom_loss_takes_the_same_step_as_the_built_in_one(service, server, 
             out.metrics["loss:sum"],
             adapter(server, trainer.save_state(name).result().path),
         )
-    assert saved["custom"][0] == pytest.approx(saved["built_in"][0], rel=1e-6)
+    # the custom loss sums ~20 float32 terms client-side, in another order than the server:
+    # ~20 x 6e-8 relative at most
+    assert saved["custom"][0] == pytest.approx(saved["built_in"][0], rel=1e-5)
+    # -d(sum -lp w)/dlp = w exactly: the same weights reach the server, the same gradient
     for key, value in saved["built_in"][1].items():
-        torch.testing.assert_close(saved["custom"][1][key], value, rtol=0, atol=1e-6)
+        torch.testing.assert_close(saved["custom"][1][key], value, rtol=0, atol=0)
 
 
 def teacher_forced(model, prompt, tokens):

@@ -25,10 +25,10 @@ import httpx
 
 from ardea.errors import ArdeaError
 
-#: flags every launched server gets (see the module docstring)
 #: extra arguments that spread a server over several devices (it then keeps its workers)
 PARALLEL_FLAGS = ("--tensor-parallel", "-tp", "--pipeline-parallel", "-pp", "--data-parallel",
                   "-dp")  # fmt: skip
+#: flags every launched server gets (see the module docstring)
 SERVER_FLAGS = ("--enforce-eager", "--logprobs-mode", "processed_logprobs", "--seed", "0")
 
 
@@ -104,7 +104,7 @@ class LaunchedServer:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
         if not any(a.startswith(PARALLEL_FLAGS) for a in self.extra_args):
             # one device: the model runs in vLLM's engine process instead of a worker
-            # process of its own, one interpreter start (~8 s on a CPU) fewer per server
+            # process of its own, one interpreter start (~7 s on a CPU) fewer per server
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env.update(self.env)
         with open(self.log_path, "ab") as log:

@@ -62,17 +62,7 @@ def settle(future: Future, operation: Callable[[], Any]) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the client
         future.set_exception(exc)
     else:
-        if result is not _LATER:
-            future.set_result(result)
-
-
-_LATER = object()  # an operation that settles its future itself (sampling, on its engine)
-
-
-def later() -> object:
-    """What an operation returns when it has handed its future to something that settles
-    it afterwards (the engine's thread)."""
-    return _LATER
+        future.set_result(result)
 
 
 class Worker:
