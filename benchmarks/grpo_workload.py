@@ -144,9 +144,10 @@ def step_flops(work: Workload, shape: dict, *, reference: bool) -> dict[str, flo
 def floor_rates(
     work: Workload, shape: dict, dtype: torch.dtype, budget_s: float, parts=("train", "decode")
 ) -> dict:
-    """GFLOP/s of ardea's probe product (:func:`ardea.model.dtype_probe.linear_gflops`: an MLP
-    up-projection under autocast to ``dtype``, fp32 parameters) at the step's two shapes: all
-    ``N × (P + R)`` tokens of a training forward, and the ``N`` rows of one decode step."""
+    """GFLOP/s of ardea's probe products (:func:`ardea.model.dtype_probe.linear_gflops`: an
+    MLP up-projection in ``dtype`` from fp32 parameters) at the step's two shapes: all ``N ×
+    (P + R)`` tokens of a training forward (``F.linear`` under autocast), and the ``N`` rows
+    of one decode step (the engine's packed linear, the weight cast and laid out once)."""
     from ardea.model.dtype_probe import linear_gflops
 
     n = work.prompts * work.group
@@ -154,7 +155,10 @@ def floor_rates(
     cpu, f32 = torch.device("cpu"), torch.float32
     sizes = (work.hidden, work.intermediate, budget_s)
     rows = {"train": tokens, "decode": n}
-    return {part: linear_gflops(cpu, dtype, f32, rows[part], *sizes) for part in parts}
+    return {
+        part: linear_gflops(cpu, dtype, f32, rows[part], *sizes, packed=part == "decode")
+        for part in parts
+    }
 
 
 def floor_seconds(flops: dict[str, float], rates: dict[str, float]) -> float:

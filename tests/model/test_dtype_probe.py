@@ -14,20 +14,32 @@ SHAPES = ProbeShapes(hidden=64, intermediate=192, train_tokens=512, decode_rows=
 
 
 class FakeClock:
-    """A clock that F.linear advances by FLOPs / rate, the rate depending on whether bf16
-    autocast is on and on the product's rows (train- or decode-sized): the probe's timings,
-    set by hand."""
+    """A clock that the probe's products (F.linear at the training shape, the engine's
+    packed linear at the decode shape) advance by FLOPs / rate, the rate depending on the
+    dtype (bf16 autocast on, or the packed weight's dtype) and on the product's rows (train-
+    or decode-sized): the probe's timings, set by hand."""
 
     def __init__(self, rates):  # {(dtype name, "train"|"decode"): GFLOP/s}
-        self.rates, self.now, self.products = rates, 0.0, []
+        self.rates, self.now, self.products, self.kernels = rates, 0.0, [], set()
 
     def perf_counter(self):
         return self.now
 
     def linear(self, x, w):
         bf16 = torch.is_autocast_enabled("cpu")
+        self.kernels.add(("F.linear", "decode" if x.shape[0] == SHAPES.rows("decode") else "train"))
+        return self.advance("bfloat16" if bf16 else "float32", x, w)
+
+    def packed(self, w):
+        def product(x):
+            kind = "decode" if x.shape[0] == SHAPES.rows("decode") else "train"
+            self.kernels.add(("packed", kind))
+            return self.advance(str(w.dtype).removeprefix("torch."), x, w)
+
+        return product
+
+    def advance(self, name, x, w):
         kind = "decode" if x.shape[0] == SHAPES.rows("decode") else "train"
-        name = "bfloat16" if bf16 else "float32"
         self.products.append((name, kind))
         self.now += 2.0 * x.shape[0] * x.shape[1] * w.shape[0] / (self.rates[name, kind] * 1e9)
         return x.new_empty(x.shape[0], w.shape[0])  # no real product: the clock says its time
@@ -41,6 +53,7 @@ def clock(monkeypatch, tmp_path):
         fake = FakeClock(rates)
         monkeypatch.setattr(dtype_probe.time, "perf_counter", fake.perf_counter)
         monkeypatch.setattr(dtype_probe.F, "linear", fake.linear)
+        monkeypatch.setattr(dtype_probe, "PackedLinear", fake.packed)
         return fake
 
     return install
@@ -174,3 +187,12 @@ def test_a_real_probe_is_short_and_leaves_the_seeded_streams_alone(monkeypatch, 
     assert all(rate > 0 for rate in result.decode_gflops.values())
     assert result.train_gflops["float32"] > 0
     assert probe(CPU, torch.float32, [torch.float32], SHAPES).choice == "float32"
+
+
+def test_each_shape_times_the_kernel_its_phase_runs(clock):
+    """Training forwards run F.linear under autocast; the engine's decode step multiplies
+    with weights packed once (ardea.model.packed_linear): each shape is timed with its own."""
+    fake = clock({("float32", "train"): 100, ("float32", "decode"): 80,
+                  ("bfloat16", "train"): 300, ("bfloat16", "decode"): 200})  # fmt: skip
+    measure(CPU, torch.float32, [torch.float32, torch.bfloat16], SHAPES)
+    assert fake.kernels == {("F.linear", "train"), ("packed", "decode")}

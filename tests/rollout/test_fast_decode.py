@@ -80,3 +80,37 @@ def test_bfloat16_compute_stays_close_to_the_float32_distribution():
             worst, float((exact - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max())
         )
     assert 1e-4 < worst < 0.05  # bf16 is visibly not fp32, and close to it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_equals_the_hugging_face_module_bit_for_bit(dtype):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    from ardea.rollout.fast_decode import _rms_norm
+
+    gen = torch.Generator().manual_seed(3)
+    module = Qwen2RMSNorm(96, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        module.weight.copy_(torch.randn(96, generator=gen))
+    x = (3 * torch.randn(16, 1, 96, generator=gen)).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(_rms_norm(x, module.weight, 1e-6), module(x))
+
+
+def test_rope_on_query_and_key_heads_at_once_equals_rotate_half():
+    """x cos + flip_halves(x) (−sin, +sin), the step's form, against transformers' own
+    apply_rotary_pos_emb on the same bf16 heads and float32 factors: equal bit for bit."""
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    model = make_model("qwen2")
+    fast = fast_decoder(model, torch.bfloat16)
+    positions = torch.tensor([0, 3, 17, 40])
+    gen = torch.Generator().manual_seed(5)
+    d = fast.head_dim
+    heads = (torch.randn(4, 5, 1, d, generator=gen)).bfloat16()  # (N, H, 1, D)
+    cos, signed = fast._rope(positions)
+    halves = heads.view(4, 5, 2, d // 2)
+    ours = (halves * cos + halves.flip(2) * signed).reshape(4, 5, 1, d)
+    ref_cos, ref_sin = model.model.rotary_emb(heads.float(), positions[:, None])  # (N, 1, D)
+    expected, _ = apply_rotary_pos_emb(heads, heads, ref_cos, ref_sin, unsqueeze_dim=1)
+    assert torch.equal(ours, expected)

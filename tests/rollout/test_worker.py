@@ -94,8 +94,10 @@ def test_jobs_wait_for_their_version_and_use_exactly_it():
         assert versions(generation) == {1}
         model = MODULES[worker.engine].state_dict()
         assert all(torch.equal(model[k], states[1][k]) for k in model)
-        # the same completions as the trainer's engine gives on version-1 weights
+        # the same completions as the trainer's engine gives on version-1 weights (its
+        # engine, on the trainer's module, takes them through update_weights)
         policy.load_state_dict(states[1])
+        runner.engine.update_weights(policy.state_dict(), 1)
         same = runner.generate(EXAMPLES, seed_index=2)
         assert [c.token_ids for c in same.completions] == [
             c.token_ids for c in generation.completions

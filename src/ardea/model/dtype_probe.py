@@ -2,13 +2,15 @@
 
 ``model.compute_dtype=auto`` cannot be decided from CPU flags: bf16 matmuls ran 2-3x
 faster than fp32 on one AVX-512-BF16 CPU without AMX, 1.9-5.5x slower on another with the
-same flags, and hundreds of times slower on an AVX2 CPU (emulated). So :func:`probe` times
-``F.linear`` under ``torch.autocast`` — what the model's projections run — at the run's own
-two shapes, in each candidate dtype:
+same flags, and hundreds of times slower on an AVX2 CPU (emulated). So :func:`probe` times,
+at the run's own two shapes and in each candidate dtype, the kernel each phase multiplies
+with:
 
-- training: ``tokens × hidden @ hidden × intermediate`` (a micro-batch's MLP projection);
+- training: ``tokens × hidden @ hidden × intermediate`` (a micro-batch's MLP projection),
+  ``F.linear`` under ``torch.autocast``, as the model's projections run it;
 - decode:   ``rows × hidden @ hidden × intermediate`` (one token of every sequence in a
-  generation batch).
+  generation batch), the in-process engine's :class:`~ardea.model.packed_linear.PackedLinear`
+  (the weight cast and laid out once, as between two weight updates).
 
 A dtype's *time* is the sum over the two shapes of the seconds one product takes, each
 scaled to the same FLOPs (the harmonic mean of its two rates), and the fastest wins. The
@@ -34,6 +36,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from ardea.model.packed_linear import PackedLinear
 
 GIVE_UP_RATIO = 4.0
 """A candidate this many times slower than the parameters' dtype at the decode shape is not
@@ -115,7 +119,8 @@ def machine_key(device: torch.device, shapes: ProbeShapes) -> str:
     else:
         where = _cpu_name()
     threads = torch.get_num_threads()
-    return f"{device.type}|{where}|torch {torch.__version__}|{threads} threads|{shapes.key()}"
+    kernels = "decode packed"  # what the decode shape times (older entries timed F.linear)
+    return f"{device.type}|{where}|torch {torch.__version__}|{threads} threads|{shapes.key()}|{kernels}"
 
 
 def _cpu_name() -> str:
@@ -136,23 +141,30 @@ def linear_gflops(
     hidden: int,
     intermediate: int,
     budget_s: float,
+    *,
+    packed: bool = False,
 ) -> float:
-    """GFLOP/s of the best-timed ``F.linear`` of ``rows × hidden`` inputs by ``intermediate ×
-    hidden`` parameters under autocast to ``dtype`` (none when it is the parameters' dtype),
-    timed for ``budget_s`` seconds (at least two products after a warm-up). Random numbers
-    come from a generator of its own: the run's seeded streams are left as they were."""
+    """GFLOP/s of the best-timed product of ``rows × hidden`` inputs by ``intermediate ×
+    hidden`` parameters in ``dtype``: ``F.linear`` under autocast to ``dtype`` (none when it
+    is the parameters' dtype), or with ``packed`` the engine's :class:`PackedLinear` on the
+    weight cast to ``dtype`` once. Timed for ``budget_s`` seconds (at least two products after
+    a warm-up). Random numbers come from a generator of its own: the run's seeded streams are
+    left as they were."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, hidden, device=device, dtype=params, generator=gen)
     w = torch.randn(intermediate, hidden, device=device, dtype=params, generator=gen)
-    autocast = dtype != params
+    autocast = dtype != params and not packed
+    product = PackedLinear(w.to(dtype)) if packed else lambda x: F.linear(x, w)
+    if packed:
+        x = x.to(dtype)
     best, spent, count = float("inf"), 0.0, 0
     with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=autocast):
-        F.linear(x, w)  # warm-up: kernel selection, oneDNN's first-call work
+        product(x)  # warm-up: kernel selection, oneDNN's first-call work
         while count < 2 or spent < budget_s:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
-            F.linear(x, w)
+            product(x)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             took = time.perf_counter() - start
@@ -161,9 +173,13 @@ def linear_gflops(
 
 
 def _gflops(device, dtype, params, kind: str, shapes: ProbeShapes, budget_s: float) -> float:
-    """:func:`linear_gflops` of the ``kind`` product (rows: :meth:`ProbeShapes.rows`)."""
+    """:func:`linear_gflops` of the ``kind`` product (rows: :meth:`ProbeShapes.rows`), with
+    the engine's packed kernel at the decode shape."""
     rows = shapes.rows(kind)
-    return linear_gflops(device, dtype, params, rows, shapes.hidden, shapes.intermediate, budget_s)
+    return linear_gflops(
+        device, dtype, params, rows, shapes.hidden, shapes.intermediate, budget_s,
+        packed=kind == "decode",
+    )  # fmt: skip
 
 
 def dtype_rates(

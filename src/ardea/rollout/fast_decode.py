@@ -18,20 +18,24 @@ batched matmul. The math is the Hugging Face modules' (RMSNorm in float32 then c
 rotate-half RoPE, SiLU-gated MLP); the engine's tests hold its log-probs to a teacher-forced
 forward within 1e-5 in float32.
 
-Precision: matmuls run in the engine's compute dtype with the weights cast to it once per
-weight update (:meth:`FastDecoder.refresh`), the residual stream and norms stay in the
-parameters' dtype, as under ``torch.autocast``. Anything this does not reproduce exactly
+Precision: matmuls run in the engine's compute dtype with the weights cast to it and laid
+out for the CPU's matmul library once per weight update (:meth:`FastDecoder.refresh`,
+:class:`ardea.model.packed_linear.PackedLinear`), the residual stream, norms and RoPE stay in
+the parameters' dtype and attention scores are scaled in the compute dtype and masked and
+normalised in float32, as under ``torch.autocast`` with the eager attention. RoPE rotates the
+query and key heads in one pass, viewing each head as two halves: ``x cos + flip(x) (−sin,
++sin)`` is ``x cos + rotate_half(x) sin`` term for term. Anything this does not reproduce exactly
 (another architecture, RoPE scaling, sliding windows, a LoRA-wrapped module, biased MLPs)
 is left to the Hugging Face forward (:func:`fast_decoder` returns None).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ardea.model.packed_linear import PackedLinear
 
 SUPPORTED = ("qwen2", "llama", "mistral")
 
@@ -76,6 +80,7 @@ class FastDecoder:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
+        self.scaling = self.head_dim**-0.5
         rotary = model.model.rotary_emb
         self.inv_freq = rotary.inv_freq.float()  # (D / 2,)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
@@ -85,16 +90,16 @@ class FastDecoder:
         """Rebuild the fused projections from the model's current weights."""
         cast = self.compute_dtype
 
-        def fused(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
+        def fused(*linears: nn.Linear) -> PackedLinear:
             weight = torch.cat([m.weight.detach() for m in linears]).to(cast)
             biases = [m.bias for m in linears]
             if all(b is None for b in biases):
-                return weight, None
+                return PackedLinear(weight)
             bias = torch.cat(
                 [b.detach() if b is not None else m.weight.new_zeros(m.out_features)
                  for m, b in zip(linears, biases)]
             )  # fmt: skip
-            return weight, bias.to(cast)
+            return PackedLinear(weight, bias.to(cast))
 
         self.layers = []
         for layer in self.model.model.layers:
@@ -103,15 +108,14 @@ class FastDecoder:
                 {
                     "norm1": layer.input_layernorm.weight.detach(),
                     "qkv": fused(attn.q_proj, attn.k_proj, attn.v_proj),
-                    "o": (attn.o_proj.weight.detach().to(cast), _bias(attn.o_proj, cast)),
+                    "o": fused(attn.o_proj),
                     "norm2": layer.post_attention_layernorm.weight.detach(),
                     "gate_up": fused(mlp.gate_proj, mlp.up_proj),
-                    "down": (mlp.down_proj.weight.detach().to(cast), None),
+                    "down": fused(mlp.down_proj),
                 }
             )
         self.final_norm = self.model.model.norm.weight.detach()
-        head = self.model.get_output_embeddings()
-        self.head = (head.weight.detach().to(cast), _bias(head, cast))
+        self.head = fused(self.model.get_output_embeddings())
         self.embed = self.model.get_input_embeddings().weight.detach()
 
     @torch.inference_mode()
@@ -119,65 +123,72 @@ class FastDecoder:
         """Logits ``(N, V)`` after feeding ``tokens (N,)`` at ``positions (N,)``; appends their
         keys and values to ``cache`` (the engine's layers). ``keys`` (N, C) bool marks, over
         the cache's columns, the real tokens among the cached ones and the new one (False
-        beyond it); attention runs over the filled columns only."""
-        x = self.embed[tokens][:, None, :]  # (N, 1, H)
-        cos, sin = self._rope(positions)  # (N, 1, 1, D)
+        beyond it)."""
+        x = F.embedding(tokens, self.embed)[:, None, :]  # (N, 1, H)
+        cos, sin = self._rope(positions)  # (N, 1, 1, D/2), (N, 1, 2, D/2)
+        # (N, 1, 1, C): 0 on the keys attended, -inf elsewhere, added to every layer's scores
+        mask = torch.zeros(keys.shape, dtype=torch.float32, device=keys.device)
+        mask = mask.masked_fill_(~keys, float("-inf"))[:, None, None, :]
         for weights, layer in zip(self.layers, cache.layers):
             h = _rms_norm(x, weights["norm1"], self.eps)
-            x = x + self._attention(h, weights, layer, cos, sin, keys)
+            x = x + self._attention(h, weights, layer, cos, sin, mask)
             h = _rms_norm(x, weights["norm2"], self.eps)
-            gate, up = _linear(h, *weights["gate_up"]).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, *weights["down"])
+            gate, up = weights["gate_up"](h).chunk(2, dim=-1)
+            x = x + weights["down"](F.silu(gate) * up)
         x = _rms_norm(x, self.final_norm, self.eps)
-        return _linear(x, *self.head)[:, -1, :]  # (N, V)
+        return self.head(x)[:, -1, :]  # (N, V)
 
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The rotary factors at ``positions (N,)`` for heads viewed as two halves ``(N, H,
+        2, D/2)``: ``cos`` (N, 1, 1, D/2) for both halves and ``sin`` (N, 1, 2, D/2) signed
+        ``(−sin, +sin)``, so that ``x cos + flip_halves(x) sin`` is rotate-half RoPE."""
         freqs = positions[:, None].float() * self.inv_freq.to(positions.device)  # (N, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.rope_scale != 1.0:
+            cos, sin = cos * self.rope_scale, sin * self.rope_scale
+        signed = torch.stack((-sin, sin), dim=1)  # (N, 2, D/2)
         dtype = self.param_dtype
-        return cos.to(dtype)[:, None, None, :], sin.to(dtype)[:, None, None, :]
+        return cos.to(dtype)[:, None, None, :], signed.to(dtype)[:, None, :, :]
 
-    def _attention(self, h, weights, layer, cos, sin, keys) -> Tensor:
-        n, d = h.shape[0], self.head_dim
-        qkv = _linear(h, *weights["qkv"])  # (N, 1, (Hq + 2 Hkv) D)
-        q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q = q.view(n, 1, self.heads, d).transpose(1, 2)  # (N, Hq, 1, D)
-        k = k.view(n, 1, self.kv_heads, d).transpose(1, 2)  # (N, Hkv, 1, D)
-        v = v.view(n, 1, self.kv_heads, d).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        key_cache, value_cache = layer.update(k, v)  # (N, Hkv, L + 1, D) each: the filled part
-        keys = keys[:, : key_cache.shape[-2]]  # (N, L + 1)
-        group = self.heads // self.kv_heads
-        q = q.reshape(n, self.kv_heads, group, d).to(self.compute_dtype)  # (N, Hkv, G, D)
-        scores = torch.matmul(q, key_cache.to(self.compute_dtype).transpose(-1, -2))
-        scores = scores.float() / math.sqrt(d)  # (N, Hkv, G, L + 1)
-        scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(self.compute_dtype)
-        out = torch.matmul(probs, value_cache.to(self.compute_dtype))  # (N, Hkv, G, D)
-        out = out.reshape(n, 1, self.heads * d)
-        return _linear(out, *weights["o"])
+    def _attention(self, h, weights, layer, cos, sin, mask) -> Tensor:
+        n, d, heads, kv_heads = h.shape[0], self.head_dim, self.heads, self.kv_heads
+        qkv = weights["qkv"](h).view(n, heads + 2 * kv_heads, 2, d // 2)  # (N, Hq+2Hkv, 2, D/2)
+        # rotate-half RoPE on the query and key heads at once: x cos + rotate_half(x) sin
+        qk = qkv[:, : heads + kv_heads]
+        qk = qk * cos + qk.flip(2) * sin  # (N, Hq + Hkv, 2, D/2), in the parameters' dtype
+        k = qk[:, heads:].reshape(n, kv_heads, 1, d)
+        v = qkv[:, heads + kv_heads :].reshape(n, kv_heads, 1, d)
+        compute = self.compute_dtype
+        key_cache, value_cache = _columns(layer, k, v, compute)  # (N, Hkv, C', D) each
+        q = qk[:, :heads].reshape(n, kv_heads, heads // kv_heads, d)  # (N, Hkv, G, D)
+        scores = torch.matmul(q.to(compute), key_cache.transpose(-1, -2))
+        # scaled in the compute dtype and masked in float32, as the eager attention does
+        scores = scores * self.scaling + mask[..., : scores.shape[-1]]  # (N, Hkv, G, C')
+        probs = torch.softmax(scores, dim=-1).to(compute)
+        out = torch.matmul(probs, value_cache)  # (N, Hkv, G, D)
+        return weights["o"](out.reshape(n, 1, heads * d))
 
 
-def _bias(linear: nn.Linear, dtype: torch.dtype) -> Tensor | None:
-    return None if linear.bias is None else linear.bias.detach().to(dtype)
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x Wᵀ + b`` in the weight's dtype (the compute dtype)."""
-    return F.linear(x.to(weight.dtype), weight, bias)
+def _columns(layer, k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Append the new keys and values ``(N, Hkv, 1, D)`` to ``layer``; the keys and values to
+    attend over, in ``dtype``: a preallocated layer's whole buffers ``(N, Hkv, C, D)`` (kept
+    in the compute dtype; the columns beyond the new one are zeros, masked out, and
+    multiplying by them adds exact zeros), which are contiguous, where the growing view of
+    the filled columns is not and a CPU ``bmm`` in bf16 copies it at every call; any other
+    layer's filled columns."""
+    keys, values = layer.update(k, v)
+    buffers = getattr(layer, "key_buffer", None), getattr(layer, "value_buffer", None)
+    if buffers[0] is not None and buffers[0].dtype == dtype:
+        return buffers
+    return keys.to(dtype), values.to(dtype)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Hugging Face's RMSNorm: normalise in float32, cast back, scale."""
-    dtype = x.dtype
+    """Hugging Face's RMSNorm: normalise in float32, cast back, scale. For float32 inputs
+    ``F.rms_norm`` computes exactly that in fewer kernels (bit-equal, tested); for others it
+    scales before casting back, so the steps are spelt out."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x cos + rotate_half(x) sin`` (rotate-half RoPE)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return weight * h.to(x.dtype)
