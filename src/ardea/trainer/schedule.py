@@ -53,9 +53,14 @@ def build_adamw(
     """AdamW over ``parameters`` with ``trainer``'s betas and weight decay, and its schedule
     (``trainer.lr_schedule`` over ``trainer.max_steps`` steps down to ``min_lr_ratio``),
     peaking at ``lr`` after ``warmup_steps``: the policy's and the critic's optimizers."""
+    # one fused kernel over all parameters where torch has one (CPU, CUDA): 5x faster than
+    # the default per-tensor loop on 10M parameters on a CPU, the same update to float32
+    # rounding (benchmarks/README.md)
+    fused = bool(parameters) and all(p.device.type in ("cpu", "cuda") for p in parameters)
     optimizer = torch.optim.AdamW(
-        parameters, lr=lr, betas=tuple(trainer.adam_betas), weight_decay=trainer.weight_decay
-    )
+        parameters, lr=lr, betas=tuple(trainer.adam_betas), weight_decay=trainer.weight_decay,
+        fused=fused or None,
+    )  # fmt: skip
     scheduler = build_scheduler(
         optimizer,
         kind=trainer.lr_schedule,
