@@ -107,8 +107,8 @@ def test_the_measurement_is_cached_per_machine_and_shapes(clock, tmp_path):
     assert not first.probe.cached and timed >= 8  # warm-up + at least 2 per shape and dtype
     again = _auto()
     assert again.probe.cached and again.probe.train_gflops == first.probe.train_gflops
-    # the cache is only checked: the chosen dtype's decode product, nothing else
-    assert set(fake.products[timed:]) == {("bfloat16", "decode")}
+    # the cache is only checked: the chosen dtype's two products, nothing else
+    assert set(fake.products[timed:]) == {("bfloat16", "decode"), ("bfloat16", "train")}
     timed = len(fake.products)
     stored = json.loads((tmp_path / "compute_dtype_probe.json").read_text())
     (key,) = stored
@@ -140,7 +140,20 @@ def test_a_cache_written_on_a_busy_machine_is_measured_again(clock, tmp_path):
     fake = clock(busy)  # loaded again: the quiet cache stays
     kept = _auto()
     assert kept.probe.cached and kept.probe.decode_gflops["float32"] == pytest.approx(90.0)
-    assert set(fake.products) == {("float32", "decode")}
+    assert set(fake.products) == {("float32", "decode"), ("float32", "train")}
+
+
+def test_a_cache_whose_training_rate_was_taken_under_load_is_measured_again(clock, tmp_path):
+    """The decode rate cached right, the training rate at half the machine's speed (the
+    floor of every later run would be twice too long): the check at the training shape
+    finds it 2x faster, above RECHECK_RATIO, and the probe runs again."""
+    rates = {("float32", "train"): 100.0, ("float32", "decode"): 80.0,
+             ("bfloat16", "train"): 300.0, ("bfloat16", "decode"): 200.0}  # fmt: skip
+    clock({**rates, ("bfloat16", "train"): 150.0})
+    assert _auto().probe.train_gflops["bfloat16"] == pytest.approx(150.0)
+    clock(rates)
+    again = _auto()
+    assert not again.probe.cached and again.probe.train_gflops["bfloat16"] == pytest.approx(300.0)
 
 
 def test_rows_are_cut_to_the_product_budget():

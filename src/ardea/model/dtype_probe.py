@@ -20,8 +20,8 @@ product at training shapes can take seconds). Each shape is timed for about
 ``budget_s / (2 · candidates)`` seconds (at least two products), so a probe costs well
 under a second; its result is cached per machine, torch version, thread count and shapes in
 ``$ARDEA_CACHE_DIR`` (default ``~/.cache/ardea``) as ``compute_dtype_probe.json``. A cached
-result is checked by one short timing of the chosen dtype at the decode shape (a few
-milliseconds): when that now runs ``RECHECK_RATIO`` times faster than the cache says, the
+result is checked by one short timing of the chosen dtype at each shape (a few
+milliseconds): when either now runs ``RECHECK_RATIO`` times faster than the cache says, the
 cached figures were taken on a busy machine and everything is measured again.
 """
 
@@ -260,11 +260,17 @@ def _cached_result(entry) -> ProbeResult | None:
 
 
 def _taken_under_load(cached: ProbeResult, device, params, shapes: ProbeShapes) -> bool:
-    """Whether the chosen dtype's decode product now runs :data:`RECHECK_RATIO` times faster
-    than ``cached`` says (then the cache was written while something else ran)."""
+    """Whether the chosen dtype's product at either shape now runs :data:`RECHECK_RATIO`
+    times faster than ``cached`` says (then the cache was written while something else ran:
+    its rates would also inflate every later run's floor)."""
     dtype = getattr(torch, cached.choice, None)
-    stored = cached.decode_gflops.get(cached.choice)
-    if not isinstance(dtype, torch.dtype) or not stored:
+    stored = {
+        "decode": cached.decode_gflops.get(cached.choice),
+        "train": cached.train_gflops.get(cached.choice),
+    }
+    if not isinstance(dtype, torch.dtype) or not all(stored.values()):
         return True  # an entry that cannot be checked is measured again
-    now = _gflops(device, dtype, params, "decode", shapes, RECHECK_BUDGET_S)
-    return now > RECHECK_RATIO * stored
+    return any(
+        _gflops(device, dtype, params, kind, shapes, RECHECK_BUDGET_S / 2) > RECHECK_RATIO * rate
+        for kind, rate in stored.items()
+    )
