@@ -160,13 +160,17 @@ class FastDecoder:
         v = qkv[:, heads + kv_heads :].reshape(n, kv_heads, 1, d)
         compute = self.compute_dtype
         key_cache, value_cache = _columns(layer, k, v, compute)  # (N, Hkv, C', D) each
-        q = qk[:, :heads].reshape(n, kv_heads, heads // kv_heads, d)  # (N, Hkv, G, D)
-        scores = torch.matmul(q.to(compute), key_cache.transpose(-1, -2))
+        # batched over the N·Hkv key-value heads as 3-D products: torch.matmul's 4-D path
+        # runs these tiny products up to 1.7x slower in bf16 (256 rows of 8 heads)
+        group, columns = heads // kv_heads, key_cache.shape[-2]
+        q = qk[:, :heads].reshape(n * kv_heads, group, d).to(compute)  # (N·Hkv, G, D)
+        keys = key_cache.reshape(n * kv_heads, columns, d)
+        scores = torch.bmm(q, keys.transpose(1, 2)).view(n, kv_heads, group, columns)
         # scaled in the compute dtype and masked in float32, as the eager attention does
-        scores = scores * self.scaling + mask[..., : scores.shape[-1]]  # (N, Hkv, G, C')
-        probs = torch.softmax(scores, dim=-1).to(compute)
-        out = torch.matmul(probs, value_cache)  # (N, Hkv, G, D)
-        return weights["o"](out.reshape(n, 1, heads * d))
+        scores = scores * self.scaling + mask[..., :columns]  # (N, Hkv, G, C')
+        probs = torch.softmax(scores, dim=-1).to(compute).view(n * kv_heads, group, columns)
+        out = torch.bmm(probs, value_cache.reshape(n * kv_heads, columns, d))  # (N·Hkv, G, D)
+        return weights["o"](out.view(n, 1, heads * d))
 
 
 def _columns(layer, k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
