@@ -114,6 +114,7 @@ def test_the_measurement_is_cached_per_machine_and_shapes(clock, tmp_path):
     (key,) = stored
     assert "512x64@64x192|32" in key  # the shapes are in the key
     assert f"torch {torch.__version__}" in key and "1 threads" in key
+    assert f"({torch.backends.cpu.get_cpu_capability()})" in key  # AVX2-capped: another entry
     _auto(ProbeShapes(64, 192, 1024, 32))  # other shapes: measured again
     assert len(fake.products) > timed
     (tmp_path / "compute_dtype_probe.json").write_text("not json")  # a broken cache: re-measured

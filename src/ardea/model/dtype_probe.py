@@ -113,11 +113,12 @@ def cache_dir() -> Path:
 
 
 def machine_key(device: torch.device, shapes: ProbeShapes) -> str:
-    """What the probe's answer depends on: the processor, torch, threads and the shapes."""
+    """What the probe's answer depends on: the processor and the ISA torch uses on it, torch,
+    threads and the shapes."""
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
-    else:
-        where = _cpu_name()
+    else:  # the vector ISA torch dispatches to (ATEN_CPU_CAPABILITY can hold it below the CPU's)
+        where = f"{_cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
     threads = torch.get_num_threads()
     kernels = "decode packed"  # what the decode shape times (older entries timed F.linear)
     return f"{device.type}|{where}|torch {torch.__version__}|{threads} threads|{shapes.key()}|{kernels}"
