@@ -14,7 +14,8 @@ Numbers: in bf16 the products are bit-equal to ``F.linear``'s; in float32 oneDNN
 another order than MKL, so outputs differ by float32 rounding (relative ~1e-6 at these
 widths), and unlike MKL's (which changes kernels below 8 rows) a row's output does not depend
 on how many rows are multiplied with it (``tests/model/test_packed_linear.py``). Other devices,
-other dtypes and a torch without oneDNN keep ``F.linear``. oneDNN reads a packed weight's
+other dtypes, bf16 where oneDNN has no bf16 kernels (AVX2 only, where bf16 is emulated) and a
+torch without oneDNN keep ``F.linear``. oneDNN reads a packed weight's
 input as a contiguous matrix whatever its strides (a strided view gives wrong numbers), so
 inputs are made contiguous first.
 """
@@ -29,14 +30,16 @@ PACK_ROWS = 64  # the row count oneDNN lays the weight out for; any row count is
 
 
 def can_pack(weight: Tensor) -> bool:
-    """Whether ``weight`` gets a packed layout: a bf16 or float32 CPU tensor and a torch with
-    oneDNN."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in (torch.bfloat16, torch.float32)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    """Whether ``weight`` gets a packed layout: a float32 CPU tensor, or a bf16 one where
+    oneDNN has bf16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on an AVX2-only CPU, or one
+    held to AVX2, its reorder refuses bf16), and a torch with oneDNN."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    if not torch.backends.mkldnn.is_available() or not hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
+    ):
+        return False
+    return weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class PackedLinear:
