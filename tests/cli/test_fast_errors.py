@@ -48,4 +48,4 @@ def test_a_device_that_is_not_one_is_named(tmp_path, tokenizer, capsys):
     small_model(tokenizer).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     assert main(["serve", str(tmp_path), "--tinker", "--device", "gpu0"]) == 2
-    assert "--device 'gpu0': not a device" in capsys.readouterr().err
+    assert "--device='gpu0': not a device" in capsys.readouterr().err

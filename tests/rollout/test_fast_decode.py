@@ -98,9 +98,11 @@ def test_rms_norm_equals_the_hugging_face_module_bit_for_bit(dtype):
 
 
 def test_rope_on_query_and_key_heads_at_once_equals_rotate_half():
-    """x cos + flip_halves(x) (−sin, +sin), the step's form, against transformers' own
+    """The step's rotate (x cos + flip_halves(x) (−sin, +sin)) against transformers' own
     apply_rotary_pos_emb on the same bf16 heads and float32 factors: equal bit for bit."""
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    from ardea.rollout.fast_decode import rotate
 
     model = make_model("qwen2")
     fast = fast_decoder(model, torch.bfloat16)
@@ -109,8 +111,7 @@ def test_rope_on_query_and_key_heads_at_once_equals_rotate_half():
     d = fast.head_dim
     heads = (torch.randn(4, 5, 1, d, generator=gen)).bfloat16()  # (N, H, 1, D)
     cos, signed = fast._rope(positions)
-    halves = heads.view(4, 5, 2, d // 2)
-    ours = (halves * cos + halves.flip(2) * signed).reshape(4, 5, 1, d)
+    ours = rotate(heads.view(4, 5, 2, d // 2), cos, signed).reshape(4, 5, 1, d)
     ref_cos, ref_sin = model.model.rotary_emb(heads.float(), positions[:, None])  # (N, 1, D)
     expected, _ = apply_rotary_pos_emb(heads, heads, ref_cos, ref_sin, unsqueeze_dim=1)
     assert torch.equal(ours, expected)

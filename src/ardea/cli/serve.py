@@ -119,7 +119,12 @@ def serve_tinker(args: argparse.Namespace) -> int:
         raise ArdeaError(f"--samplers {args.samplers}: must be >= 1")
     model_dir, _ = resolve_model_dir(args.path)
     name = args.name or Path(model_dir).name
-    _check_device(args.device)
+    from ardea.trainer.setup import resolve_device
+
+    try:
+        resolve_device(args.device, "--device")
+    except ValueError as exc:
+        raise ArdeaError(str(exc)) from None
     quiet_transformers()
     from ardea.service.tinker_server import TinkerServer
 
@@ -128,17 +133,6 @@ def serve_tinker(args: argparse.Namespace) -> int:
     serve_until_stopped(server, f"ardea serve --tinker: {model_dir} as base_model {name!r} at "
                         f"{server.url} (states in {args.state_dir}); Ctrl-C to stop")  # fmt: skip
     return 0
-
-
-def _check_device(device: str) -> None:
-    import torch
-
-    try:
-        wanted = torch.device("cpu" if device == "auto" else device)
-    except RuntimeError as exc:
-        raise ArdeaError(f"--device {device!r}: not a device (auto, cpu, cuda, cuda:N)") from exc
-    if wanted.type == "cuda" and not torch.cuda.is_available():
-        raise ArdeaError(f"--device {device}: no CUDA device is available; use cpu or auto")
 
 
 def serve_until_stopped(server, banner: str) -> None:

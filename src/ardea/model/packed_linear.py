@@ -10,14 +10,16 @@ its AVX2 code path on AMD processors. Laying the weight out once
 384 × 384 … 384 × 2304 weights; ``benchmarks/README.md``), 1.4–1.7× faster in bf16 and
 2.0–2.5× in float32 on an AMD Zen 5 (1.2–1.5× in float32 with oneDNN and MKL held to AVX2).
 
-Numbers: in bf16 the products are bit-equal to ``F.linear``'s; in float32 oneDNN sums in
-another order than MKL, so outputs differ by float32 rounding (relative ~1e-6 at these
-widths), and unlike MKL's (which changes kernels below 8 rows) a row's output does not depend
-on how many rows are multiplied with it (``tests/model/test_packed_linear.py``). Other devices,
-other dtypes, bf16 where oneDNN has no bf16 kernels (AVX2 only, where bf16 is emulated) and a
-torch without oneDNN keep ``F.linear``. oneDNN reads a packed weight's
-input as a contiguous matrix whatever its strides (a strided view gives wrong numbers), so
-inputs are made contiguous first.
+Numbers: both kernels accumulate in float32 and round once, so outputs agree to that
+rounding (in bf16 they were bit-equal to ``F.linear``'s on the AVX-512 BF16 CPUs measured;
+another CPU's kernels may sum in another order); in float32 oneDNN sums in another order
+than MKL (relative differences ~1e-6 at these widths; on the Zen 5 measured, unlike MKL's,
+which changes kernels below 8 rows, a row's output did not depend on how many rows were
+multiplied with it). ``tests/model/test_packed_linear.py`` holds both kernels to the
+rounding bound. Other devices, other dtypes, bf16 where oneDNN has no bf16 kernels (AVX2
+only, where bf16 is emulated) and a torch without oneDNN keep ``F.linear``. oneDNN reads a
+packed weight's input as a contiguous matrix whatever its strides (a strided view gives
+wrong numbers), so inputs are made contiguous first.
 """
 
 from __future__ import annotations

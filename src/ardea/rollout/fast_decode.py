@@ -153,9 +153,7 @@ class FastDecoder:
     def _attention(self, h, weights, layer, cos, sin, mask) -> Tensor:
         n, d, heads, kv_heads = h.shape[0], self.head_dim, self.heads, self.kv_heads
         qkv = weights["qkv"](h).view(n, heads + 2 * kv_heads, 2, d // 2)  # (N, Hq+2Hkv, 2, D/2)
-        # rotate-half RoPE on the query and key heads at once: x cos + rotate_half(x) sin
-        qk = qkv[:, : heads + kv_heads]
-        qk = qk * cos + qk.flip(2) * sin  # (N, Hq + Hkv, 2, D/2), in the parameters' dtype
+        qk = rotate(qkv[:, : heads + kv_heads], cos, sin)  # (N, Hq + Hkv, 2, D/2), queries and keys
         k = qk[:, heads:].reshape(n, kv_heads, 1, d)
         v = qkv[:, heads + kv_heads :].reshape(n, kv_heads, 1, d)
         compute = self.compute_dtype
@@ -171,6 +169,13 @@ class FastDecoder:
         probs = torch.softmax(scores, dim=-1).to(compute).view(n * kv_heads, group, columns)
         out = torch.bmm(probs, value_cache.reshape(n * kv_heads, columns, d))  # (N·Hkv, G, D)
         return weights["o"](out.view(n, 1, heads * d))
+
+
+def rotate(heads: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate-half RoPE, ``x cos + rotate_half(x) sin``, on heads viewed as two halves
+    ``(N, H, 2, D/2)`` with :meth:`FastDecoder._rope`'s factors: ``flip`` swaps the halves
+    and the signed ``sin`` negates the first, term for term the same products and sum."""
+    return heads * cos + heads.flip(2) * sin
 
 
 def _columns(layer, k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -24,15 +24,18 @@ from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list
 from ardea.trainer.strategies import strategy_class
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → ``cuda`` when available, else ``cpu``; a missing GPU is a clear error."""
+def resolve_device(name: str, field: str = "trainer.device") -> torch.device:
+    """``auto`` → ``cuda`` when available, else ``cpu``; a name that is no device, or a
+    missing GPU, is a ValueError naming ``field``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(
-            f"trainer.device={name!r} but no CUDA device is available; use cpu or auto"
-        )
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"{field}={name!r}: not a device (auto, cpu, cuda, cuda:N)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{field}={name!r} but no CUDA device is available; use cpu or auto")
+    return device
 
 
 def seed_everything(seed: int) -> None:
