@@ -24,6 +24,7 @@ ATTENTIONS = ("auto", "sdpa", "eager")
 ARCHS = ("qwen2", "llama")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp2")
+HOST_MEMORY = ("auto", "keep", "release")
 
 
 @dataclass
@@ -166,6 +167,14 @@ class TrainerConfig:
     seed: int = option(0, "Seed for model init, data order and sampling.")
     device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available).")
     num_threads: int = option(0, "CPU threads for torch (0 = torch's default).")
+    host_memory: str = option(
+        "auto",
+        "What the process does with freed host memory: keep (raise glibc's mmap and trim "
+        "thresholds so a step reuses the memory the last one freed instead of faulting fresh "
+        "pages in; resident memory stays at its peak), release (the C library's default) or "
+        "auto (keep where the C library is glibc).",
+        choices=HOST_MEMORY,
+    )
     resume: str = option(
         "never",
         "never (refuse a run directory with checkpoints), auto (continue from the last "

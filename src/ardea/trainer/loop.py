@@ -38,6 +38,7 @@ from ardea.trainer.data_source import eval_samples, max_sequence_length, trainin
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.frozen_heap import frozen_heap
+from ardea.trainer.host_memory import keep_freed_memory
 from ardea.trainer.metrics_log import MetricsLogger, open_logs
 from ardea.trainer.profile import StepProfile
 from ardea.trainer.progress import TrainingProgress
@@ -72,9 +73,10 @@ class Trainer:
 
     def __init__(self, config: ArdeaConfig) -> None:
         self.config = config
-        if config.trainer.num_threads:
-            torch.set_num_threads(config.trainer.num_threads)
         trainer = config.trainer
+        if trainer.num_threads:
+            torch.set_num_threads(trainer.num_threads)
+        keep_freed_memory(trainer.host_memory)
         device = resolve_device(trainer.device)
         self.dist = Distributed(trainer.distributed, device, trainer.dist_timeout_s)
         self.device = self.dist.device  # cuda:LOCAL_RANK under torchrun
