@@ -112,7 +112,7 @@ def test_the_measurement_is_cached_per_machine_and_shapes(clock, tmp_path):
     timed = len(fake.products)
     stored = json.loads((tmp_path / "compute_dtype_probe.json").read_text())
     (key,) = stored
-    assert "512x64@64x192|32" in key  # the shapes are in the key
+    assert "train 512x64@64x192|decode 32" in key  # the shapes are in the key
     assert f"torch {torch.__version__}" in key and "1 threads" in key
     assert f"({torch.backends.cpu.get_cpu_capability()})" in key  # AVX2-capped: another entry
     _auto(ProbeShapes(64, 192, 1024, 32))  # other shapes: measured again
@@ -160,9 +160,12 @@ def test_a_cache_whose_training_rate_was_taken_under_load_is_measured_again(cloc
 def test_rows_are_cut_to_the_product_budget():
     big = ProbeShapes(hidden=4096, intermediate=11008, train_tokens=65536, decode_rows=256)
     per_row = 2 * 4096 * 11008
-    assert big.rows("train") == int(MAX_PRODUCT_FLOPS["train"] // per_row) == 5
+    assert big.rows("train") == int(MAX_PRODUCT_FLOPS["train"] // per_row) == 22
     assert big.rows("decode") == 1  # one row is more than the budget: never fewer than one
     assert SHAPES.rows("train") == 512 and SHAPES.rows("decode") == 32
+    # the 10M benchmark workload's shapes: 2e9 // (2 · 384 · 1152) = 2,260 rows timed
+    ten_m = ProbeShapes(hidden=384, intermediate=1152, train_tokens=8192, decode_rows=64)
+    assert ten_m.key() == "train 2260x384@384x1152|decode 64"
 
 
 def test_only_float32_parameters_are_probed_and_shapes_are_needed(clock):
