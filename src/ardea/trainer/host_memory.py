@@ -8,8 +8,9 @@ its activations and gradients every micro-batch, so step after step it faults th
 memory in again, the kernel zeroing each 4 KiB page on first touch. Measured on the 10M
 GRPO workload's forward + backward in bf16 (2-vCPU AMD EPYC Zen 5, in one process, three
 alternations): 17,000-40,000 page faults per forward + backward and 0.52-0.54 s, against
-under 700 faults and 0.47-0.50 s with freed memory kept; a Hugging Face RMSNorm's forward +
-backward at that shape took 7.5 ms with the faults and 3.5 ms without.
+under 700 faults and 0.47-0.50 s with freed memory kept (in float32, three times the
+arithmetic, no difference was resolved); a Hugging Face RMSNorm's forward + backward at that
+shape took 7.5 ms with the faults and 3.5 ms without.
 
 Fixing both thresholds (``mallopt(M_MMAP_THRESHOLD)`` at the 32 MiB glibc allows,
 ``mallopt(M_TRIM_THRESHOLD)`` at 2 GiB) keeps freed blocks in the heap, where the next
