@@ -12,9 +12,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ardea.model import sequence_logprobs
-from ardea.model.flops import COUNTER, ModelFlops, model_flops
+from ardea.model.flops import COUNTER, FlopCounter, ModelFlops, model_flops
 from ardea.rollout.engine import SamplingParams
 from ardea.rollout.inprocess import InProcessEngine
+
+NOTHING = dict.fromkeys(FlopCounter.KINDS, 0.0)  # a count with nothing added
 
 
 def tiny(tied: bool = False) -> Qwen2ForCausalLM:
@@ -61,10 +63,13 @@ def test_training_forwards_count_real_tokens_three_times_with_autograd():
     before = COUNTER.totals()
     with torch.no_grad():
         sequence_logprobs(model, ids, mask)
-    assert COUNTER.since(before) == {"train": by_hand, "decode": 0.0}
+    # the products' rows: all 2 x 3 positions, padding included, once per pass
+    once = {"train": by_hand, "decode": 0.0, "train_rows": 6.0, "train_passes": 1.0}
+    assert COUNTER.since(before) == once
     before = COUNTER.totals()
     sequence_logprobs(model, ids, mask).logprobs.sum().backward()
-    assert COUNTER.since(before) == {"train": 3 * by_hand, "decode": 0.0}
+    thrice = {"train": 3 * by_hand, "decode": 0.0, "train_rows": 18.0, "train_passes": 3.0}
+    assert COUNTER.since(before) == thrice
 
 
 def test_a_generation_counts_each_prompt_once_then_one_token_per_step():
@@ -78,7 +83,8 @@ def test_a_generation_counts_each_prompt_once_then_one_token_per_step():
     # three more tokens per row after 3 (or 2) prompt tokens: keys 4+5+6 (or 3+4+5)
     steps_3 = 2 * 576 * 3 + 4 * 8 * (4 + 5 + 6) + 2 * 80 * 3
     steps_2 = 2 * 576 * 3 + 4 * 8 * (3 + 4 + 5) + 2 * 80 * 3
-    assert COUNTER.since(before) == {"train": 0.0, "decode": prefill + 2 * steps_3 + 2 * steps_2}
+    decode = prefill + 2 * steps_3 + 2 * steps_2
+    assert COUNTER.since(before) == {**NOTHING, "decode": decode}
 
 
 def test_counts_added_from_threads_all_arrive():
@@ -94,4 +100,4 @@ def test_counts_added_from_threads_all_arrive():
     for thread in threads:
         thread.join()
     COUNTER.add("train", torch.tensor(2.5))
-    assert COUNTER.since(before) == {"train": 2.5, "decode": 4000.0}
+    assert COUNTER.since(before) == {**NOTHING, "train": 2.5, "decode": 4000.0}

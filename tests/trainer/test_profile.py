@@ -53,9 +53,34 @@ def test_floor_rates_are_the_probes_or_measured():
     profile = StepProfile(SHAPES)
     assert profile.rates(Precision(cpu, f32, f32, probe=probed)) is None  # no step yet
     profile.add({}, 1.0, {"train": 1e9, "decode": 0.0})
-    assert profile.rates(Precision(cpu, f32, f32, probe=probed)) == {"train": 30.0, "decode": 20.0}
+    probes = {"train": 30.0, "decode": 20.0, "train_rows": 64}  # rows unknown: the probe's
+    assert profile.rates(Precision(cpu, f32, f32, probe=probed)) == probes
     measured = profile.rates(Precision(cpu, f32, f32))  # compute_dtype=float32: timed now
-    assert set(measured) == {"train", "decode"} and min(measured.values()) > 0
+    assert set(measured) == {"train", "decode", "train_rows"} and min(measured.values()) > 0
+
+
+def test_the_training_rate_is_timed_at_the_rows_the_run_multiplied(monkeypatch):
+    """The probe timed 64-row training products; the run's forwards averaged (3·200 +
+    1·40) / 4 = 160 rows (a backward-recorded forward counts three passes), so the training
+    rate is timed again at 160 rows; the decode rate stays the probe's."""
+    import ardea.trainer.profile as profile_module
+
+    timed = []
+
+    def product_rate(device, dtype, params, kind, shapes, budget_s):
+        timed.append((kind, shapes.rows(kind)))
+        return 55.0
+
+    monkeypatch.setattr(profile_module, "product_rate", product_rate)
+    cpu, f32 = torch.device("cpu"), torch.float32
+    probed = ProbeResult("float32", {"float32": 30.0, "bfloat16": None}, {"float32": 20.0})
+    profile = StepProfile(SHAPES)
+    rows = {"train_rows": 3 * 200 + 40, "train_passes": 4}
+    profile.add({}, 1.0, {"train": 1e9, "decode": 1e9, **rows})
+    rates = profile.rates(Precision(cpu, f32, f32, probe=probed))
+    assert rates == {"train": 55.0, "decode": 20.0, "train_rows": 160}
+    assert timed == [("train", 160)]
+    assert profile.summary(rates)["floor"]["train_rows"] == 160
     assert StepProfile().rates(Precision(cpu, f32, f32)) is None  # no shapes, no floor
 
 

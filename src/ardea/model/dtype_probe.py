@@ -178,7 +178,7 @@ def linear_gflops(
     return 2.0 * rows * hidden * intermediate / best / 1e9
 
 
-def _gflops(device, dtype, params, kind: str, shapes: ProbeShapes, budget_s: float) -> float:
+def product_rate(device, dtype, params, kind: str, shapes: ProbeShapes, budget_s: float) -> float:
     """:func:`linear_gflops` of the ``kind`` product (rows: :meth:`ProbeShapes.rows`), with
     the engine's packed kernel at the decode shape."""
     rows = shapes.rows(kind)
@@ -202,7 +202,7 @@ def dtype_rates(
     if measured is not None and measured.train_gflops.get(name) is not None:
         return {"train": measured.train_gflops[name], "decode": measured.decode_gflops[name]}
     kinds = ("train", "decode")
-    return {kind: _gflops(device, dtype, params, kind, shapes, budget_s / 2) for kind in kinds}
+    return {kind: product_rate(device, dtype, params, kind, shapes, budget_s / 2) for kind in kinds}
 
 
 def measure(
@@ -220,13 +220,13 @@ def measure(
     base_decode = None
     for dtype in candidates:
         name = str(dtype).removeprefix("torch.")
-        decode[name] = _gflops(device, dtype, params, "decode", shapes, share)
+        decode[name] = product_rate(device, dtype, params, "decode", shapes, share)
         if base_decode is None:
             base_decode = decode[name]
         if decode[name] * GIVE_UP_RATIO < base_decode:
             train[name] = None
             continue
-        train[name] = _gflops(device, dtype, params, "train", shapes, share)
+        train[name] = product_rate(device, dtype, params, "train", shapes, share)
         cost[name] = 1.0 / train[name] + 1.0 / decode[name]  # seconds per GFLOP at each shape
     choice = min(cost, key=cost.__getitem__)
     return ProbeResult(choice, train, decode)
@@ -277,6 +277,7 @@ def _taken_under_load(cached: ProbeResult, device, params, shapes: ProbeShapes) 
     if not isinstance(dtype, torch.dtype) or not all(stored.values()):
         return True  # an entry that cannot be checked is measured again
     return any(
-        _gflops(device, dtype, params, kind, shapes, RECHECK_BUDGET_S / 2) > RECHECK_RATIO * rate
+        product_rate(device, dtype, params, kind, shapes, RECHECK_BUDGET_S / 2)
+        > RECHECK_RATIO * rate
         for kind, rate in stored.items()
     )

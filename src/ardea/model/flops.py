@@ -24,7 +24,11 @@ checkpointing and a frozen LoRA base's skipped weight gradients show up as time 
 floor, not as work. Attention of a packed row is counted as one sequence (an upper bound).
 
 Counts go to the process-wide :data:`COUNTER` (``train`` and ``decode`` totals, safe from
-any thread); counts stay tensors until read, so a GPU forward is never synchronised.
+any thread); counts stay tensors until read, so a GPU forward is never synchronised. Beside
+the FLOPs it keeps the shape the training products ran at: ``train_rows``, the rows (``N ·
+S``, padding included: the projections multiply every position) of each training forward
+weighted by its passes, and ``train_passes``, so that ``train_rows / train_passes`` is the
+rows of an average training product, where the profile times the floor's training rate.
 """
 
 from __future__ import annotations
@@ -115,9 +119,10 @@ def _first(config, *names: str) -> int:
 
 
 class FlopCounter:
-    """``train`` and ``decode`` FLOP totals, added from any thread (module docstring)."""
+    """``train`` and ``decode`` FLOP totals and the training products' rows, added from any
+    thread (module docstring)."""
 
-    KINDS = ("train", "decode")
+    KINDS = ("train", "decode", "train_rows", "train_passes")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -133,7 +138,7 @@ class FlopCounter:
                 self._totals[kind] += float(flops)
 
     def totals(self) -> dict[str, float]:
-        """The totals so far, ``{"train": ..., "decode": ...}``."""
+        """The totals so far, one per :attr:`KINDS`."""
         with self._lock:
             pending, self._pending = self._pending, []
             for kind, flops in pending:
@@ -159,7 +164,10 @@ def count_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     else:
         lengths = attention_mask.sum(dim=-1, dtype=torch.float32)  # (N,) float32: any device
         flops = sizes.forward(lengths).sum()
-    COUNTER.add("train", flops * _passes())
+    passes = _passes()
+    COUNTER.add("train", flops * passes)
+    COUNTER.add("train_rows", input_ids.numel() * passes)
+    COUNTER.add("train_passes", passes)
 
 
 def count_head(head: nn.Module, tokens: Tensor) -> None:

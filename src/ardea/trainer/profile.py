@@ -6,7 +6,11 @@ The floor is the time the step's matmul FLOPs (counted as the work happens,
 :mod:`ardea.model.flops`: training forwards and backwards, in-process decoding) would take
 at the rates of the run's compute dtype measured at the run's own two shapes
 (:func:`ardea.model.dtype_probe.dtype_rates`: the ``compute_dtype=auto`` probe's figures,
-or timed at the end of the run)::
+or timed at the end of the run). The probe sizes its training product from the config
+before any batch exists (a micro-batch of the longest sequences); where the run's training
+forwards averaged another row count (shorter sequences), the training rate is timed again
+at that count at the end of the run, so the floor is the rate of products of the size the
+run multiplied::
 
     floor = train FLOPs / train-shape rate + decode FLOPs / decode-shape rate
 
@@ -19,13 +23,15 @@ Written to ``results.json`` under ``profile`` and printed at the end of ``ardea 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ardea.model import Precision
-from ardea.model.dtype_probe import ProbeShapes, dtype_rates
+from ardea.model.dtype_probe import ProbeShapes, dtype_rates, product_rate
+from ardea.model.flops import FlopCounter
 
 PREFIX = "perf/time_"
 
@@ -38,7 +44,7 @@ class StepProfile:
         self.steps = 0
         self.seconds = 0.0
         self.phases: dict[str, float] = {}
-        self.flops = {"train": 0.0, "decode": 0.0}
+        self.flops = dict.fromkeys(FlopCounter.KINDS, 0.0)
         self.shapes = shapes
 
     def add(
@@ -56,13 +62,20 @@ class StepProfile:
                 self.phases[phase] = self.phases.get(phase, 0.0) + value
 
     def rates(self, precision: Precision) -> dict[str, float] | None:
-        """GFLOP/s of ``precision``'s compute dtype at the run's shapes, or None when there
-        is no floor to show (no step, no shapes, nothing counted)."""
-        if not self.steps or self.shapes is None or not any(self.flops.values()):
+        """GFLOP/s of ``precision``'s compute dtype at the run's shapes (``train``,
+        ``decode``) and the rows of the training product timed (``train_rows``), or None
+        when there is no floor to show (no step, no shapes, nothing counted)."""
+        counted = self.flops["train"] or self.flops["decode"]
+        if not self.steps or self.shapes is None or not counted:
             return None
-        return dtype_rates(
-            precision.device, precision.compute, precision.params, self.shapes, precision.probe
-        )
+        passes = self.flops["train_passes"]
+        rows = round(self.flops["train_rows"] / passes) if passes else self.shapes.train_tokens
+        shapes = dataclasses.replace(self.shapes, train_tokens=max(1, rows))
+        device, compute, params = precision.device, precision.compute, precision.params
+        rates = dtype_rates(device, compute, params, shapes, precision.probe)
+        if precision.probe is not None and shapes.rows("train") != self.shapes.rows("train"):
+            rates["train"] = product_rate(device, compute, params, "train", shapes, 0.1)
+        return {**rates, "train_rows": shapes.rows("train")}
 
     def summary(self, rates: dict[str, float] | None = None) -> dict[str, Any]:
         """``{"steps", "seconds_per_step", "phases": {name: {"seconds_per_step",
@@ -89,16 +102,19 @@ class StepProfile:
         return summary
 
     def _floor(self, rates: dict[str, float]) -> dict[str, Any]:
-        gflop = {kind: value / self.steps / 1e9 for kind, value in self.flops.items()}
-        seconds = {kind: gflop[kind] / rates[kind] for kind in gflop}
+        kinds = ("train", "decode")
+        gflop = {kind: self.flops[kind] / self.steps / 1e9 for kind in kinds}
+        seconds = {kind: gflop[kind] / rates[kind] for kind in kinds}
         floor = sum(seconds.values())
         result = {
             "train_gflop_per_step": round(gflop["train"], 4),
             "decode_gflop_per_step": round(gflop["decode"], 4),
-            "rates_gflops": {kind: round(rate, 2) for kind, rate in rates.items()},
+            "rates_gflops": {kind: round(rates[kind], 2) for kind in kinds},
             "seconds_per_step": round(floor, 6),
             "percent_of_step": round(100 * floor * self.steps / max(self.seconds, 1e-12), 2),
         }
+        if "train_rows" in rates:
+            result["train_rows"] = int(rates["train_rows"])
         generate = self.phases.get("generate", 0.0) / self.steps
         if gflop["decode"] and generate > 0:
             result["decode_percent_of_generate"] = round(100 * seconds["decode"] / generate, 2)
@@ -124,8 +140,10 @@ def print_profile(summary: dict[str, Any], console: Console | None = None) -> No
     floor = summary.get("floor")
     if floor:
         rates = floor["rates_gflops"]
+        rows = f" ({floor['train_rows']}-row products)" if "train_rows" in floor else ""
         parts = [
-            f"training {floor['train_gflop_per_step']:.3g} GFLOP at {rates['train']:.1f} GFLOP/s"
+            f"training {floor['train_gflop_per_step']:.3g} GFLOP at {rates['train']:.1f} "
+            f"GFLOP/s{rows}"
         ]
         if floor["decode_gflop_per_step"]:  # 0: no generation, or in another process (vLLM)
             parts.append(
