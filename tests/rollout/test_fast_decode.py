@@ -98,7 +98,7 @@ def test_rms_norm_equals_the_hugging_face_module_bit_for_bit(dtype):
 
 
 def test_rope_on_query_and_key_heads_at_once_equals_rotate_half():
-    """The step's rotate (x cos + flip_halves(x) (−sin, +sin)) against transformers' own
+    """The step's rotate (x cos + swap_halves(x) (−sin, +sin)) against transformers' own
     apply_rotary_pos_emb on the same bf16 heads and float32 factors: equal bit for bit."""
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 

@@ -63,7 +63,7 @@ def test_the_training_rate_is_timed_at_the_rows_the_run_multiplied(monkeypatch):
     """The probe timed 64-row training products; the run's forwards averaged (3·200 +
     1·40) / 4 = 160 rows (a backward-recorded forward counts three passes), so the training
     rate is timed again at 160 rows; the decode rate stays the probe's."""
-    import ardea.trainer.profile as profile_module
+    import ardea.model.dtype_probe as dtype_probe
 
     timed = []
 
@@ -71,7 +71,7 @@ def test_the_training_rate_is_timed_at_the_rows_the_run_multiplied(monkeypatch):
         timed.append((kind, shapes.rows(kind)))
         return 55.0
 
-    monkeypatch.setattr(profile_module, "product_rate", product_rate)
+    monkeypatch.setattr(dtype_probe, "product_rate", product_rate)
     cpu, f32 = torch.device("cpu"), torch.float32
     probed = ProbeResult("float32", {"float32": 30.0, "bfloat16": None}, {"float32": 20.0})
     profile = StepProfile(SHAPES)

@@ -195,14 +195,21 @@ def dtype_rates(
     shapes: ProbeShapes,
     measured: ProbeResult | None = None,
     budget_s: float = 0.2,
+    measured_shapes: ProbeShapes | None = None,
 ) -> dict[str, float]:
-    """GFLOP/s of ``dtype`` at the ``train`` and ``decode`` shapes: the probe's figures when
-    ``measured`` timed both, else timed now (``budget_s`` in all)."""
+    """GFLOP/s of ``dtype`` at the ``train`` and ``decode`` shapes: for each, the probe's
+    figure when ``measured`` timed both and at the same rows (``measured_shapes``, default
+    ``shapes``), else timed now (``budget_s / 2`` each)."""
     name = str(dtype).removeprefix("torch.")
-    if measured is not None and measured.train_gflops.get(name) is not None:
-        return {"train": measured.train_gflops[name], "decode": measured.decode_gflops[name]}
-    kinds = ("train", "decode")
-    return {kind: product_rate(device, dtype, params, kind, shapes, budget_s / 2) for kind in kinds}
+    probed = measured is not None and measured.train_gflops.get(name) is not None
+    figures = {"train": measured.train_gflops, "decode": measured.decode_gflops} if probed else {}
+    timed_at = measured_shapes or shapes
+    return {
+        kind: figures[kind][name]
+        if probed and timed_at.rows(kind) == shapes.rows(kind)
+        else product_rate(device, dtype, params, kind, shapes, budget_s / 2)
+        for kind in ("train", "decode")
+    }
 
 
 def measure(

@@ -23,8 +23,8 @@ out for the CPU's matmul library once per weight update (:meth:`FastDecoder.refr
 :class:`ardea.model.packed_linear.PackedLinear`), the residual stream, norms and RoPE stay in
 the parameters' dtype and attention scores are scaled in the compute dtype and masked and
 normalised in float32, as under ``torch.autocast`` with the eager attention. RoPE rotates the
-query and key heads in one pass, viewing each head as two halves: ``x cos + flip(x) (−sin,
-+sin)`` is ``x cos + rotate_half(x) sin`` term for term. Anything this does not reproduce exactly
+query and key heads in one pass, viewing each head as two halves: ``x cos + swap(x) (−sin,
++sin)`` (``swap`` exchanging the halves) is ``x cos + rotate_half(x) sin`` term for term. Anything this does not reproduce exactly
 (another architecture, RoPE scaling, sliding windows, a LoRA-wrapped module, biased MLPs)
 is left to the Hugging Face forward (:func:`fast_decoder` returns None).
 """
@@ -141,7 +141,7 @@ class FastDecoder:
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The rotary factors at ``positions (N,)`` for heads viewed as two halves ``(N, H,
         2, D/2)``: ``cos`` (N, 1, 1, D/2) for both halves and ``sin`` (N, 1, 2, D/2) signed
-        ``(−sin, +sin)``, so that ``x cos + flip_halves(x) sin`` is rotate-half RoPE."""
+        ``(−sin, +sin)``, so that ``x cos + swap_halves(x) sin`` is rotate-half RoPE."""
         freqs = positions[:, None].float() * self.inv_freq.to(positions.device)  # (N, D/2)
         cos, sin = freqs.cos(), freqs.sin()
         if self.rope_scale != 1.0:

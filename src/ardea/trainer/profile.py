@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ardea.model import Precision
-from ardea.model.dtype_probe import ProbeShapes, dtype_rates, product_rate
+from ardea.model.dtype_probe import ProbeShapes, dtype_rates
 from ardea.model.flops import FlopCounter
 
 PREFIX = "perf/time_"
@@ -71,10 +71,10 @@ class StepProfile:
         passes = self.flops["train_passes"]
         rows = round(self.flops["train_rows"] / passes) if passes else self.shapes.train_tokens
         shapes = dataclasses.replace(self.shapes, train_tokens=max(1, rows))
-        device, compute, params = precision.device, precision.compute, precision.params
-        rates = dtype_rates(device, compute, params, shapes, precision.probe)
-        if precision.probe is not None and shapes.rows("train") != self.shapes.rows("train"):
-            rates["train"] = product_rate(device, compute, params, "train", shapes, 0.1)
+        rates = dtype_rates(
+            precision.device, precision.compute, precision.params, shapes, precision.probe,
+            measured_shapes=self.shapes,
+        )  # fmt: skip
         return {**rates, "train_rows": shapes.rows("train")}
 
     def summary(self, rates: dict[str, float] | None = None) -> dict[str, Any]:
