@@ -91,14 +91,25 @@ def test_sft_lowers_the_nll_and_saves_where_the_server_keeps_states(runs):
 def test_rl_raises_the_reward(runs):
     """From the SFT state the tiny model ends some of its answers with the renderer's stop
     sequence (``format`` 1; reward ``correct - 0.1 (1 - format)``, and a model this small
-    gets no sum right): RL raises the share. Each step samples 64 answers, so a step's
-    share is known to about ±0.06; the last three steps must beat the first by 0.1."""
+    gets no sum right): RL raises the share. The sampler's and the trainer's log-probs of
+    every sampled token agree (the recipe's ``kl_sample_train``), so each step trains on the
+    weights it sampled from.
+
+    Each step samples 64 answers, so a step's share is known to about ±0.06, and the
+    learning itself varies from run to run (sampling is not seeded): in 8-step runs one in
+    about ten stalled below the first step + 0.1 by its last steps. Over 12 steps, in 7 runs
+    the mean of the last four steps beat the mean of the first two by 0.12-0.39, so the test
+    asks for a rise, not a size. The log-prob bound: the two are the same float32 weights
+    through different kernels (``kl_sample_train`` measured |1e-8|), while sampling from the
+    weights before a step would differ by a step's change (~1e-2)."""
     reward = metrics(runs[0] / "rl", "env/all/reward/total")
     formatted = metrics(runs[0] / "rl", "env/all/format")
     print("RL format", [round(f, 3) for f in formatted])
-    assert len(reward) == 8
-    assert sum(formatted[-3:]) / 3 > formatted[0] + 0.1, formatted
-    assert sum(reward[-3:]) / 3 > reward[0], reward
+    assert len(reward) == 12
+    assert sum(formatted[-4:]) / 4 > sum(formatted[:2]) / 2, formatted
+    assert sum(reward[-4:]) / 4 > sum(reward[:2]) / 2, reward
+    kl = metrics(runs[0] / "rl", "optim/kl_sample_train_v1")
+    assert len(kl) == 12 and max(abs(x) for x in kl) < 1e-4, kl
 
 
 def test_dpo_starts_at_ln2_and_learns(runs):
