@@ -36,10 +36,9 @@ def _glibc() -> ctypes.CDLL | None:
     """The process's glibc, or None (macOS, musl, Windows: no ``mallopt`` to call)."""
     try:
         libc = ctypes.CDLL(None)  # the symbols the process has loaded, its C library's among them
-        version = libc.gnu_get_libc_version  # only glibc has it
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it: raises elsewhere
     except (OSError, AttributeError):
         return None
-    version.restype = ctypes.c_char_p
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
     return libc
