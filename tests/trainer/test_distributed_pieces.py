@@ -118,3 +118,34 @@ def test_each_rank_takes_a_contiguous_share_of_every_micro_batchs_groups():
     assert [s.group_ids.tolist() for s in shares[:3]] == [[0, 0], [1], [2, 2]]
     assert isinstance(shares[3], Filler) and shares[3].batch.group_ids.tolist() == [0, 0]
     assert shard_updates([[batch]], 0, 1) == [[batch]]  # one process: as it is
+
+
+def test_groups_are_found_by_id_when_their_rows_are_not_adjacent():
+    """An agent rollout's rows arrive as its episodes finish: groups 8, 15, 0, 3 with rows
+    interleaved and of uneven sizes (2, 2, 2, 3). Each group goes to one rank only (ids in
+    increasing order: 0 and 3 to rank 0, 8 and 15 to rank 1) and every row is trained
+    exactly once; finding groups by adjacency would see 6 groups and train groups 8 and 15
+    on both ranks."""
+    from ardea.data import TrajectoryBatch
+    from ardea.trainer.step.split import shard_updates
+
+    groups = torch.tensor([8, 8, 15, 0, 0, 3, 15, 3, 3])
+    ids = torch.arange(9)[:, None].repeat(1, 3)  # row i holds token i
+    batch = TrajectoryBatch.from_tensors(ids, torch.ones_like(ids), ids > -1, group_ids=groups)
+    shares = [shard_updates([[batch]], rank, 2)[0][0] for rank in range(2)]
+    assert [s.input_ids[:, 0].tolist() for s in shares] == [[3, 4, 5, 7, 8], [0, 1, 2, 6]]
+    assert [s.group_ids.tolist() for s in shares] == [[0, 0, 3, 3, 3], [8, 8, 15, 15]]
+
+
+def test_dynamic_sampling_keeps_the_groups_of_lowest_id_wherever_their_rows_are():
+    """A refilled batch cut back to 2 groups keeps the two of lowest id (the step's first
+    prompts), not the first two seen: rows of groups 5, 2, 9, 0 interleaved -> groups 0, 2."""
+    from ardea.data import TrajectoryBatch
+    from ardea.trainer.rollouts.dynamic_sampling import first_groups
+
+    groups = torch.tensor([5, 2, 2, 9, 5, 0, 9, 0])
+    ids = torch.arange(8)[:, None].repeat(1, 2)
+    batch = TrajectoryBatch.from_tensors(ids, torch.ones_like(ids), ids > -1, group_ids=groups)
+    kept = first_groups(batch, 2)
+    assert kept.input_ids[:, 0].tolist() == [1, 2, 5, 7]
+    assert kept.group_ids.tolist() == [2, 2, 0, 0]

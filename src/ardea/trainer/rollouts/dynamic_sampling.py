@@ -52,6 +52,9 @@ def renumber_groups(batch: TrajectoryBatch, start: int) -> TrajectoryBatch:
 
 
 def first_groups(batch: TrajectoryBatch, wanted: int) -> TrajectoryBatch:
-    """The rows of the first ``wanted`` groups, in batch order (groups are adjacent)."""
-    first = torch.unique_consecutive(batch.group_ids)[:wanted]
+    """The rows of the ``wanted`` groups of lowest id (the step's first prompts: a refill's
+    ids follow the rounds before it, :func:`renumber_groups`), in batch order. By id, not by
+    position: an agent rollout's rows arrive in the order its episodes finished, so taking
+    the first groups seen would keep the quickest episodes and drop the long ones."""
+    first = torch.unique(batch.group_ids)[:wanted]
     return batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).squeeze(-1))

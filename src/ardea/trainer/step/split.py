@@ -4,7 +4,9 @@
 ``micro_batches`` micro-batches, groups kept whole. Under torchrun every rank holds the whole
 rollout (the rollout service hands it to each, :mod:`ardea.trainer.rollouts.service`) and
 splits it the same way, with the same generator; :func:`shard_updates` then gives each rank
-its contiguous share of every micro-batch's groups. So a mini-batch holds the same groups at
+its share of every micro-batch's groups, in the order of their ids. Groups are found by id,
+never by adjacency: an agent rollout's rows arrive in the order its episodes finished, so the
+rows of one group need not be next to each other. So a mini-batch holds the same groups at
 every world size (the update is the one-process update), and every rank runs exactly as many
 forwards as the others: a rank whose share of a micro-batch is empty (an online DPO step with
 fewer pairs than ranks) runs a :class:`Filler` — the micro-batch's first group with its loss
@@ -32,16 +34,17 @@ class Filler:
 def shard_updates(
     updates: list[list[TrajectoryBatch]], rank: int, world_size: int
 ) -> list[list[TrajectoryBatch | Filler]]:
-    """Rank ``rank``'s share of every micro-batch of ``updates`` (each rank's: the groups of
-    ``torch.tensor_split(groups, world_size)[rank]``, in batch order), a :class:`Filler`
-    where that share is empty. ``world_size`` 1 returns ``updates`` as they are."""
+    """Rank ``rank``'s share of every micro-batch of ``updates`` (each rank's: the rows of
+    the groups ``torch.tensor_split(groups, world_size)[rank]``, ``groups`` the micro-batch's
+    distinct group ids in increasing order; rows in batch order), a :class:`Filler` where
+    that share is empty. ``world_size`` 1 returns ``updates`` as they are."""
     if world_size == 1:
         return updates
     out = []
     for micro_batches in updates:
         shares: list[TrajectoryBatch | Filler] = []
         for batch in micro_batches:
-            groups = torch.unique_consecutive(batch.group_ids)  # (K,) groups are adjacent
+            groups = torch.unique(batch.group_ids)  # (K,) each group once, wherever its rows are
             mine = torch.tensor_split(groups, world_size)[rank]
             if mine.numel():
                 shares.append(batch.select(_rows_of(batch.group_ids, mine)).trim())
