@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from ardea.algo import kto_kl_estimate, kto_loss
+from ardea.algo import kto_kl_estimate, kto_logratio_sum, kto_loss
 
 # three examples: r = policy - reference = 0.5, -1.0, 0.0; labels D, U, D; z = 0.2,
 # beta 0.5, w_D 1, w_U 2:
@@ -52,10 +52,21 @@ def test_global_counts_divide_the_sums():
 
 def test_reference_point_is_a_clamped_detached_mean():
     policy = torch.tensor([-1.0, -2.0], requires_grad=True)
-    z = kto_kl_estimate(policy, torch.tensor([-1.5, -2.1]))  # mean(0.5, 0.1)
+    total = kto_logratio_sum(policy, torch.tensor([-1.5, -2.1]))  # 0.5 + 0.1
+    assert total.item() == pytest.approx(0.6) and not total.requires_grad
+    z = kto_kl_estimate(total, 2)
     assert z.item() == pytest.approx(0.3) and not z.requires_grad
-    assert kto_kl_estimate(torch.tensor([-2.0]), torch.tensor([-1.0])).item() == 0.0
-    assert kto_kl_estimate(torch.zeros(0), torch.zeros(0)).item() == 0.0
+    negative = kto_logratio_sum(torch.tensor([-2.0]), torch.tensor([-1.0]))
+    assert kto_kl_estimate(negative, 1).item() == 0.0
+    assert kto_kl_estimate(kto_logratio_sum(torch.zeros(0), torch.zeros(0)), 0).item() == 0.0
+
+
+def test_reference_point_of_several_batches_is_the_mean_of_all_their_pairs():
+    """Two batches (micro-batches, or ranks): log-ratios (0.5, 0.1) and (-0.2): the mean of the
+    three, 0.4 / 3, not the mean of the two batch means (0.3 and -0.2 -> 0.05)."""
+    first = kto_logratio_sum(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.1]))
+    second = kto_logratio_sum(torch.tensor([-3.0]), torch.tensor([-2.8]))
+    assert kto_kl_estimate(first + second, 3).item() == pytest.approx(0.4 / 3)
 
 
 def test_bad_inputs_are_named():

@@ -37,7 +37,7 @@ from ardea.algo.gae import (
     compute_turn_level_gae,
 )
 from ardea.algo.kl import KL_ESTIMATORS, kl_penalty, topk_forward_kl
-from ardea.algo.kto_loss import kto_kl_estimate, kto_loss
+from ardea.algo.kto_loss import kto_kl_estimate, kto_logratio_sum, kto_loss
 from ardea.algo.lambda_fn import (
     build_lambda_context,
     compute_gae_lambda,
@@ -121,6 +121,7 @@ __all__ = [
     "kl_penalty",
     "topk_forward_kl",
     "kto_kl_estimate",
+    "kto_logratio_sum",
     "kto_loss",
     "orpo_loss",
     "simpo_loss",

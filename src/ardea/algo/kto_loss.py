@@ -5,7 +5,8 @@ Optimization", eq. 8. Per example ``(x, y)`` with a label (desirable or not), th
 reward is the sequence log-ratio ``r = log pi(y|x) - log pi_ref(y|x)`` and the reference
 point ``z`` an estimate of ``KL(pi || pi_ref)``, taken on *mismatched* pairs (a prompt with
 another example's completion), averaged, clamped at 0 and detached
-(:func:`kto_kl_estimate`):
+(:func:`kto_logratio_sum` and :func:`kto_kl_estimate`: the sum and the mean are apart so that
+the mean can be taken over more than one batch):
 
     desirable:    w_D * (1 - sigmoid(beta * (r - z)))
     undesirable:  w_U * (1 - sigmoid(beta * (z - r)))
@@ -31,14 +32,23 @@ from ardea.algo._checks import check_float, check_shape
 from ardea.algo.preference_loss import pair_count
 
 
-def kto_kl_estimate(policy_logps: Tensor, ref_logps: Tensor) -> Tensor:
-    """``z = max(0, mean_i(log pi(y'_i|x_i) - log pi_ref(y'_i|x_i)))``, detached, over
-    ``(M,)`` sequence log-probs of mismatched prompt / completion pairs (0 for ``M = 0``)."""
+def kto_logratio_sum(policy_logps: Tensor, ref_logps: Tensor) -> Tensor:
+    """``sum_i (log pi(y'_i|x_i) - log pi_ref(y'_i|x_i))``, 0-d and detached, over ``(M,)``
+    sequence log-probs of mismatched prompt / completion pairs: what one batch adds to the
+    reference point's estimate (:func:`kto_kl_estimate`)."""
     check_float("policy_logps", policy_logps)
     check_shape("ref_logps", ref_logps, policy_logps.shape, "(M,)")
-    if policy_logps.numel() == 0:
-        return policy_logps.new_zeros(())
-    return (policy_logps.detach() - ref_logps.detach()).mean().clamp(min=0)
+    return (policy_logps.detach() - ref_logps.detach()).sum()
+
+
+def kto_kl_estimate(logratio_sum: Tensor | float, pairs: float) -> Tensor:
+    """``z = max(0, logratio_sum / pairs)``: the mean log-ratio of ``pairs`` mismatched
+    pairs (their :func:`kto_logratio_sum`, added over every batch it covers), clamped at 0;
+    0 for ``pairs = 0``. A 0-d float32 tensor."""
+    total = torch.as_tensor(logratio_sum, dtype=torch.float32).detach()
+    if pairs <= 0:
+        return torch.zeros((), dtype=torch.float32, device=total.device)
+    return (total / pairs).clamp(min=0)
 
 
 def kto_loss(

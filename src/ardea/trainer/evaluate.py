@@ -324,12 +324,12 @@ class Evaluator:
             self.strategy.collate(self.held_out_samples[i : i + size]).to(device)
             for i in range(0, len(self.held_out_samples), size)
         ]
-        counts = self.strategy.step_counts(batches)
         was_training = self.strategy.policy.training
         self.strategy.policy.eval()
         names = self.strategy.eval_metrics
         totals = dict.fromkeys(["loss", *names], 0.0)
         with self.precision.autocast():
+            counts = self.strategy.step_counts(batches)  # may need a forward (KTO's)
             for batch in batches:
                 loss, metrics = self.strategy.loss(batch, counts)
                 totals["loss"] += float(loss)

@@ -65,6 +65,28 @@ def test_loss_on_known_logprobs():
     assert metrics["train/logps_rejected"] == pytest.approx(pol[1], abs=1e-5)
 
 
+def test_the_reference_point_is_the_whole_steps():
+    """A step of two micro-batches (2 samples each): ``z`` is the mean log-ratio over the
+    mismatched rows of both, worked out from naive forwards, in each micro-batch's loss, and
+    ``train/kl`` summed over the micro-batches is that ``z``. Per micro-batch it would depend
+    on how the step is cut (micro-batches, ranks)."""
+    policy, reference = tiny_policy(seed=1), tiny_policy(seed=2)
+    strategy = build("kto", policy, reference=reference, beta=0.5)
+    four = [*SAMPLES, LabeledSample((16, 17), (50, 51, 52), False)]
+    batches = [collate_labeled(four[:2], PAD), collate_labeled(four[2:], PAD)]
+    counts = strategy.step_counts(batches)
+    ratios = []
+    for batch in batches:
+        pol, ref = naive_sums(policy, batch), naive_sums(reference, batch)
+        ratios += [p - r for p, r in zip(pol[2:], ref[2:])]  # the mismatched rows
+    z = max(0.0, sum(ratios) / 4)
+    # z > 0 (not clamped), and a z per micro-batch would differ: means 0.005 and 0.15 here
+    assert z > 0 and abs(sum(ratios[:2]) - sum(ratios[2:])) / 2 > 0.1
+    kls = [read_metrics(strategy.loss(b, counts)[1])["train/kl"] for b in batches]
+    assert sum(kls) == pytest.approx(z, abs=1e-5)
+    assert kls[0] == pytest.approx(z / 2, abs=1e-5)  # half the step's examples
+
+
 def test_gradient_comes_from_the_labeled_rows():
     """The policy's gradient equals that of the formula applied to its own forward of the
     labeled rows with z held fixed: the mismatched rows' forward carries none."""

@@ -135,7 +135,11 @@ class Updater:
         times zero and adds zeros under the metrics' names (every rank reduces the same
         names)."""
         real = [b for b in micro_batches if not isinstance(b, Filler)]
-        counts = self.strategy.step_counts(real or [micro_batches[0].batch])
+        counted = real or [micro_batches[0].batch]
+        longest = max(b.input_ids.shape[1] for b in counted)
+        # in the compute dtype: a strategy's counts may need a forward (KTO's reference point)
+        with self.precision.forward(self.policy, longest):
+            counts = self.strategy.step_counts(counted)
         counts = {k: v if real else 0.0 for k, v in counts.items()}
         counts = self.dist.sum(counts, maximum=MAX_COUNTS) | {"update": float(update)}
         totals: dict[str, torch.Tensor | float] = {}

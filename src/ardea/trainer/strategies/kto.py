@@ -8,14 +8,17 @@ rows (each prompt with another sample's completion). Per row the sequence log-pr
 policy scores the labeled rows with gradients and the mismatched rows without; the frozen
 reference (built once, :meth:`~ardea.trainer.strategies.base.Strategy.frozen_reference`)
 scores all ``2B``. The reference point ``z`` (:func:`ardea.algo.kto_kl_estimate`) is the
-micro-batch's mean log-ratio on its mismatched rows, clamped at 0 and detached, as TRL
-estimates it per device batch. The loss is the sum over labeled rows divided by the
+mean log-ratio on the mismatched rows of the whole optimizer step (every micro-batch, every
+rank: summed with the step's counts before the first loss, :meth:`KTOStrategy.step_counts`),
+clamped at 0 and detached. TRL estimates it per micro-batch (gathered over devices), so the
+two agree for one micro-batch a step; over a step it does not depend on the world size or
+``trainer.grad_accum_steps`` and uses every mismatched row of the step. The loss is the sum over labeled rows divided by the
 examples of the whole optimizer step; ``algo.beta`` (default 0.1),
 ``algo.kto_desirable_weight`` and ``algo.kto_undesirable_weight`` (default 1 each; the
 KTO paper keeps ``w_D n_D / (w_U n_U)`` between 1 and 4/3).
 
 Metrics (sums over micro-batches give the step value): ``train/loss``, ``train/kto``,
-``train/kl`` (mean ``z`` over the step's micro-batches), ``train/rewards_chosen``,
+``train/kl`` (the step's ``z``), ``train/rewards_chosen``,
 ``train/rewards_rejected``, ``train/rewards_margins``, ``train/logps_chosen``,
 ``train/logps_rejected`` (TRL's ``rewards/chosen`` and so on); held out, ``eval/loss``
 and ``eval/rewards_margins``.
@@ -30,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ardea import data
-from ardea.algo import kto_kl_estimate, kto_loss
+from ardea.algo import kto_kl_estimate, kto_logratio_sum, kto_loss
 from ardea.data import TrajectoryBatch, labeled_rows
 from ardea.model import sequence_logprobs
 from ardea.trainer.strategies.base import Strategy, register_strategy
@@ -60,41 +63,58 @@ class KTOStrategy(Strategy):
         return data.collate_labeled(samples, self.tokenizer.pad_token_id)
 
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
+        """The step's examples by label, and the reference point's sum and pairs: the
+        policy (without gradients) and the reference score every micro-batch's mismatched
+        rows here, before the first loss, so that ``z`` is the whole step's (summed over
+        ranks with the other counts). Runs one policy and one reference forward per
+        micro-batch: every rank the same number (offline batches split evenly)."""
         layouts = [labeled_rows(b) for b in micro_batches]
         labels = torch.cat([desirable for _, _, desirable in layouts])
         desirable = float(labels.sum())
+        logratio = sum(
+            (self._logratio_sum(b.select(mismatched)) for b, (_, mismatched, _) in zip(micro_batches, layouts)),
+            torch.zeros(()),
+        )  # fmt: skip
         counts = {
             "examples": float(len(labels)),
             "desirable": desirable,
             "undesirable": float(len(labels)) - desirable,
-            "micro_batches": float(len(micro_batches)),
+            "kl_logratio_sum": float(logratio),
+            "kl_pairs": float(sum(len(mismatched) for _, mismatched, _ in layouts)),
         }
         if self.moe.active:  # the router's tokens: those of the forwards with gradients
             forwards = [b.select(rows) for b, (rows, _, _) in zip(micro_batches, layouts)]
             counts |= self.moe.step_counts(forwards)
         return counts
 
+    @torch.no_grad()
+    def _logratio_sum(self, rows: TrajectoryBatch) -> Tensor:
+        """:func:`~ardea.algo.kto_logratio_sum` of mismatched ``rows``."""
+        chunk = self.config.model.logprob_chunk_size
+        out = sequence_logprobs(self.policy, **rows.model_inputs(), chunk_size=chunk)
+        policy = sequence_logps(out.logprobs, rows.action_mask, "sum")
+        reference = sequence_logps(self.reference.logprobs(rows), rows.action_mask, "sum")
+        return kto_logratio_sum(policy, reference).cpu()
+
     def loss(
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, Tensor | float]]:
-        rows, mismatched, desirable = labeled_rows(batch)  # (B,) each
-        examples, chunk = batch.select(rows), self.config.model.logprob_chunk_size
+        rows, _, desirable = labeled_rows(batch)  # (B,) each
+        examples = batch.select(rows)
+        chunk = self.config.model.logprob_chunk_size
         out = sequence_logprobs(self.policy, **examples.model_inputs(), chunk_size=chunk)
         logps = sequence_logps(out.logprobs, examples.action_mask, "sum")  # (B,)
-        ref_logps = sequence_logps(self.reference.logprobs(batch), batch.action_mask, "sum")
-        kl_rows = batch.select(mismatched)
-        with torch.no_grad():
-            kl_out = sequence_logprobs(self.policy, **kl_rows.model_inputs(), chunk_size=chunk)
-        kl = kto_kl_estimate(
-            sequence_logps(kl_out.logprobs, kl_rows.action_mask, "sum"), ref_logps[mismatched]
-        )
+        ref_logps = sequence_logps(self.reference.logprobs(examples), examples.action_mask, "sum")
+        kl = kto_kl_estimate(step_counts["kl_logratio_sum"], step_counts["kl_pairs"])
         loss, parts = kto_loss(
-            logps, ref_logps[rows], desirable, kl, beta=self.beta, **self.weights,
+            logps, ref_logps, desirable, kl.to(logps.device), beta=self.beta, **self.weights,
             global_examples=step_counts["examples"],
             global_desirable=step_counts["desirable"],
             global_undesirable=step_counts["undesirable"],
         )  # fmt: skip
         metrics = {name.replace("loss/", "train/", 1): v for name, v in parts.items()}
-        metrics["train/kl"] = kl / step_counts["micro_batches"]
+        # z is the step's: a micro-batch's share of it, so that the sum over them is z
+        share = examples.rows / max(step_counts["examples"], 1.0)
+        metrics["train/kl"] = kl * share
         loss, moe_metrics = self.moe.add(loss, out, examples, step_counts)
         return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}
