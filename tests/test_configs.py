@@ -32,6 +32,7 @@ SMOKE = [
     *SMALLEST_OVERRIDES,
     "logging.progress=false",
     "logging.tensorboard=false",
+    "logging.report=false",  # no report.png: half a second a run
 ]
 
 

@@ -55,6 +55,7 @@ COMMON = [
     "logging.progress=false",
     "logging.log_every=1",  # every step's gradient norm before clipping, compared by the tests
     "logging.tensorboard=false",
+    "logging.report=false",  # no report.png: half a second a run
 ]
 
 PER_ALGO = {

@@ -33,6 +33,7 @@ RUN = [
     "logging.log_every=1",
     "logging.progress=false",
     "logging.tensorboard=false",
+    "logging.report=false",  # no report.png: half a second a run
     "model.hidden_size=64",
     "model.num_layers=2",
     "model.num_heads=2",

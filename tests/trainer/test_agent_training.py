@@ -35,6 +35,7 @@ AGENT = [
     "logging.log_every=1",
     "logging.progress=false",
     "logging.tensorboard=false",
+    "logging.report=false",  # no report.png: half a second a run
 ]
 PPO_TURN = [
     "algo.name=online_ppo",

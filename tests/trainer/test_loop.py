@@ -25,6 +25,7 @@ SMALL = [
     "trainer.save_every=0",
     "logging.progress=false",
     "logging.tensorboard=false",
+    "logging.report=false",  # no report.png: half a second a run
 ]
 
 
@@ -177,3 +178,18 @@ def test_auto_compute_dtype_is_measured_printed_and_stored(tmp_path, capsys):
     fixed = make(tmp_path / "fp32", "trainer.max_steps=1", "model.compute_dtype=float32")
     results = fixed.train()
     assert results["compute_dtype"] == "float32" and "compute_dtype_probe" not in results
+
+
+def test_the_report_is_drawn_at_the_end_unless_logging_report_is_false(tmp_path):
+    """The default draws report.png when the run ends; logging.report=false leaves it out,
+    and ``draw_report`` (what ``ardea report`` runs) draws it from the run's files later."""
+    from ardea.trainer import draw_report
+
+    drawn = make(tmp_path / "on", "trainer.max_steps=1", "logging.report=true")
+    drawn.train()
+    assert (drawn.run_dir / "report.png").stat().st_size > 10_000
+    skipped = make(tmp_path / "off", "trainer.max_steps=1")  # SMALL: logging.report=false
+    skipped.train()
+    assert (skipped.run_dir / "metrics.jsonl").is_file()
+    assert not (skipped.run_dir / "report.png").exists()
+    assert draw_report(skipped.run_dir).stat().st_size > 10_000

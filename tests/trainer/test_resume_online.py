@@ -29,6 +29,7 @@ TINY = [
     "trainer.num_threads=1",
     "logging.progress=false",
     "logging.tensorboard=false",
+    "logging.report=false",  # no report.png: half a second a run
 ]
 SFT = [
     *TINY,

@@ -59,6 +59,7 @@ def rows(tmp_path) -> list[str]:
         "logging.log_every=1",
         "logging.progress=false",
         "logging.tensorboard=false",
+        "logging.report=false",  # no report.png: half a second a run
     ]
 
 

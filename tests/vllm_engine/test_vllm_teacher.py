@@ -81,6 +81,7 @@ def test_a_run_starts_its_teachers_server_scores_there_and_stops_it(tmp_path):
         "data.eval_size=4",
         "logging.progress=false",
         "logging.tensorboard=false",
+        "logging.report=false",  # no report.png: half a second a run
         f"trainer.output_dir={tmp_path / 'run'}",
     ]
     trainer = Trainer(load_config(None, overrides))

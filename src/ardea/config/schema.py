@@ -251,6 +251,12 @@ class LoggingConfig:
     tensorboard: bool = option(True, "Write TensorBoard events into the run directory.")
     log_every: int = option(10, "Write training metrics every N steps.")
     progress: bool = option(True, "Show a progress bar.")
+    report: bool = option(
+        True,
+        "Draw report.png (and an online run's trajectories.html) when the run ends; "
+        "false skips the drawing (about half a second: many short runs, a sweep); "
+        "`ardea report RUN_DIR` draws them from the run's files at any time.",
+    )
     wandb: bool = option(False, "Log to Weights & Biases as well.")
     wandb_project: str = option("ardea", "Weights & Biases project.")
     wandb_mode: str = option(

@@ -394,6 +394,7 @@ class Trainer:
                 logger.close()
         if not self.dist.is_main:  # what a next stage needs: where the final policy is
             return {"checkpoint": str(Path(checkpoint) / "policy") if checkpoint else None}
-        draw_report(self.run_dir)
-        write_trajectories_html(self.run_dir)
+        if self.config.logging.report:
+            draw_report(self.run_dir)
+            write_trajectories_html(self.run_dir)
         return finish_run(self, checkpoint=checkpoint, wall_seconds=time.time() - start)

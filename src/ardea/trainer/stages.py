@@ -130,7 +130,8 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
     results["checkpoint"] = previous
     results["run_dir"] = str(top)
     write_results(top, results)
-    draw_stages_report(top, results["stages"])
+    if config.logging.report:
+        draw_stages_report(top, results["stages"])
     print_results(_summary(results, stages))
     return results
 
