@@ -62,7 +62,20 @@ def commands_in(text: str, *, comment: bool = False) -> list[str]:
         return [m.group(1) for m in re.finditer(r"^#\s+(ardea \S.*)$", text, re.M)]
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     lines = [line.strip() for block in blocks for line in block.splitlines()]
-    return [line for line in lines if line.startswith("ardea ")]
+    return [line for line in lines if without_env(line)[1].startswith("ardea ")]
+
+
+#: ``NAME=value`` before a command: an environment variable set for it
+ENV_PREFIX = re.compile(r"^([A-Z][A-Z0-9_]*)=(\S+)\s+")
+
+
+def without_env(command: str) -> tuple[dict[str, str], str]:
+    """The environment variables a command line sets before its command, and the command."""
+    env = {}
+    while match := ENV_PREFIX.match(command):
+        env[match.group(1)] = match.group(2)
+        command = command[match.end() :]
+    return env, command
 
 
 #: the documentation pages, in a fixed order
@@ -104,7 +117,7 @@ EVERY_COMMAND = {"train", "eval", "generate", "serve", "report", "tasks"}
 
 
 def subcommands(commands: list[str]) -> set[str]:
-    return {shlex.split(c, comments=True)[1] for c in commands}
+    return {shlex.split(without_env(c)[1], comments=True)[1] for c in commands}
 
 
 def test_the_readme_has_its_commands():
@@ -311,7 +324,10 @@ def serve_and_talk(argv: list[str], workdir: Path) -> None:
     list(enumerate(COMMANDS + CONFIG_COMMANDS)),
     ids=lambda v: v if isinstance(v, int) else " ".join(shlex.split(v, comments=True)),
 )
-def test_example_command_runs(index, command, workdir):
+def test_example_command_runs(index, command, workdir, monkeypatch):
+    env, command = without_env(command)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     argv = shortened(command, index, workdir)
     if argv and argv[0] == "serve":
         serve_and_talk(argv, workdir)

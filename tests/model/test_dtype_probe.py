@@ -6,11 +6,18 @@ import pytest
 import torch
 
 import ardea.model.dtype_probe as dtype_probe
+from ardea.errors import ConfigError
 from ardea.model import Precision
-from ardea.model.dtype_probe import MAX_PRODUCT_FLOPS, ProbeShapes, measure, probe
+from ardea.model.dtype_probe import FORCE_ENV, MAX_PRODUCT_FLOPS, ProbeShapes, measure, probe
 
 CPU = torch.device("cpu")
 SHAPES = ProbeShapes(hidden=64, intermediate=192, train_tokens=512, decode_rows=32)
+
+
+@pytest.fixture(autouse=True)
+def _measured(monkeypatch):
+    """These tests are of the measurement: whatever answer the suite forces, none here."""
+    monkeypatch.delenv(FORCE_ENV, raising=False)
 
 
 class FakeClock:
@@ -213,3 +220,33 @@ def test_each_shape_times_the_kernel_its_phase_runs(clock):
                   ("bfloat16", "train"): 300, ("bfloat16", "decode"): 200})  # fmt: skip
     measure(CPU, torch.float32, [torch.float32, torch.bfloat16], SHAPES)
     assert fake.kernels == {("F.linear", "train"), ("packed", "decode")}
+
+
+@pytest.mark.parametrize("forced", ["bfloat16", "float32"])
+def test_the_environment_forces_autos_answer_without_measuring(clock, monkeypatch, forced):
+    """$ARDEA_AUTO_COMPUTE_DTYPE answers ``auto`` whatever the rates (here bf16 3x faster,
+    so float32 is the answer the probe would not give): nothing is timed or cached, the
+    start line says where the answer came from, and an explicit compute_dtype ignores it."""
+    fake = clock({("float32", "train"): 100.0, ("float32", "decode"): 100.0,
+                  ("bfloat16", "train"): 300.0, ("bfloat16", "decode"): 300.0})  # fmt: skip
+    monkeypatch.setenv(FORCE_ENV, forced)
+    precision = Precision.resolve("auto", CPU, torch.float32, shapes=SHAPES)
+    assert precision.compute == getattr(torch, forced)
+    assert precision.probe.forced and not fake.products
+    assert precision.probe.describe() == (
+        f"compute_dtype=auto: {forced} (forced by ${FORCE_ENV}; not measured)"
+    )
+    assert not list(dtype_probe.cache_dir().glob("*"))  # a forced answer is not cached
+    named = Precision.resolve("float32", CPU, torch.float32, shapes=SHAPES)
+    assert named.compute == torch.float32 and named.probe is None
+
+
+def test_a_forced_answer_that_is_not_a_candidate_is_an_error(clock, monkeypatch):
+    fake = clock({("float32", "train"): 100.0, ("float32", "decode"): 100.0,
+                  ("bfloat16", "train"): 300.0, ("bfloat16", "decode"): 300.0})  # fmt: skip
+    monkeypatch.setenv(FORCE_ENV, "float16")
+    with pytest.raises(ConfigError, match=r"ARDEA_AUTO_COMPUTE_DTYPE='float16'; choose one of float32, bfloat16"):  # fmt: skip
+        Precision.resolve("auto", CPU, torch.float32, shapes=SHAPES)
+    monkeypatch.setenv(FORCE_ENV, "")  # empty: as if unset, so measured
+    measured = Precision.resolve("auto", CPU, torch.float32, shapes=SHAPES)
+    assert measured.compute == torch.bfloat16 and not measured.probe.forced and fake.products

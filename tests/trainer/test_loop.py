@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from ardea.config import load_config
 from ardea.errors import ArdeaError
+from ardea.model.dtype_probe import FORCE_ENV
 from ardea.trainer import Trainer
 
 SMALL = [
@@ -163,10 +164,11 @@ def test_evaluation_sees_the_trained_weights(tmp_path):
     assert results["accuracy"] == again.metrics["accuracy"]
 
 
-def test_auto_compute_dtype_is_measured_printed_and_stored(tmp_path, capsys):
+def test_auto_compute_dtype_is_measured_printed_and_stored(tmp_path, capsys, monkeypatch):
     """compute_dtype=auto: the probe ran at this run's shapes (the tiny model's hidden and
     intermediate sizes), its line is printed at start, and results.json keeps the choice
     and the rates; an explicit dtype is stored without a probe."""
+    monkeypatch.delenv(FORCE_ENV, raising=False)  # measured, whatever the suite forces
     trainer = make(tmp_path / "auto", "trainer.max_steps=1")
     assert "compute_dtype=auto: " in capsys.readouterr().out
     results = trainer.train()

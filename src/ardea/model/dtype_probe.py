@@ -23,6 +23,11 @@ under a second; its result is cached per machine, torch version, thread count an
 result is checked by one short timing of the chosen dtype at each shape (a few
 milliseconds): when either now runs ``RECHECK_RATIO`` times faster than the cache says, the
 cached figures were taken on a busy machine and everything is measured again.
+
+``$ARDEA_AUTO_COMPUTE_DTYPE`` (``bfloat16`` or ``float32``) forces the answer without
+measuring, for a whole run and every process it starts: a machine where bf16 is slower can
+then run what a machine where it wins would run (the test suite runs its precision-sensitive
+tests under both answers this way). A value that is not a candidate is an error naming it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ardea.errors import ConfigError
 from ardea.model.packed_linear import PackedLinear
 
 GIVE_UP_RATIO = 4.0
@@ -44,6 +50,9 @@ GIVE_UP_RATIO = 4.0
 timed at the training shape."""
 
 CACHE_FILE = "compute_dtype_probe.json"
+
+FORCE_ENV = "ARDEA_AUTO_COMPUTE_DTYPE"
+"""The environment variable that forces ``auto``'s answer (module docstring)."""
 
 RECHECK_RATIO = 1.5
 """A cached result is measured again when its chosen dtype's decode product now runs this
@@ -88,15 +97,19 @@ class ProbeShapes:
 @dataclass(frozen=True)
 class ProbeResult:
     """Measured rates in GFLOP/s per dtype name (``None``: given up at the training shape),
-    the dtype picked and whether the figures came from the cache."""
+    the dtype picked, whether the figures came from the cache, and whether the choice was
+    forced by ``$ARDEA_AUTO_COMPUTE_DTYPE`` (then no rates)."""
 
     choice: str
     train_gflops: dict[str, float | None]
     decode_gflops: dict[str, float]
     cached: bool = False
+    forced: bool = False
 
     def describe(self) -> str:
         """One line for the start of a run: the choice and the rates behind it."""
+        if self.forced:
+            return f"compute_dtype=auto: {self.choice} (forced by ${FORCE_ENV}; not measured)"
         parts = []
         for name, decode in self.decode_gflops.items():
             train = self.train_gflops.get(name)
@@ -239,9 +252,30 @@ def measure(
     return ProbeResult(choice, train, decode)
 
 
+def forced_choice(candidates: list[torch.dtype]) -> str | None:
+    """The dtype name ``$ARDEA_AUTO_COMPUTE_DTYPE`` forces, or None when it is unset or
+    empty.
+
+    Raises:
+        ConfigError: a value that is not one of ``candidates``.
+    """
+    value = os.environ.get(FORCE_ENV, "").strip()
+    if not value:
+        return None
+    names = [str(dtype).removeprefix("torch.") for dtype in candidates]
+    if value not in names:
+        raise ConfigError(f"{FORCE_ENV}={value!r}; choose one of {', '.join(names)} or unset it")
+    return value
+
+
 def probe(device, params, candidates, shapes: ProbeShapes) -> ProbeResult:
     """:func:`measure`, answered from the cache when this machine already measured these
-    shapes (the cache is advisory: an unreadable or unwritable file only costs a probe)."""
+    shapes (the cache is advisory: an unreadable or unwritable file only costs a probe), or
+    the dtype ``$ARDEA_AUTO_COMPUTE_DTYPE`` forces (nothing measured: the profile times its
+    floor's rates itself)."""
+    forced = forced_choice(candidates)
+    if forced is not None:
+        return ProbeResult(forced, {}, {}, forced=True)
     path = cache_dir() / CACHE_FILE
     key = machine_key(device, shapes) + "|" + ",".join(map(str, candidates))
     try:
@@ -254,7 +288,7 @@ def probe(device, params, candidates, shapes: ProbeShapes) -> ProbeResult:
     if cached is not None and not _taken_under_load(cached, device, params, shapes):
         return cached
     result = measure(device, params, candidates, shapes)
-    stored[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
+    stored[key] = {k: v for k, v in asdict(result).items() if k not in ("cached", "forced")}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
