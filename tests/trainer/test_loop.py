@@ -195,3 +195,29 @@ def test_the_report_is_drawn_at_the_end_unless_logging_report_is_false(tmp_path)
     assert (skipped.run_dir / "metrics.jsonl").is_file()
     assert not (skipped.run_dir / "report.png").exists()
     assert draw_report(skipped.run_dir).stat().st_size > 10_000
+
+
+def test_a_checkpoint_before_the_first_update_leaves_the_optimizer_unstepped(tmp_path):
+    """keep_best saves the best checkpoint after the evaluation at step 0, before any
+    update. Its optimizer state is empty, and the run trains as one that saved nothing:
+    the same weights after two steps, bit for bit. (Asking torch's state-dict helper for an
+    optimizer that has not stepped initialises it with a step at learning rate 0: Adam's step
+    count would become 1 and the first real update would be bias-corrected as a second.)"""
+    from ardea.trainer.checkpoint import load_trainer_state
+
+    runs = {}
+    for name, best in (("saved", "true"), ("not_saved", "false")):
+        trainer = make(tmp_path / name, "trainer.max_steps=2", "trainer.eval_every=1",
+                       f"trainer.keep_best={best}")  # fmt: skip
+        trainer.train()
+        runs[name] = trainer
+    best = tmp_path / "saved" / "checkpoints" / "best"
+    state = load_trainer_state(best)
+    assert (
+        state["step"] == 0 and state["updater"]["components"]["train"]["optimizer"]["state"] == {}
+    )
+    saved, plain = (dict(runs[n].policy.named_parameters()) for n in ("saved", "not_saved"))
+    assert all(torch.equal(saved[k], plain[k]) for k in plain)
+    fresh = make(tmp_path / "fresh", "trainer.max_steps=1")
+    fresh.updater.load_state_dict(state["updater"])  # an empty state loads as empty
+    assert not fresh.updater.optimizer.state

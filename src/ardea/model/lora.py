@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from ardea.errors import ArdeaError
+from ardea.model.value import ValueModel
 
 ADAPTER_DIR = "adapter"
 POLICY_DIR = "policy"
@@ -70,12 +71,26 @@ def lora_critic(critic: Any, *, r: int, alpha: float, dropout: float,
 
 
 def merged_critic(critic: Any, state: dict[str, torch.Tensor]) -> Any:
-    """A copy of the LoRA ``critic`` holding ``state`` (its whole tensors by name), with the
-    adapters merged into the backbone: a plain critic to save for other tools."""
-    merged = copy.deepcopy(critic)
-    merged.load_state_dict(state)
-    merged.model = merged.model.merge_and_unload()
-    return merged
+    """A plain critic holding ``state`` (the LoRA ``critic``'s whole tensors by name, e.g.
+    gathered from FSDP2 shards) with the adapters merged into the backbone, to save for other
+    tools. Built anew from ``critic``'s config and LoRA settings, never copied from
+    ``critic`` itself: a sharded or wrapped module cannot be deep-copied (FSDP2 refuses), and
+    its own tensors may be shards. The new module is made on the meta device and takes
+    copies of ``state``'s tensors: merging adds ``B·A`` into the base weights in place, and
+    ``state`` may share storage with the live critic (a one-process state dict does)."""
+    lora = copy.deepcopy(critic.model.peft_config["default"])
+    with torch.device("meta"):
+        plain = ValueModel(copy.deepcopy(critic.config))
+        plain.model = get_peft_model(plain.model, lora)
+    copies = {name: tensor.detach().clone() for name, tensor in state.items()}
+    missing, unexpected = plain.load_state_dict(copies, strict=False, assign=True)
+    if missing or unexpected:
+        raise ArdeaError(
+            f"the critic's state does not fit its LoRA layout: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}"
+        )
+    plain.model = plain.model.merge_and_unload()
+    return plain
 
 
 def save_policy(

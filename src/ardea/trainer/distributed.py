@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ardea.errors import ArdeaError, ConfigError
@@ -221,6 +221,20 @@ def unwrap(module: nn.Module) -> nn.Module:
     return module.module if isinstance(module, DistributedDataParallel) else module
 
 
+def resharded(module: nn.Module) -> nn.Module:
+    """``module`` with every FSDP2 sub-module back in its sharded state. FSDP2 leaves the root
+    module's parameters (embeddings, final norm, LM head) unsharded after a forward without
+    a backward (the root does not reshard after forward, to save an all-gather before the
+    backward): an evaluation, a no-grad scoring pass. The module then holds plain tensors
+    where the optimizer holds the sharded parameters, and a state dict taken in that state
+    cannot map the optimizer's parameters to names. Not a collective (resharding frees the
+    gathered copy)."""
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.reshard()
+    return module
+
+
 def full_state_dict(
     module: nn.Module, *, cpu: bool = False, trained_only: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -228,6 +242,7 @@ def full_state_dict(
     gets them on CPU and the other ranks an empty dict (for writing a checkpoint); with
     ``trained_only``, the parameters that require gradients alone (a LoRA policy's
     adapters: its frozen base is neither gathered nor copied)."""
+    resharded(module)
     options = FULL_ON_CPU if cpu else FULL
     if trained_only:
         options = dataclasses.replace(options, ignore_frozen_params=True)
@@ -237,18 +252,41 @@ def full_state_dict(
 def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> Any:
     """Load a whole-model ``state`` (every rank passes it) into ``module``; returns the
     missing and unexpected keys."""
+    resharded(module)
     options = StateDictOptions(full_state_dict=True, strict=False)
     return set_model_state_dict(module, dict(state), options=options)
 
 
 def optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state keyed by parameter name, whole (not sharded): loadable at any
-    world size. Collective; rank 0 gets it on CPU, the others an empty dict."""
-    return get_optimizer_state_dict(module, optimizer, options=FULL_ON_CPU)
+    world size. Collective; rank 0 gets it on CPU, the others an empty dict.
+
+    An optimizer that has not stepped yet (a checkpoint before the first update: the best
+    one after the evaluation at step 0) is saved with no state and left with none.
+    ``get_optimizer_state_dict`` would initialise it by stepping it once with zero gradients
+    at learning rate 0: the weights stay, but Adam's step count becomes 1, so the first real
+    update would be bias-corrected as a second one (a quarter smaller at beta2 = 0.98) and a
+    run that saved at step 0 would train differently from one that did not."""
+    resharded(module)
+    if optimizer.state:
+        return get_optimizer_state_dict(module, optimizer, options=FULL_ON_CPU)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    names = {id(param): name for name, param in unwrap(module).named_parameters()}
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"},
+         "params": [names[id(param)] for param in group["params"]]}
+        for group in optimizer.param_groups
+    ]  # fmt: skip
+    return {"state": {}, "param_groups": groups}
 
 
 def load_optimizer_state(
     module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """Load what :func:`optimizer_state` gave (every rank passes the whole state)."""
+    """Load what :func:`optimizer_state` gave (every rank passes the whole state); a state
+    saved before the first step leaves the optimizer without one, as it was."""
+    resharded(module)
     set_optimizer_state_dict(module, optimizer, optim_state_dict=state, options=FULL)
+    if not state["state"]:  # the helper stepped it once at lr 0 to have a state to fill
+        optimizer.state.clear()

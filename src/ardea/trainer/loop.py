@@ -151,9 +151,13 @@ class Trainer:
         """The live policy's engine (``rollout.engine``), on the rollout service's owner
         only (rank 0; None on the other ranks). Under torchrun it decodes on its own plain
         copy, fed whole weights; the trainer keeps the module it gave the engine, to copy
-        for a background worker's engine."""
-        if not self.dist.is_main or self.strategy_head != "causal_lm":
-            return None  # a reward model's run generates nothing
+        for a background worker's engine (and a LoRA checkpoint under FSDP2, to merge)."""
+        if not self.dist.is_main:
+            return None
+        if self.strategy_head != "causal_lm":  # a reward model's run generates nothing, but
+            # its LoRA checkpoints under FSDP2 merge the adapters on a whole copy of the model
+            self._engine_module = own_copy(policy) if self.dist.active else policy
+            return None
         config = self.config
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(

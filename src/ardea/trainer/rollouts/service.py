@@ -104,12 +104,13 @@ class RolloutService:
         return self.engine is not None
 
     def shared(self, compute: Callable[[], Any]) -> Any:
-        """``compute()`` run on the owner, its result on every rank (one broadcast); an
-        error on the owner is raised on every rank, naming it on the others."""
+        """``compute()`` run on rank 0 (the owner, where there is an engine: a reward model's
+        run has none), its result on every rank (one broadcast); an error there is raised on
+        every rank, naming it on the others."""
         if not self.dist.active:
             return compute()
         result, error = None, None
-        if self.owner:
+        if self.dist.is_main:
             try:
                 result = compute()
             except Exception as raised:  # handed to the other ranks, then raised here
