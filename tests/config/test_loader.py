@@ -193,3 +193,22 @@ def test_a_saved_staged_config_reloads_to_the_same_stages(tmp_path):
     saved = tmp_path / "saved.yaml"
     saved.write_text(config_to_yaml(config))
     assert dict(stage_configs(load_config(saved))) == stages
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["agent.export=call", "agent.reward_discount=1.5"], r"agent.reward_discount=1.5"),
+        (["agent.export=call", "agent.reward_discount=-0.1"], r"agent.reward_discount=-0.1"),
+        (["agent.reward_discount=0.5"], r"reward_discount=0.5 .* only agent.export=call"),
+    ],
+)
+def test_a_reward_discount_outside_0_1_or_without_call_export_is_an_error(overrides, message):
+    """A discount above 1 would grow rewards backwards through an episode; with
+    export=conversation the episode is one row and a discount between its calls would
+    silently change nothing."""
+    agent = ["agent.env=guess_number", "data.task=null", "algo.name=online_ppo"]
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [*agent, *overrides])
+    config = load_config(None, [*agent, "agent.export=call", "agent.reward_discount=0.5"])
+    assert config.agent.reward_discount == 0.5

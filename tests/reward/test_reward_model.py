@@ -15,9 +15,10 @@ from ardea.model import build_char_tokenizer, tiny_config
 from ardea.reward import make_reward
 
 
-def save_rm(tmp_path, num_labels=1):
+def save_rm(tmp_path, num_labels=1, context=256):
     tokenizer = build_char_tokenizer()
-    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                         max_position_embeddings=context)  # fmt: skip
     config.num_labels = num_labels
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config)
@@ -41,6 +42,21 @@ def test_scores_are_the_models_logit_of_prompt_plus_completion(tmp_path):
             alone.append(float(model(input_ids=ids).logits[0, 0]))
     torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-5, rtol=0)
     assert len(set(got)) == 3  # different texts, different scores
+
+
+def test_a_text_longer_than_the_context_is_scored_on_its_end(tmp_path):
+    """A reward model reads a text's last token (the completion's end): a text longer than
+    its context (32 tokens here) is scored on its last 32 tokens, not its first."""
+    path, model, tokenizer = save_rm(tmp_path, context=32)
+    prompt, completion = "1234567890+" * 4, "the answer is 42"  # 44 + 16 + eos = 61 tokens
+    (got,) = make_reward("reward_model", path=path)([prompt], [completion], [{}])
+    ids = tokenizer(prompt + completion + tokenizer.eos_token, add_special_tokens=False)
+    ids = torch.tensor([ids["input_ids"]])
+    assert ids.shape[1] == 61
+    with torch.no_grad():
+        last, first = (float(model(input_ids=part).logits[0, 0]) for part in (ids[:, -32:], ids[:, :32]))  # fmt: skip
+    assert got == pytest.approx(last, abs=1e-5)
+    assert abs(last - first) > 1e-3  # the two ends score differently
 
 
 def test_a_conversational_prompt_is_rendered_with_the_chat_template(tmp_path):

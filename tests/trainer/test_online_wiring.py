@@ -157,6 +157,42 @@ def test_dynamic_sampling_trains_the_first_groups_with_a_spread_in_generation_or
     assert refilled >= 2  # refilled groups were trained in several steps
 
 
+NO_SPREAD_REWARD = '''
+CALLS = []
+
+
+def zero(prompts, completions, rows):
+    """Every completion scores 0 (no group has a spread), and each call is recorded."""
+    CALLS.append((list(prompts), list(completions)))
+    return [0.0] * len(prompts)
+'''
+
+
+def test_a_refill_round_samples_afresh_a_prompt_drawn_again(tmp_path, write_reward_module):
+    """One training prompt, so every refill round draws the same prompt into the same rows
+    as the first round: each round samples with a seed of its own, so its completions are
+    new ones (a round seeded as the first would get the same group back, again without a
+    reward spread, and the refill would be wasted)."""
+    write_reward_module("no_spread", NO_SPREAD_REWARD)
+    trainer = trainer_for(
+        tmp_path,
+        "reward.functions=[{name: no_spread.zero}]",
+        "data.train_size=1",
+        "trainer.batch_size=1",
+        "rollout.group_size=4",
+        "algo.dynamic_sampling=true",
+        "algo.dynamic_sampling_max_rounds=2",
+    )
+    import no_spread
+
+    one_step(trainer)
+    rounds = no_spread.CALLS
+    assert len(rounds) == 3  # the first round and two refills, each of the one prompt
+    assert all(prompts == rounds[0][0] for prompts, _ in rounds)
+    completions = [tuple(c) for _, c in rounds]
+    assert len(set(completions)) == 3, completions
+
+
 def test_dynamic_sampling_run_resumes_to_the_same_weights(tmp_path, write_reward_module):
     """The refill sampler's position is part of the checkpoint: a run resumed at step 2 of 4
     refills from the same prompts and ends with the same weights, bit for bit."""

@@ -124,3 +124,9 @@ class AgentConfig:
                 "auto, or a dotted path package.module.Class"
             )
         check_range("agent.reward_discount", self.reward_discount, low=0.0, high=1.0)
+        if self.reward_discount != 1.0 and self.export != "call":
+            raise ConfigError(
+                f"agent.reward_discount={self.reward_discount} discounts rewards between the "
+                f"calls of an episode, which only agent.export=call trains one by one (it is "
+                f"{self.export!r}): set agent.export=call or remove agent.reward_discount"
+            )
