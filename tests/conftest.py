@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ardea.model import build_char_tokenizer
+from ardea.model.dtype_probe import FORCE_ENV
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on the two cores: each worker's subprocesses (the CLI's
@@ -37,6 +38,21 @@ def _one_torch_thread():
 @pytest.fixture(scope="session", autouse=True)
 def _own_cache_dir(tmp_path_factory):
     os.environ["ARDEA_CACHE_DIR"] = str(tmp_path_factory.mktemp("ardea-cache"))
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def auto_compute_dtype(request):
+    """``compute_dtype=auto``'s answer, forced (``$ARDEA_AUTO_COMPUTE_DTYPE``) to each of
+    bfloat16 and float32 in turn, for this process and every process it starts.
+
+    A test whose expectation holds whatever ``auto`` picks, but which runs with ``auto``
+    (exact resume, a run's outcome), asks for this fixture: it then runs under both answers
+    on every machine, so a CPU where bf16 wins (an AMX Xeon) is not the first to find a
+    failure that a CPU where float32 wins never shows, nor the reverse. Module-scoped: a
+    module's shared runs are built once per answer."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FORCE_ENV, request.param)
+        yield request.param
 
 
 #: the suite's longest test (minutes): started first, so that under ``-n 2`` the other worker

@@ -138,15 +138,19 @@ def test_time_budget_ends_the_run_like_max_steps(tmp_path):
     assert evaluated == [0, results["steps"]]  # once at the start, once at the end
 
 
-def test_evaluation_sees_the_trained_weights(tmp_path):
+def test_evaluation_sees_the_trained_weights(tmp_path, auto_compute_dtype):
     """An offline run's evaluations generate with the weights trained so far (handed to the
-    engine with update_weights), the same greedy answers as a fresh engine on the policy."""
+    engine with update_weights), the same greedy answers as a fresh engine on the policy in
+    the run's precision. Under both answers of ``compute_dtype=auto``: a fresh engine in
+    float32 against the run's bf16 evaluation can answer differently (a greedy argmax over
+    other logits), which a machine whose auto picks float32 never shows."""
     from ardea.rollout import EngineSpec, make_engine, own_copy
     from ardea.trainer.evaluate import evaluate_task
 
     trainer = make(tmp_path, "trainer.max_steps=40", "trainer.eval_every=20", "trainer.lr=1e-2")
+    assert trainer.precision.compute == getattr(torch, auto_compute_dtype)
     results = trainer.train()
-    spec = EngineSpec.of(trainer.policy, trainer.tokenizer)
+    spec = EngineSpec.of(trainer.policy, trainer.tokenizer, precision=trainer.precision)
     fresh = make_engine("in_process", spec, module=own_copy(trainer.policy))
     again = evaluate_task(
         fresh,

@@ -103,7 +103,9 @@ def test_stages_chain_and_resume(tmp_path, monkeypatch):
     assert again["rl"]["steps"] == 3 and again["sft"]["steps"] == 4
 
 
-def test_an_interrupted_stage_resumes_exactly(tmp_path, monkeypatch):
+def test_an_interrupted_stage_resumes_exactly(tmp_path, monkeypatch, auto_compute_dtype):
+    """Bit for bit under either answer of ``compute_dtype=auto`` (the tiny stages leave it
+    to auto): the resumed process computes in what the first one did."""
     import shutil
 
     import torch

@@ -27,12 +27,7 @@ from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model.flops import COUNTER
 from ardea.model.lora import is_lora, load_policy_weights
-from ardea.rollout import (
-    EngineSpec,
-    GenerationEngine,
-    make_engine,
-    own_copy,
-)
+from ardea.rollout import EngineSpec, GenerationEngine, make_engine, own_copy
 from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
