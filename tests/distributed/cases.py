@@ -92,7 +92,7 @@ PER_ALGO = {
 def overrides(algo: str, run_dir: Path, mode: str, steps: int, resume: str) -> list[str]:
     return [
         *COMMON,
-        *PER_ALGO[algo],
+        *PER_ALGO.get(algo, ()),
         f"algo.name={algo}",
         f"trainer.distributed={mode}",
         f"trainer.max_steps={steps}",

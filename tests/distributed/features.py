@@ -15,7 +15,18 @@
 - ``workflow``, ``workflow_in_process``: online GRPO on an agent workflow written with the
   ``openai`` package, served to it over HTTP and in process (``agent.transport``);
 
-the agent runs' environment and workflow are feature_agents.py's.
+and combinations of features that nothing else runs under torchrun:
+
+- ``agent_background``: the agent environment with background rollouts (η = 1);
+- ``partial``: background rollouts resumed across a weight update (``rollout.partial``);
+- ``distill``: on-policy distillation from a teacher model (``algo.teacher``);
+- ``reward_model``: a reward model's score as the reward (``reward_model`` function).
+
+The agent runs' environment and workflow are feature_agents.py's; their episodes differ in
+length and in how many rows they give, so rows arrive out of group order. Every run writes
+the group ids of each update's micro-batches before they are shared out over the ranks
+(``<run>/micro_batch_groups.json``, rank 0), so the test can tell that they did. The teacher
+and the reward model are tiny random models written under ``ROOT`` (:func:`frozen_models`).
 """
 
 from __future__ import annotations
@@ -23,13 +34,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO)]  # cases.py; the agent's environment by dotted path
 
-from cases import DIGIT_REWARD, train  # noqa: E402
+from cases import COMMON, DIGIT_REWARD, train  # noqa: E402
 
 ONLINE = [
     "data.task=arithmetic",
@@ -43,6 +55,19 @@ ONLINE = [
 #: have none and dynamic sampling refills (the test checks that it did)
 RARE_DIGIT = "reward.functions=[{name: format_regex, kwargs: {pattern: '[0-2]'}}]"
 WORKFLOW_ROWS = "workflow_rows.jsonl"
+TEACHER, REWARD_MODEL = "teacher", "reward_model"
+AGENT = [
+    "data.task=null",
+    "data.train_size=16",
+    "data.eval_size=2",
+    "reward.functions=[{name: task}]",  # the default: the environment rewards
+    "agent.env=tests.distributed.feature_agents.LettersEnv",
+    "agent.max_turns=3",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=3",
+    "algo.name=online_ppo",
+    "algo.ppo.gae_timestep_unit=turn",
+]
 
 FEATURES = {
     "dynamic": [
@@ -69,18 +94,7 @@ FEATURES = {
         "model.lora_alpha=8",
         "trainer.distributed=ddp",  # two processes only: one process runs without
     ],
-    "agent": [
-        "data.task=null",
-        "data.train_size=16",
-        "data.eval_size=2",
-        "reward.functions=[{name: task}]",  # the default: the environment rewards
-        "agent.env=tests.distributed.feature_agents.LettersEnv",
-        "agent.max_turns=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=3",
-        "algo.name=online_ppo",
-        "algo.ppo.gae_timestep_unit=turn",
-    ],
+    "agent": AGENT,
     "workflow": [
         "data.task=null",
         "reward.functions=[{name: task}]",  # the default: the workflow rewards
@@ -99,14 +113,68 @@ FEATURES = {
         "rollout.max_new_tokens=3",
         "algo.name=online_grpo",
     ],
+    "agent_background": [*AGENT, "rollout.max_staleness=1"],
+    "partial": [
+        *ONLINE,
+        DIGIT_REWARD,
+        "algo.name=online_grpo",
+        "rollout.max_staleness=1",
+        "rollout.partial=true",
+    ],
+    "distill": [
+        *ONLINE,
+        "reward.functions=[{name: task, weight: 0.0}]",  # the teacher's reward alone
+        "algo.name=online_grpo",
+        "algo.teacher.kl=reverse_k1",
+        "algo.teacher.coef=1.0",
+    ],
+    "reward_model": [*ONLINE, "algo.name=online_grpo"],
 }
 STEPS = 3
 
 
+def frozen_models(root: Path) -> dict[str, Path]:
+    """A teacher (a causal LM) and a reward model (one score per text) of the runs' size and
+    tokenizer, random, under ``root``: written by every rank, the first one renamed into
+    place is used."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from ardea.config import load_config
+    from ardea.model import build_char_tokenizer, tiny_config
+
+    tokenizer = build_char_tokenizer()
+    m = load_config(None, COMMON).model
+    paths = {}
+    for name, head in ((TEACHER, AutoModelForCausalLM), (REWARD_MODEL, AutoModelForSequenceClassification)):  # fmt: skip
+        path = paths[name] = root / name
+        if path.is_dir():
+            continue
+        config = tiny_config(tokenizer, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                             num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                             intermediate_size=m.intermediate_size, arch=m.arch)  # fmt: skip
+        config.num_labels = 1
+        torch.manual_seed(11)
+        model = head.from_config(config)
+        partial = root / f"{name}.{os.getpid()}"
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        try:
+            os.rename(partial, path)
+        except OSError:  # the other rank's is in place: the same weights
+            pass
+    return paths
+
+
 def feature_overrides(name: str, root: Path) -> list[str]:
     """``FEATURES[name]``, with the workflow's rows file (written under ``root`` by every
-    rank: the same bytes, renamed into place)."""
+    rank: the same bytes, renamed into place) and the frozen models' paths."""
     extra = list(FEATURES[name])
+    if name == "distill":
+        extra.append(f"algo.teacher.path={frozen_models(root)[TEACHER]}")
+    if name == "reward_model":
+        rm = frozen_models(root)[REWARD_MODEL]
+        extra.append(f"reward.functions=[{{name: reward_model, kwargs: {{path: {rm}}}}}]")
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         extra = [o for o in extra if not o.startswith("trainer.distributed=")]
     if name.startswith("workflow"):
@@ -119,6 +187,29 @@ def feature_overrides(name: str, root: Path) -> list[str]:
     return extra
 
 
+@contextmanager
+def record_micro_batch_groups(path: Path):
+    """While open, every step's updates are written to ``path`` (JSON, rank 0) as they are
+    before the ranks share them out: per step, per update, per micro-batch, its rows' group
+    ids in row order."""
+    from ardea.trainer.step import rl_step
+
+    shard = rl_step.shard_updates
+    steps: list = []
+
+    def recording(updates, rank, world_size):
+        steps.append([[b.group_ids.tolist() for b in micro] for micro in updates])
+        if rank == 0:
+            path.write_text(json.dumps(steps))
+        return shard(updates, rank, world_size)
+
+    rl_step.shard_updates = recording
+    try:
+        yield
+    finally:
+        rl_step.shard_updates = shard
+
+
 def main(root: Path, names: list[str]) -> None:
     """Run ``names`` (default: every feature) for 3 steps at this launch's world size: FSDP2
     under torchrun, one process otherwise; cases.py's model, batch and float32 settings."""
@@ -127,7 +218,10 @@ def main(root: Path, names: list[str]) -> None:
     os.chdir(REPO)  # the workflow's file path is relative to where the run starts
     for name in names or list(FEATURES):
         extra = tuple(feature_overrides(name, root))
-        train("online_grpo", root / str(world) / name, mode, steps=STEPS, extra=extra)
+        run_dir = root / str(world) / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with record_micro_batch_groups(run_dir / "micro_batch_groups.json"):
+            train("online_grpo", run_dir, mode, steps=STEPS, extra=extra)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,16 @@ The rollout service generates on rank 0 only, every prompt of the step, seeded b
 global row: so the 2-process run's first rollout *is* the one-process run's (the same
 initial weights), token for token — its ``rollout/*``, ``reward/*`` and ``agent/*``
 metrics are equal, not close — and its first optimizer step has the same gradients up to
-float32 summation order (test_torchrun.py's derivation, for these runs' rows and spans). With background rollouts (η = 1) the second
-step's rollout also comes from the initial weights, so it is equal too. Later steps start
-from weights that differ by rounding (Adam's first step amplifies it, test_torchrun.py), so
-they are only checked to run.
+float32 summation order (test_torchrun.py's derivation, for these runs' rows and spans), and
+the same ``train/*``, ``loss/*`` and ``critic/*`` metrics up to that rounding (the
+advantages, the value loss, the gradient norm: whole-step values at any world size). With
+background rollouts (η = 1) the second step's rollout also comes from the initial weights, so
+it is equal too. Later steps start from weights that differ by rounding (Adam's first step
+amplifies it, test_torchrun.py), so they are only checked to run.
+
+The agent runs' rows arrive in the order their episodes finished, a group's rows apart and
+groups of uneven size (the workflow's): the test checks that the first step's micro-batches
+were so, which is where finding groups by adjacency gave two ranks the same groups.
 """
 
 from __future__ import annotations
@@ -21,7 +27,13 @@ from pathlib import Path
 
 import pytest
 from numerics import decoder_gradient_terms, gamma
-from test_torchrun import MODEL, assert_same_gradients, run, torchrun
+from run_metrics import FROM_TRAINER, ROLLOUT, assert_same_step_metrics, step_metrics
+from test_torchrun import (
+    MODEL,
+    assert_same_gradients,
+    run,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +46,9 @@ from features import FEATURES, STEPS  # noqa: E402
 #: groups) and a bound on their length (the longest row of these runs, an agent episode of
 #: 2 turns, is under 1024 tokens): test_torchrun.py's derivation at that size
 GRADIENT_RTOL = gamma(decoder_gradient_terms(MODEL, rows=16, span=1024))
-#: metrics that time or rate the work (they differ between any two runs)
-TIMED = ("perf/", "_seconds", "per_s", "time_")
+#: runs whose second step's rollout, too, comes from the initial weights (η = 1, nothing
+#: resumed across an update)
+BACKGROUND = ("background", "agent_background")
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +59,15 @@ def runs(tmp_path_factory) -> Path:
     return root
 
 
-def step_metrics(run_dir: Path, step: int) -> dict[str, float]:
-    """What the run logged for ``step``, without timings."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    (record,) = [r for r in map(json.loads, lines) if r["step"] == step and "train/loss" in r]
-    return {k: v for k, v in record.items() if not any(t in k for t in TIMED)}
-
-
 def rollout_metrics(run_dir: Path, step: int) -> dict[str, float]:
-    prefixes = ("rollout/", "reward/", "agent/")
-    return {k: v for k, v in step_metrics(run_dir, step).items() if k.startswith(prefixes)}
+    metrics = step_metrics(run_dir, step).items()
+    return {k: v for k, v in metrics if k.startswith(ROLLOUT) and k not in FROM_TRAINER}
+
+
+def first_step_groups(run_dir: Path) -> list[list[int]]:
+    """The group ids of each micro-batch of the first step, rows in order (features.py)."""
+    steps = json.loads((run_dir / "micro_batch_groups.json").read_text())
+    return [groups for update in steps[0] for groups in update]
 
 
 @pytest.mark.parametrize("name", list(FEATURES))
@@ -63,12 +75,25 @@ def test_a_feature_runs_under_torchrun_as_in_one_process(runs, name):
     one, two = runs / "1" / name, runs / "2" / name
     for run_dir in (one, two):
         assert json.loads((run_dir / "results.json").read_text())["steps"] == STEPS
-    same_rollouts = (1, 2) if name == "background" else (1,)
+    same_rollouts = (1, 2) if name in BACKGROUND else (1,)
     for step in same_rollouts:
         expected = rollout_metrics(one, step)
         assert expected and rollout_metrics(two, step) == expected, step
     assert step_metrics(one, 1)["train/grad_norm"] > 0  # a gradient to compare
     assert_same_gradients(one, two, "policy", 1, rtol=GRADIENT_RTOL)
+    assert_same_step_metrics(one, two, 1, GRADIENT_RTOL)
+
+
+@pytest.mark.parametrize("name", ["agent", "workflow", "workflow_in_process"])
+def test_agent_rows_arrived_out_of_group_order(runs, name):
+    """The first step's micro-batches held a group whose rows are not adjacent, and (the
+    workflow's) groups of different sizes: the case the sharding must get right."""
+    micro_batches = first_step_groups(runs / "1" / name)
+    apart = [g for g in micro_batches if len(set(g)) < sum(1 for i, x in enumerate(g) if i == 0 or x != g[i - 1])]  # fmt: skip
+    assert apart, micro_batches
+    if name.startswith("workflow"):
+        sizes = {g.count(x) for g in micro_batches for x in set(g)}
+        assert len(sizes) > 1, micro_batches
 
 
 def test_dynamic_sampling_refilled_and_online_dpo_trained_on_pairs(runs):

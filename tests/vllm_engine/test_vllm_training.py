@@ -10,10 +10,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_testing import SIZE_OVERRIDES, TOKENIZER
+from numerics import decoder_gradient_terms, gamma
+from run_metrics import assert_same_step_metrics
+from vllm_testing import SIZE, SIZE_OVERRIDES, TOKENIZER
 
 from ardea.config import load_config
 from ardea.rollout.vllm_server import VLLMServerError
@@ -84,6 +87,34 @@ def test_online_grpo_on_vllm_under_torchrun(vllm_url, tmp_path):
         assert step["vllm/sync_logprob_error"] < 1e-4
         assert step["mismatch/abs_diff_mean"] <= 1e-4 and step["mismatch/abs_diff_max"] <= 1e-3
         assert step["train/grad_norm"] > 0
+
+
+def test_lora_on_vllm_under_torchrun_steps_as_one_process(vllm_url, tmp_path):
+    """A LoRA policy on the session's server under ``torchrun --nproc-per-node 2`` (FSDP2,
+    rank 0 owns the engine and syncs the adapter) against the same run in one process: the
+    first step's rollout is the same (the same seeds and weights on the same server, so its
+    metrics are equal) and so is everything trained from it (gradient norm, loss, advantages:
+    float32 summation order, tests/run_metrics.py), and each step's adapter reached the
+    server (its log-probs are the trainer's)."""
+    lora = [*RUN, f"rollout.vllm.urls=[{vllm_url}]", "model.lora_r=4", "model.lora_alpha=16",
+            "trainer.save_every=0", "trainer.num_threads=1"]  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    Trainer(load_config(None, [*lora, f"trainer.output_dir={one}"])).train()
+    ardea = Path(sys.executable).parent / "ardea"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(ardea), "train", "--recipe", "none", *lora,
+               f"trainer.output_dir={two}"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    repo = Path(__file__).parents[2]
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    # rows: 4 prompts x 4 samples of at most 13 tokens: test_torchrun.py's derivation
+    model = SimpleNamespace(vocab_size=len(TOKENIZER), hidden_size=SIZE["hidden_size"],
+                            intermediate_size=SIZE["intermediate_size"],
+                            num_hidden_layers=SIZE["num_layers"])  # fmt: skip
+    assert_same_step_metrics(one, two, 1, gamma(decoder_gradient_terms(model, rows=16, span=64)))
+    for step in records(two):
+        assert step["vllm/sync_logprob_error"] < 1e-4
 
 
 def test_an_agent_run_on_vllm(vllm_url, tmp_path):
