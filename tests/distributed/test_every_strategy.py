@@ -21,6 +21,7 @@ two-process runs, to pay the start-up once).
 Cost: about a minute and a half of the two-process launch and 20 s of one-process runs on
 a 2-core machine (the suite's other worker runs meanwhile).
 """
+
 from __future__ import annotations
 
 import sys
