@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-#: metrics that time or rate the work (they differ between any two runs), and the record's
+#: metrics that time or rate the work, or count what ran at the same time (a vLLM server's
+#: peak of requests in flight): they differ between any two runs; and the record's
 #: wall-clock ``time``
-TIMED = ("perf/", "_seconds", "per_s", "time_")
+TIMED = ("perf/", "_seconds", "per_s", "time_", "_peak_in_flight")
 WALL_CLOCK = "time"
 #: metrics of the rollout and its scores: rank 0 generates every row, seeded by its global
 #: row, so they are the same numbers at any world size
