@@ -150,8 +150,8 @@ class Trainer:
         if not self.dist.is_main:
             return None
         if self.strategy_head != "causal_lm":  # a reward model's run generates nothing, but
-            # its LoRA checkpoints under FSDP2 merge the adapters on a whole copy of the model
-            self._engine_module = own_copy(policy) if self.dist.active else policy
+            if self.dist.mode == "fsdp2" and is_lora(policy):  # its checkpoints merge a copy
+                self._engine_module = own_copy(policy)
             return None
         config = self.config
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
