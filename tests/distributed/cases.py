@@ -89,10 +89,14 @@ PER_ALGO = {
 }
 
 
-def overrides(algo: str, run_dir: Path, mode: str, steps: int, resume: str) -> list[str]:
+def overrides(
+    algo: str, run_dir: Path, mode: str, steps: int, resume: str, per_algo: bool = True
+) -> list[str]:
+    """The run of ``algo``: COMMON, with ``PER_ALGO[algo]`` unless ``per_algo`` is false (a
+    caller that says itself what the run trains on)."""
     return [
         *COMMON,
-        *PER_ALGO.get(algo, ()),
+        *(PER_ALGO[algo] if per_algo else ()),
         f"algo.name={algo}",
         f"trainer.distributed={mode}",
         f"trainer.max_steps={steps}",
@@ -109,17 +113,20 @@ def train(
     steps: int = 1,
     resume: str = "never",
     extra: tuple[str, ...] = (),
+    per_algo: bool = True,
 ) -> None:
-    """Run ``algo``, recording its optimizer steps; a resumed run first writes what it
-    loaded to ``<run_dir>/loaded.pt`` (whole weights, optimizer and strategy state, gathered
-    as a checkpoint gathers them)."""
+    """Run ``algo`` (:func:`overrides`, then ``extra``), recording its optimizer steps; a
+    resumed run first writes what it loaded to ``<run_dir>/loaded.pt`` (whole weights,
+    optimizer and strategy state, gathered as a checkpoint gathers them)."""
     import torch
 
     from ardea.config import load_config
     from ardea.trainer.distributed import full_state_dict
     from ardea.trainer.loop import Trainer
 
-    trainer = Trainer(load_config(None, [*overrides(algo, run_dir, mode, steps, resume), *extra]))
+    trainer = Trainer(
+        load_config(None, [*overrides(algo, run_dir, mode, steps, resume, per_algo), *extra])
+    )
     if resume != "never":
         loaded = {
             "policy": full_state_dict(trainer.policy, cpu=True),

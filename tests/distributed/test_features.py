@@ -31,6 +31,7 @@ from run_metrics import FROM_TRAINER, ROLLOUT, assert_same_step_metrics, step_me
 from test_torchrun import (
     MODEL,
     assert_same_gradients,
+    one_and_two_processes,
     run,
     torchrun,
 )
@@ -43,8 +44,9 @@ sys.path.insert(0, str(HERE))
 from features import FEATURES, STEPS  # noqa: E402
 
 #: the step's rows (4 groups of 4: the largest batch here, a refilled one cut back to 4
-#: groups) and a bound on their length (the longest row of these runs, an agent episode of
-#: 2 turns, is under 1024 tokens): test_torchrun.py's derivation at that size
+#: groups; a workflow step of 8 episodes gives at most 16 rows too) and a bound on their
+#: length (the longest row of these runs, an agent episode of 3 turns, is under 1024
+#: tokens): test_torchrun.py's derivation at that size
 GRADIENT_RTOL = gamma(decoder_gradient_terms(MODEL, rows=16, span=1024))
 #: runs whose second step's rollout, too, comes from the initial weights (η = 1, nothing
 #: resumed across an update)
@@ -53,10 +55,7 @@ BACKGROUND = ("background", "agent_background")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("features")
-    run([sys.executable, FEATURES_PY, str(root)], timeout=600)
-    run(torchrun(FEATURES_PY, str(root)), timeout=600)
-    return root
+    return one_and_two_processes(FEATURES_PY, tmp_path_factory.mktemp("features"), timeout=600)
 
 
 def rollout_metrics(run_dir: Path, step: int) -> dict[str, float]:

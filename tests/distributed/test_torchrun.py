@@ -88,6 +88,14 @@ def run(command: list[str], timeout: float = 300) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
 
 
+def one_and_two_processes(script: str, root: Path, timeout: float) -> Path:
+    """``python SCRIPT ROOT`` in one process, then under torchrun in two: the runs a test
+    compares (each script writes under ``ROOT/<world size>``)."""
+    run([sys.executable, script, str(root)], timeout=timeout)
+    run(torchrun(script, str(root)), timeout=timeout)
+    return root
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """Every run of ``cases.py``: one process, then two (fresh and resumed), then one

@@ -12,8 +12,8 @@ mean log-ratio on the mismatched rows of the whole optimizer step (every micro-b
 rank: summed with the step's counts before the first loss, :meth:`KTOStrategy.step_counts`),
 clamped at 0 and detached. TRL estimates it per micro-batch (gathered over devices), so the
 two agree for one micro-batch a step; over a step it does not depend on the world size or
-``trainer.grad_accum_steps`` and uses every mismatched row of the step. The loss is the sum over labeled rows divided by the
-examples of the whole optimizer step; ``algo.beta`` (default 0.1),
+``trainer.grad_accum_steps`` and uses every mismatched row of the step. The loss is the sum
+over labeled rows divided by the examples of the whole optimizer step; ``algo.beta`` (default 0.1),
 ``algo.kto_desirable_weight`` and ``algo.kto_undesirable_weight`` (default 1 each; the
 KTO paper keeps ``w_D n_D / (w_U n_U)`` between 1 and 4/3).
 
