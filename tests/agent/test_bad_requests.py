@@ -5,6 +5,7 @@ retried is an orphan, left out of the export."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
@@ -16,7 +17,9 @@ import openai
 import pytest
 
 from ardea.agent import RecordingClient
+from ardea.agent.http_guard import ServerLimits
 from ardea.agent.server import ChatServer
+from ardea.errors import ArdeaError
 
 from .agent_testing import ScriptedEngine
 
@@ -301,6 +304,25 @@ CORPUS = [
      {"x-ardea-episode": "one"}),
     ("episode header, Responses", "responses", {"input": "hi"}, 400, "x-ardea-episode",
      {"x-ardea-episode": "0"}),
+    # the shared HTTP layer: what a web page could send, and bodies that inflate
+    ("a text/plain post (a page's simple request)", "chat/completions", chat(), 415,
+     "takes Content-Type", {"content-type": "text/plain"}),
+    ("a form post", "chat/completions", b"a=1", 415, "takes Content-Type",
+     {"content-type": "application/x-www-form-urlencoded"}),
+    ("a web page's Origin", "chat/completions", chat(), 403, "web page origin",
+     {"origin": "http://evil.example"}),
+    ("another local port's Origin", "chat/completions", chat(), 403, "web page origin",
+     {"origin": "http://127.0.0.1:1"}),
+    ("a rebinding page's Host", "chat/completions", chat(), 403, "is not this server's",
+     {"host": "evil.example:8000"}),
+    ("a cross-site fetch", "chat/completions", chat(), 403, "cross-site request",
+     {"sec-fetch-site": "cross-site"}),
+    ("a brotli body", "chat/completions", chat(), 415, "is not served (gzip",
+     {"content-encoding": "br"}),
+    ("a body that is not gzip", "chat/completions", b"not gzip", 400, "does not decompress",
+     {"content-encoding": "gzip"}),
+    ("16 KB of gzip inflating to 16 MiB", "chat/completions", gzip.compress(b" " * 2**24), 413,
+     "decompresses past", {"content-encoding": "gzip"}),
 ]  # fmt: skip
 
 
@@ -405,7 +427,7 @@ def test_a_ten_megabyte_request_does_not_stall_a_small_one(tokenizer):
     huge = json.dumps(chat(messages=[{"role": "user", "content": "x" * 10_000_000}])).encode()
     head, first = HEAD.format(length=len(huge)).encode(), 2**16
 
-    with ChatServer(client, max_request_bytes=8 * 2**20) as s:
+    with ChatServer(client, limits=ServerLimits(max_body_bytes=8 * 2**20)) as s:
         with socket.create_connection((s.host, s.port), timeout=60) as big:
             big.sendall(head + huge[:first])
             assert small_one_answered(s.url)
@@ -423,7 +445,7 @@ def test_a_ten_megabyte_request_does_not_stall_a_small_one(tokenizer):
         check(request)
 
     client._check_characters = held_check
-    with ChatServer(client, max_request_bytes=64 * 2**20) as s:
+    with ChatServer(client, limits=ServerLimits(max_body_bytes=64 * 2**20)) as s:
         try:
             with socket.create_connection((s.host, s.port), timeout=60) as big:
                 big.sendall(head + huge[:first])
@@ -492,3 +514,45 @@ def test_a_retried_call_leaves_an_orphan_out_of_the_export(tokenizer):
     assert client.orphans == 1
     (row,) = client.export()
     assert list(row.segments[-1].token_ids) == delivered.output_ids
+
+
+def test_a_server_with_a_key_serves_only_the_key(tokenizer):
+    """``--api-key``: the OpenAI SDK's Bearer key is served; a wrong or missing key is a
+    401; a CORS preflight is refused (no CORS header ever); beyond loopback a key is
+    required to start at all."""
+    client = RecordingClient(Limited(tokenizer, ["ok"] * 4), tokenizer, max_tokens=4)
+    with ChatServer(client, limits=ServerLimits(api_key="sk-local")) as s:
+        api = openai.OpenAI(base_url=s.url, api_key="sk-local", max_retries=0)
+        assert api.chat.completions.create(model="ardea", messages=USER).choices
+        with pytest.raises(openai.AuthenticationError, match="wrong API key"):
+            openai.OpenAI(base_url=s.url, api_key="sk-other", max_retries=0).models.list()
+        assert httpx.get(f"{s.url}/models").status_code == 401
+        keyed = httpx.get(f"{s.url}/models", headers={"x-api-key": "sk-local"})
+        assert keyed.status_code == 200
+        preflight = httpx.options(f"{s.url}/chat/completions", headers={
+            "origin": "http://evil.example", "access-control-request-method": "POST"})  # fmt: skip
+        assert preflight.status_code == 403
+        assert not any(h.startswith("access-control") for h in preflight.headers)
+    assert len(client.interactions) == 1
+    with pytest.raises(ArdeaError, match="give it an API key"):
+        ChatServer(client, host="0.0.0.0")
+
+
+def test_requests_past_the_in_flight_limit_are_told_to_retry(tokenizer):
+    """With ``max_in_flight=1`` a second request while the first is held is a 429 with
+    Retry-After; once the first is done the next one is served."""
+    engine = HeldFirst(tokenizer, ["one", "two"])
+    client = RecordingClient(engine, tokenizer, max_tokens=4)
+    with ChatServer(client, limits=ServerLimits(max_in_flight=1)) as s:
+        first = threading.Thread(target=httpx.post, args=(f"{s.url}/chat/completions",),
+                                 kwargs={"json": chat(), "timeout": 60})  # fmt: skip
+        first.start()
+        try:
+            assert engine.entered.wait(60)
+            busy = httpx.post(f"{s.url}/chat/completions", json=chat())
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+            assert "max_in_flight=1" in busy.json()["error"]["message"]
+        finally:
+            engine.release.set()
+            first.join(60)
+        assert httpx.post(f"{s.url}/chat/completions", json=chat()).status_code == 200

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import threading
@@ -248,7 +249,8 @@ def talk_then_interrupt(port: int) -> threading.Thread:
     Ctrl-C (SIGINT to this process, as a terminal would send)."""
 
     def run():
-        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        key = os.environ.get("ARDEA_API_KEY", "-")  # the command's key, when it sets one
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
         try:
             for _ in range(600):
                 try:
@@ -271,15 +273,17 @@ def tinker_then_interrupt(port: int) -> threading.Thread:
     LoRA training client that takes one step and saves its state as ``readme``; then Ctrl-C."""
 
     def run():
+        key = os.environ.get("ARDEA_API_KEY", "tml-x")  # the command's key, when it sets one
         try:
             for _ in range(600):
                 try:
-                    httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").raise_for_status()
+                    httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz",
+                              headers={"x-api-key": key}).raise_for_status()  # fmt: skip
                     break
                 except httpx.TransportError:
                     time.sleep(0.1)
             url = f"http://127.0.0.1:{port}"
-            with tinker.ServiceClient(base_url=url, api_key="tml-x") as service:
+            with tinker.ServiceClient(base_url=url, api_key=key) as service:
                 trainer = service.create_lora_training_client(base_model="tiny", rank=2).result()
                 datum = tinker.types.Datum(
                     model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
@@ -301,6 +305,7 @@ def serve_and_talk(argv: list[str], workdir: Path) -> None:
     OpenAI server writes one trajectory, the Tinker server keeps the client's saved state."""
     tinker_api = "--tinker" in argv
     (workdir / "trajectories.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(workdir / "tinker-state", ignore_errors=True)  # each command's own states
     # Ctrl-C raises KeyboardInterrupt here even when the suite was started with SIGINT
     # ignored (a background job of a shell without job control), which Python keeps
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -4,6 +4,7 @@ import copy
 import time
 from concurrent.futures import Future
 
+from ardea.service.tinker_fields import Fields
 from ardea.service.tinker_sampler import Sampler, SamplerCache
 from tests.tiny_models import small_model
 
@@ -12,7 +13,7 @@ def test_an_evicted_sampler_finishes_its_requests_then_closes(tokenizer):
     model = small_model(tokenizer).eval().requires_grad_(False)
     cache = SamplerCache(size=1)
     first = cache.get("first", lambda: Sampler(model, tokenizer))
-    params = first.params([5, 6], {"max_tokens": 30, "seed": 0}, 4)
+    params = first.params([5, 6], Fields({"max_tokens": 30, "seed": 0}, "sampling_params"), 4)
     results: Future = Future()
     first.submit([5, 6], params, results.set_result, results.set_exception)
     cache.get("second", lambda: Sampler(copy.deepcopy(model), tokenizer))  # evicts the first

@@ -269,8 +269,8 @@ def test_bad_requests_are_named_and_lose_nothing(service, server, tokenizer):
         (lambda: trainer.forward_backward(data, "importance_sampling"), "has no 'logprobs'"),
         (lambda: trainer.forward_backward(data, "cross_entropy", {"beta": 1.0}), "mean nothing"),
     ]  # fmt: skip
-    for request, message in failures:
-        with pytest.raises(tinker.RequestFailedError, match=message):
+    for request, message in failures:  # checked whole before queueing: refused at once
+        with pytest.raises(tinker.BadRequestError, match=message):
             request().result()
     trainer.optim_step(types.AdamParams(learning_rate=1.0)).result()  # no gradient: no change
     after = adapter(server, trainer.save_state("after").result().path)

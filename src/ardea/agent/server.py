@@ -21,8 +21,9 @@ in-process ones. Routes:
 
 Robustness. Every refusal is a 4xx with OpenAI's error body ``{"error": {"message", "type",
 "param", "code"}}`` naming the field (:mod:`ardea.agent.request_checks`), including
-malformed JSON, unknown routes and bodies over ``max_request_bytes`` (413, refused from the
-``Content-Length`` before the body is read). Bodies are parsed and prompts tokenised in the
+malformed JSON and unknown routes. Who may call, body size (after decompression), content
+types and requests in flight are the shared HTTP layer's (:mod:`ardea.agent.http_guard`,
+:class:`ServerLimits`). Bodies are parsed and prompts tokenised in the
 request's own worker thread, outside the engine's batch, so one large request cannot stall
 the others. A reply whose client went away before it was delivered (a timeout, a retry) is
 marked an orphan: never continued, never exported, counted.
@@ -45,6 +46,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ardea.agent.client import RecordingClient
+from ardea.agent.http_guard import Guard, ServerLimits, check_exposure
 from ardea.agent.interaction import HistoryRewriteError
 from ardea.agent.lockstep import CALL_HEADER, EPISODE_HEADER
 from ardea.agent.request_checks import MAX_DEPTH, RequestError, check_reward, fail, shown
@@ -53,7 +55,7 @@ from ardea.agent.streaming import ChunkStream, server_sent_events
 from ardea.errors import ArdeaError
 
 START_TIMEOUT = 30.0
-MAX_REQUEST_BYTES = 8 * 2**20
+MAX_STORED_RESPONSES = 4096  # Responses API conversations kept for previous_response_id
 INLINE_JSON_BYTES = 64 * 2**10  # larger bodies are parsed in a worker thread
 
 
@@ -80,11 +82,9 @@ class OneClient:
         return self.one
 
 
-def build_app(
-    clients: RecordingClient | Clients, *, max_request_bytes: int = MAX_REQUEST_BYTES
-) -> FastAPI:
+def build_app(clients: RecordingClient | Clients) -> FastAPI:
     """The FastAPI app serving ``clients`` (one client, or a :class:`Clients` choosing by
-    episode: module docstring)."""
+    episode: module docstring); :class:`ChatServer` puts the shared HTTP layer around it."""
     if isinstance(clients, RecordingClient):
         clients = OneClient(clients)
     app = FastAPI(title="ardea recording client")
@@ -92,7 +92,7 @@ def build_app(
     stored: dict[str, list[dict[str, Any]]] = {}  # response id → its conversation's messages
 
     async def read_json(request: Request) -> Any:
-        return await _read_json(request, max_request_bytes)
+        return await _read_json(request)
 
     async def serve(request: Request, options: Any):
         return await _serve(clients, request, options)
@@ -150,6 +150,8 @@ async def _respond(clients: Clients, stored: dict[str, list[dict[str, Any]]], re
     response = response_of(completion, rid, body)
     client.alias(rid, completion.id)
     stored[rid] = [*converted.options["messages"], *output_messages(response)]
+    while len(stored) > MAX_STORED_RESPONSES:  # the oldest go first (dicts keep order)
+        del stored[next(iter(stored))]
     stream = converted.stream
     payload = response_events(response) if stream else response.model_dump(mode="json")
     return await _deliver(request, client, completion.id, payload)
@@ -173,17 +175,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(fail(None, f"invalid request: {exc.errors()}"))
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    """The body as JSON: over ``limit`` bytes a 413 (from Content-Length before reading),
-    parsed in a worker thread when large, malformed a 400."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise _too_large(int(length), limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(len(body), limit)
+async def _read_json(request: Request) -> Any:
+    """The body as JSON (its size bounded by the HTTP layer), parsed in a worker thread when
+    large; malformed a 400."""
+    body = await request.body()
     try:
         if len(body) <= INLINE_JSON_BYTES:  # a thread hop costs more than parsing it here
             return json.loads(bytes(body))
@@ -249,14 +244,6 @@ def _earlier(stored: dict[str, list[dict[str, Any]]], response_id: str) -> list[
     return stored[response_id]
 
 
-def _too_large(size: int, limit: int) -> RequestError:
-    return RequestError(
-        f"the request body has {size} bytes, more than the server's limit of {limit} "
-        "(ChatServer(max_request_bytes=...), ardea serve --max-request-mb)",
-        status=413, code="request_too_large",
-    )  # fmt: skip
-
-
 def _refusal(exc: Exception) -> JSONResponse:
     """The response of a request that failed: a 4xx for anything the request did, a 500
     (still OpenAI-shaped) for a failure of the server itself."""
@@ -274,18 +261,31 @@ def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+def openai_error(status: int, message: str, code: str) -> dict[str, Any]:
+    """A refusal of the HTTP layer in OpenAI's error body."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return RequestError(message, status=status, kind=kind, code=code).body()
+
+
 class AppServer:
     """Serve an ASGI ``app`` on ``host:port`` with uvicorn in a background thread
-    (``port=0``: a free port); a context manager, or :meth:`start` and :meth:`stop`."""
+    (``port=0``: a free port), behind the shared HTTP layer (:class:`ServerLimits`; its
+    refusals shaped by ``error_body``); a context manager, or :meth:`start` and :meth:`stop`.
+    Binding beyond loopback needs an API key."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server"):
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server",
+                 limits: ServerLimits | None = None, error_body=openai_error):  # fmt: skip
         self.host = host
         self.name = name
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.limits = limits or ServerLimits()
+        check_exposure(host, self.limits, name)
+        self.app = Guard(app, self.limits, host, error_body)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -319,7 +319,7 @@ class ChatServer(AppServer):
     ``host:port`` in a background thread (``port=0``: a free port).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`; :attr:`url` is the
-    ``base_url`` for an OpenAI client. ``max_request_bytes``: the largest body accepted.
+    ``base_url`` for an OpenAI client. ``limits``: body size, requests in flight, API key.
     """
 
     def __init__(
@@ -328,12 +328,13 @@ class ChatServer(AppServer):
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        max_request_bytes: int = MAX_REQUEST_BYTES,
+        limits: ServerLimits | None = None,
     ):
         self.client = client
-        app = build_app(client, max_request_bytes=max_request_bytes)
-        super().__init__(app, host=host, port=port, name="chat server")
+        super().__init__(build_app(client), host=host, port=port, name="chat server",
+                         limits=limits)  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"

@@ -49,9 +49,10 @@ import openai
 from ardea.agent.client import RecordingClient
 from ardea.agent.episode_metrics import episode_metrics
 from ardea.agent.episodes import Episode, Episodes, StoredEpisodes
+from ardea.agent.http_guard import Guard, ServerLimits
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.agent.lockstep import EPISODE_HEADER, Lockstep
-from ardea.agent.server import MAX_REQUEST_BYTES, ChatServer, build_app
+from ardea.agent.server import ChatServer, build_app, openai_error
 from ardea.agent.workflow_transport import NumberedTransport, Sessions
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
@@ -59,7 +60,8 @@ from ardea.registry import import_dotted
 from ardea.rollout import GenerationEngine, Rollout, SamplingParams
 
 TRANSPORTS = ("in_process", "http")
-IN_PROCESS_URL = "http://ardea.in-process/v1"  # never resolved: the ASGI transport answers
+IN_PROCESS_HOST = "ardea.in-process"
+IN_PROCESS_URL = f"http://{IN_PROCESS_HOST}/v1"  # never resolved: the ASGI transport answers
 GRACE_S = 30.0  # past the episodes' own time, how long a blocked event loop is waited for
 
 
@@ -178,7 +180,10 @@ class WorkflowRunner(StoredEpisodes):
         self._reported: set[str] = set()  # failure messages already written to stderr
         self._episode_ids = itertools.count()
         self._sessions = Sessions()
-        self._app = build_app(self._sessions, max_request_bytes=MAX_REQUEST_BYTES)  # once
+        # every running episode's calls must reach the server at once (the lockstep waits
+        # for them): room for four concurrent calls per episode
+        self._limits = ServerLimits(max_in_flight=max(256, 4 * max_concurrency))
+        self._app = Guard(build_app(self._sessions), self._limits, IN_PROCESS_HOST, openai_error)
         self._server: ChatServer | None = None  # transport http: started by the first call
 
     # ------------------------------------------------------------------ generate
@@ -237,7 +242,7 @@ class WorkflowRunner(StoredEpisodes):
     def _serving(self) -> ChatServer:
         """The runner's HTTP server (``transport: http``), started by its first call."""
         if self._server is None:
-            self._server = ChatServer(self._sessions).start()
+            self._server = ChatServer(self._sessions, limits=self._limits).start()
         return self._server
 
     def close(self) -> None:

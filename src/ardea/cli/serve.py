@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -51,7 +52,27 @@ def add_serve_parser(sub) -> None:
                        "chat template")  # fmt: skip
     serve.add_argument("--max-tokens", type=int, default=256, help="default max_tokens of a reply")
     serve.add_argument("--temperature", type=float, default=1.0, help="default temperature")
-    serve.add_argument("--max-request-mb", type=float, default=8.0, help="largest request body")
+    _add_safety(serve)
+    _add_tinker(serve)
+
+
+def _add_safety(serve) -> None:
+    safety = serve.add_argument_group("who may call, and how much (both APIs)")
+    safety.add_argument("--api-key", default=os.environ.get("ARDEA_API_KEY"),
+                        help="require this key (X-API-Key or Authorization: Bearer); default "
+                        "$ARDEA_API_KEY; needed to bind beyond loopback")  # fmt: skip
+    safety.add_argument("--max-request-mb", type=float, default=None,
+                        help="largest request body, after decompression (default 8; 64 with "
+                        "--tinker)")  # fmt: skip
+    safety.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=256,
+        help="requests served at once; more are answered 429 (retry)",
+    )
+
+
+def _add_tinker(serve) -> None:
     tinker = serve.add_argument_group("the Tinker API (--tinker)")
     tinker.add_argument("--tinker", action="store_true",
                         help="serve the Tinker training API (tinker SDK, tinker-cookbook) "
@@ -67,6 +88,24 @@ def add_serve_parser(sub) -> None:
                         "is one), cpu, cuda, cuda:N")  # fmt: skip
     tinker.add_argument("--samplers", type=int, default=3,
                         help="sampler weights kept loaded at once (oldest unloaded first)")  # fmt: skip
+    tinker.add_argument(
+        "--max-sample-tokens",
+        type=int,
+        default=2**18,
+        help="num_samples x max_tokens of one sample request",
+    )
+    tinker.add_argument(
+        "--max-sampling-in-flight",
+        type=int,
+        default=2**20,
+        help="num_samples x max_tokens summed over unfinished sample requests",
+    )
+    tinker.add_argument(
+        "--max-queued",
+        type=int,
+        default=32,
+        help="requests of one training model waiting or running",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -92,8 +131,7 @@ def serve(args: argparse.Namespace) -> int:
         engine, tokenizer, max_tokens=args.max_tokens, temperature=args.temperature,
         history=args.history, tool_parser=parser,
     )  # fmt: skip
-    limit = int(args.max_request_mb * 2**20)
-    server = ChatServer(client, host=args.host, port=args.port, max_request_bytes=limit)
+    server = ChatServer(client, host=args.host, port=args.port, limits=_limits(args, 8))
     out = Path(args.out)
     banner = (f"ardea serve: {model_dir} at {server.url} (history={args.history}); "
               f"Ctrl-C to stop and write {out}")  # fmt: skip
@@ -126,10 +164,16 @@ def serve_tinker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ArdeaError(str(exc)) from None
     quiet_transformers()
-    from ardea.service.tinker_server import TinkerServer
+    from ardea.service.tinker_fields import TinkerLimits
+    from ardea.service.tinker_server import TinkerServer, tinker_limits
 
+    work = TinkerLimits(max_sample_tokens=args.max_sample_tokens, max_queued=args.max_queued,
+                        max_sampling_in_flight=args.max_sampling_in_flight)  # fmt: skip
+    limits = _limits(args, 64)
+    limits = tinker_limits(limits.api_key, limits.max_body_bytes, limits.max_in_flight)
     server = TinkerServer({name: model_dir}, state_dir=args.state_dir, host=args.host,
-                          port=args.port, samplers=args.samplers, device=args.device)  # fmt: skip
+                          port=args.port, samplers=args.samplers, device=args.device,
+                          limits=limits, work=work)  # fmt: skip
     serve_until_stopped(server, f"ardea serve --tinker: {model_dir} as base_model {name!r} at "
                         f"{server.url} (states in {args.state_dir}); Ctrl-C to stop")  # fmt: skip
     return 0
@@ -151,6 +195,16 @@ def serve_until_stopped(server, banner: str) -> None:
         server.stop()
 
 
+def _limits(args: argparse.Namespace, default_mb: float):
+    """The HTTP layer's limits of the command line (``--max-request-mb`` defaults to
+    ``default_mb``)."""
+    from ardea.agent.http_guard import ServerLimits
+
+    mb = default_mb if args.max_request_mb is None else args.max_request_mb
+    return ServerLimits(max_body_bytes=int(mb * 2**20), max_in_flight=args.max_in_flight,
+                        api_key=args.api_key)  # fmt: skip
+
+
 def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ArdeaError(f"--port {args.port}: a port is 0..65535 (0: any free one)")
@@ -158,10 +212,17 @@ def _check(args: argparse.Namespace) -> None:
         raise ArdeaError(f"--max-tokens {args.max_tokens}: must be >= 1")
     if not 0.0 <= args.temperature <= 2.0:
         raise ArdeaError(f"--temperature {args.temperature}: must be in [0, 2]")
-    if not args.max_request_mb > 0:
+    if args.max_request_mb is not None and not args.max_request_mb * 2**20 >= 1:
         raise ArdeaError(f"--max-request-mb {args.max_request_mb}: must be > 0")
+    for flag in ("max_in_flight", "max_sample_tokens", "max_sampling_in_flight", "max_queued"):
+        if getattr(args, flag) < 1:
+            raise ArdeaError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"ardea serve: binding {args.host}: reachable from other machines", file=sys.stderr)
+        if not args.api_key:
+            raise ArdeaError(f"--host {args.host} is reachable from other machines: give an "
+                             "--api-key (or $ARDEA_API_KEY), or bind 127.0.0.1")  # fmt: skip
+        print(f"ardea serve: binding {args.host}: reachable from other machines (the API key "
+              "is required)", file=sys.stderr)  # fmt: skip
 
 
 def trajectory_record(row, tokenizer) -> dict[str, Any]:

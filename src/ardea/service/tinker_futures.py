@@ -6,7 +6,11 @@ Every submitted operation answers at once with a ``request_id``; the client then
 model's in ``seq_id`` order: a training client numbers its requests 1, 2, 3, ... and may
 retry one (the same ``seq_id`` again), so a request is queued until its predecessors have
 been, and a repeated ``(model, seq_id)`` gets the first one's ``request_id`` and is not run
-twice. A failed operation fails its future only: the model and later requests go on.
+twice. A failed operation fails its future only: the model and later requests go on; a
+request the server refuses before queueing it (a 400) still takes its place in the order
+(:meth:`Worker.refuse`), so the requests behind it run. At most ``max_queued`` requests of a
+model wait or run at once; past that, or with a ``seq_id`` that far ahead, a request is
+refused as busy (429: the SDK sends it again, so its place is not taken).
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ardea.service.tinker_wire import Busy, WireError
+
 KEEP_SECONDS = 600.0
+MAX_QUEUED = 32
+SEEN_PER_MODEL = 1024  # retries answered from memory: the most recent seq_ids of a model
 
 
 class Futures:
@@ -68,13 +76,15 @@ def settle(future: Future, operation: Callable[[], Any]) -> None:
 class Worker:
     """One thread for weight-touching work; per model, operations in ``seq_id`` order."""
 
-    def __init__(self, futures: Futures) -> None:
+    def __init__(self, futures: Futures, max_queued: int = MAX_QUEUED) -> None:
         self.futures = futures
+        self.max_queued = max_queued
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}  # model -> the seq_id that runs next
         self._waiting: dict[str, dict[int, tuple[Future, Callable]]] = {}
-        self._seen: dict[tuple[str, int], str] = {}
+        self._seen: dict[str, dict[int, str]] = {}  # model -> seq_id -> request_id
+        self._queued: dict[str, int] = {}  # model -> requests waiting or running
 
     def start_model(self, model_id: str, next_seq: int = 1) -> None:
         with self._lock:
@@ -87,26 +97,53 @@ class Worker:
         self._pool.submit(settle, future, operation)
         return request_id
 
+    def seen(self, model_id: str, seq_id: int) -> str | None:
+        """The ``request_id`` of request ``seq_id`` of ``model_id`` when it came before."""
+        with self._lock:
+            return self._seen.get(model_id, {}).get(seq_id)
+
     def run_in_order(self, model_id: str, seq_id: int, operation: Callable[[], Any]) -> str:
         """Queue ``operation`` as request ``seq_id`` of ``model_id`` (see the module doc)."""
         with self._lock:
-            key = (model_id, seq_id)
-            if key in self._seen:
-                return self._seen[key]
-            request_id, future = self.futures.new()
-            self._seen[key] = request_id
+            seen = self._seen.setdefault(model_id, {})
+            if seq_id in seen:
+                return seen[seq_id]
             waiting = self._waiting.setdefault(model_id, {})
             nxt = self._next.setdefault(model_id, seq_id)
+            queued = self._queued.get(model_id, 0)
+            if queued >= self.max_queued or seq_id >= nxt + self.max_queued:
+                raise Busy(f"model {model_id} has {queued} requests queued (the limit is "
+                           f"{self.max_queued}) or seq_id {seq_id} is that far ahead of the "
+                           f"next one, {nxt}: retry shortly")  # fmt: skip
+            request_id, future = self.futures.new()
+            seen[seq_id] = request_id
+            self._queued[model_id] = queued + 1
+            future.add_done_callback(lambda _f: self._done(model_id))
             if seq_id < nxt:  # below the counter (a client that restarted): run it now
                 self._pool.submit(settle, future, operation)
                 return request_id
             waiting[seq_id] = (future, operation)
             while nxt in waiting:
-                queued_future, queued = waiting.pop(nxt)
-                self._pool.submit(settle, queued_future, queued)
+                queued_future, queued_operation = waiting.pop(nxt)
+                self._pool.submit(settle, queued_future, queued_operation)
                 nxt += 1
             self._next[model_id] = nxt
+            for old in [s for s in seen if s < nxt - SEEN_PER_MODEL]:
+                del seen[old]
         return request_id
+
+    def refuse(self, model_id: str, seq_id: int, reason: WireError) -> None:
+        """Take request ``seq_id``'s place in the order with a failure (the request was
+        refused): the requests behind it run, and a retry of it gets the same refusal."""
+
+        def refused() -> Any:
+            raise reason
+
+        self.run_in_order(model_id, seq_id, refused)
+
+    def _done(self, model_id: str) -> None:
+        with self._lock:
+            self._queued[model_id] -= 1
 
     def call(self, operation: Callable[[], Any]) -> Any:
         """Run ``operation`` on the worker's thread and wait for it (reads of a model's

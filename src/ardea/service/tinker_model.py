@@ -27,9 +27,10 @@ from transformers import AutoModelForCausalLM
 
 from ardea.algo.token_sum_losses import TOKEN_SUM_LOSSES
 from ardea.model.logprobs import logprobs_from_logits
-from ardea.model.lora import apply_lora, load_policy_weights
+from ardea.model.lora import apply_lora, load_policy_weights, save_policy
+from ardea.service.tinker_fields import Fields
 from ardea.service.tinker_wire import ForwardBackwardCall, WireDatum, WireError
-from ardea.trainer.checkpoint import save_checkpoint
+from ardea.trainer.checkpoint import STATE_FILE, load_trainer_state
 from ardea.trainer.schedule import clip_gradients
 
 LORA_ALPHA = 32.0
@@ -68,6 +69,9 @@ def _tensor(datum: WireDatum, index: int, key: str, length: int, dtype) -> torch
             f"data[{index}].loss_fn_inputs[{key!r}] has shape {list(value.shape)}, not "
             f"[{length}] (one value per input token)"
         )
+    if dtype == torch.long and value.dtype.kind != "i":
+        raise WireError(f"data[{index}].loss_fn_inputs[{key!r}] holds {value.dtype} values, "
+                        "not integer token ids")  # fmt: skip
     tensor = torch.from_numpy(np.array(value)).to(dtype)
     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
         raise WireError(f"data[{index}].loss_fn_inputs[{key!r}] holds NaN or inf")
@@ -95,13 +99,15 @@ class TrainingModel:
             )
         self.policy.to(self.device).train()
         self.vocab = int(base.get_input_embeddings().num_embeddings)
+        self.context = int(getattr(base.config, "max_position_embeddings", 2048))
         self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
         self.steps = 0
         self.loss_since_step = 0.0  # summed loss of the forward_backward calls since the step
 
     # -- forward_backward ------------------------------------------------------------
-    def _checked(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
+    def checked(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
+        """The call's data as tensors, every datum checked (before the call is queued)."""
         if call.loss_fn not in TOKEN_SUM_LOSSES:
             raise WireError(
                 f"loss_fn {call.loss_fn!r} is not served; served: {', '.join(TOKEN_SUM_LOSSES)}"
@@ -110,13 +116,17 @@ class TrainingModel:
         unknown = sorted(set(call.config) - set(config_keys))
         if unknown:
             raise WireError(f"loss_fn_config keys {unknown} mean nothing to {call.loss_fn!r}")
+        for key, value in call.config.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise WireError(f"loss_fn_config[{key!r}]={value} is not finite")
         if not call.data:
             raise WireError("forward_backward needs at least one datum")
         rows = []
         for i, datum in enumerate(call.data):
             length = len(datum.tokens)
-            if length == 0:
-                raise WireError(f"data[{i}].model_input holds no tokens")
+            if not 0 < length <= self.context:
+                raise WireError(f"data[{i}].model_input holds {length} tokens: 1 to the "
+                                f"model's context of {self.context}")  # fmt: skip
             bad = [t for t in datum.tokens if not 0 <= t < self.vocab]
             if bad:
                 raise WireError(f"data[{i}].model_input has token ids outside [0, {self.vocab})")
@@ -142,10 +152,20 @@ class TrainingModel:
         logits = self.policy(input_ids=ids, attention_mask=mask).logits
         return logprobs_from_logits(logits, targets)
 
-    def forward_backward(self, call: ForwardBackwardCall):
+    def forward_backward(self, call: ForwardBackwardCall, rows: list[dict[str, torch.Tensor]]):
         """Per datum its log-probs and elementwise loss (arrays), and the metrics; the
-        gradient of the summed loss is added to the parameters' (not with forward_only)."""
-        rows = self._checked(call)
+        gradient of the summed loss is added to the parameters' (not with forward_only).
+        ``rows``: :meth:`checked`'s. A failure part-way (a non-finite loss in a later
+        micro-batch) puts the gradients back as they were: a failed call adds nothing."""
+        before = [None if p.grad is None else p.grad.clone() for p in self.parameters]
+        try:
+            return self._forward_backward(call, rows)
+        except BaseException:
+            for p, grad in zip(self.parameters, before):
+                p.grad = grad
+            raise
+
+    def _forward_backward(self, call: ForwardBackwardCall, rows: list[dict[str, torch.Tensor]]):
         loss_fn = TOKEN_SUM_LOSSES[call.loss_fn][0]
         logprobs, losses, total = [], [], 0.0
         for start in range(0, len(rows), MICRO_BATCH):
@@ -169,14 +189,10 @@ class TrainingModel:
         return logprobs, losses, {"loss:sum": total}
 
     # -- optim_step ------------------------------------------------------------------
-    def optim_step(self, adam: dict[str, float]) -> dict[str, float]:
-        """One AdamW step with the request's ``adam_params``; the gradient is then cleared."""
-        lr = float(adam.get("learning_rate", 1e-4))
-        betas = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
-        eps, decay = float(adam.get("eps", 1e-12)), float(adam.get("weight_decay", 0.0))
-        clip = float(adam.get("grad_clip_norm", 0.0))
-        if not (lr >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and eps >= 0 and decay >= 0):
-            raise WireError(f"adam_params out of range: {adam}")
+    def optim_step(self, params: tuple) -> dict[str, float]:
+        """One AdamW step with ``params`` (:func:`adam_params` of the request); the gradient
+        is then cleared."""
+        lr, betas, eps, decay, clip = params
         for group in self.optimizer.param_groups:
             group.update(lr=lr, betas=betas, eps=eps, weight_decay=decay)
         grads = [p.grad for p in self.parameters if p.grad is not None]
@@ -210,22 +226,17 @@ class TrainingModel:
             twin.load_state_dict(adapters, strict=False)
         return twin.merge_and_unload().requires_grad_(False).eval()
 
-    def save_state(self, directory: Path, *, optimizer: bool = True) -> Path:
-        """An ardea checkpoint at ``directory``: ``policy/`` (merged), ``adapter/`` and
-        ``trainer_state.pt`` (AdamW state and step count), written atomically."""
+    def save_state(self, directory: Path, *, optimizer: bool = True) -> None:
+        """Write ``policy/`` (merged), ``adapter/`` and ``trainer_state.pt`` (AdamW state and
+        step count) into ``directory`` (the store makes it atomic and seals it)."""
         state: dict[str, Any] = {"steps": self.steps}
         if optimizer:
             state["optimizer"] = self.optimizer.state_dict()
-        directory = Path(directory)
-        return save_checkpoint(
-            directory.parent, self.steps, policy=self.policy, tokenizer=self.tokenizer,
-            state=state, keep_last=0, final=directory,
-        )  # fmt: skip
+        save_policy(self.policy, self.tokenizer, Path(directory))
+        torch.save(state, Path(directory) / STATE_FILE)
 
     def load_state(self, directory: Path, *, optimizer: bool) -> None:
         """Load a state written by :meth:`save_state` (the optimizer's too when asked)."""
-        from ardea.trainer.checkpoint import load_trainer_state
-
         load_policy_weights(self.policy, directory)
         state = load_trainer_state(directory)
         self.steps = int(state.get("steps", 0))
@@ -234,3 +245,18 @@ class TrainingModel:
                 raise WireError(f"{directory} was saved without its optimizer state")
             self.optimizer.load_state_dict(state["optimizer"])
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def adam_params(adam: dict[str, Any]) -> tuple[float, tuple[float, float], float, float, float]:
+    """``(lr, betas, eps, weight_decay, grad_clip_norm)`` of the SDK's ``AdamParams``, each
+    finite and in a range that can train (``eps > 0``: it bounds Adam's step)."""
+    fields = Fields(adam, "optim_step.adam_params")
+    # Adam moves each weight by up to about lr a step: past 1 a step outweighs the weights
+    lr = fields.number("learning_rate", 1e-4, low=0.0, high=1.0)
+    betas = (fields.number("beta1", 0.9, low=0.0, high=1.0 - 1e-12),
+             fields.number("beta2", 0.95, low=0.0, high=1.0 - 1e-12))  # fmt: skip
+    eps = fields.number("eps", 1e-12, low=0.0, above=True)
+    # decoupled decay multiplies each weight by 1 - lr * weight_decay: past 1 it flips signs
+    decay = fields.number("weight_decay", 0.0, low=0.0, high=1.0 / lr if lr > 0 else math.inf)
+    clip = fields.number("grad_clip_norm", 0.0, low=0.0)
+    return lr, betas, eps, decay, clip

@@ -26,8 +26,11 @@ from ardea.model.logprobs import logprobs_from_logits
 from ardea.rollout.engine import Completion, Request, stop_token_ids
 from ardea.rollout.inprocess import InProcessEngine
 from ardea.rollout.sampling_params import SamplingParams
+from ardea.service.tinker_fields import MAX_INT32, Fields
 from ardea.service.tinker_wire import WireError
 
+MAX_ROWS = 64  # rows decoded together: bounds the engine's KV cache whatever is queued
+MAX_STOPS = 16
 UNSUPPORTED_SAMPLING = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k",
                         "target_prompt_logprobs", "prompt_logprobs_last_n")  # fmt: skip
 
@@ -43,36 +46,49 @@ class Sampler:
         self.vocab = int(module.get_input_embeddings().num_embeddings)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
         self.engine = InProcessEngine(module, pad_token_id=pad, eos_token_ids=self.eos,
-                                      tokenizer=tokenizer)  # fmt: skip
+                                      tokenizer=tokenizer, max_batch_size=MAX_ROWS)  # fmt: skip
         self._score_lock = threading.Lock()
         self._state = threading.Lock()
         self._in_flight = 0  # submitted calls not finished yet
         self._retired = False  # evicted: close once the calls in flight are done
 
-    def params(self, prompt: list[int], sampling: dict[str, Any], n: int) -> SamplingParams:
-        """ardea's sampling parameters for the SDK's ``sampling_params`` dict."""
+    def check_prompt(self, prompt: list[int]) -> None:
+        if not prompt or len(prompt) >= self.context:
+            raise WireError(f"asample.prompt has {len(prompt)} tokens: 1 to the model's context "
+                            f"of {self.context} less one (room to sample)")  # fmt: skip
+        if any(not 0 <= t < self.vocab for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < self.vocab)
+            raise WireError(f"asample.prompt has the token id {bad}, outside [0, {self.vocab})")
+
+    def params(self, prompt: list[int], sampling: Fields, n: int) -> SamplingParams:
+        """ardea's sampling parameters for the SDK's ``sampling_params``."""
         room = self.context - len(prompt)
-        max_tokens = sampling.get("max_tokens")
-        max_tokens = room if max_tokens is None else int(max_tokens)
-        if max_tokens < 1 or max_tokens > room:
+        max_tokens = sampling.integer("max_tokens", None, low=1, high=MAX_INT32)
+        if max_tokens is not None and max_tokens > room:
             raise WireError(
-                f"sampling_params.max_tokens={sampling.get('max_tokens')} does not fit: the "
+                f"sampling_params.max_tokens={max_tokens} does not fit: the "
                 f"prompt has {len(prompt)} tokens of the model's {self.context}"
             )
-        stop = sampling.get("stop")
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
-        if sampling.get("stop") is not None and not stop:
+        stop = sampling.body.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else None
+        if stop is not None and (stops is None or len(stops) > MAX_STOPS or not all(
+            isinstance(x, str) and 0 < len(x) <= 256 or isinstance(x, int) and not
+            isinstance(x, bool) and 0 <= x < self.vocab for x in stops
+        )):  # fmt: skip
+            raise sampling.fail("stop", stop, f"a string, or a list of at most {MAX_STOPS} "
+                                f"strings or token ids in [0, {self.vocab})")  # fmt: skip
+        if stop is not None and not stops:
             raise WireError("sampling_params.stop=[] (no end-of-sequence stop) is not served")
-        top_k = int(sampling.get("top_k", -1))
+        top_k = sampling.integer("top_k", -1, low=-1)
         try:
             return SamplingParams(
-                temperature=float(sampling.get("temperature", 1.0)),
+                temperature=sampling.number("temperature", 1.0, low=0.0, high=100.0),
                 top_k=0 if top_k == -1 else top_k,
-                top_p=float(sampling.get("top_p", 1.0)),
-                max_new_tokens=max_tokens,
-                seed=sampling.get("seed"),
-                stop=[s for s in stop if isinstance(s, str)],
-                stop_token_ids=[s for s in stop if not isinstance(s, str)],
+                top_p=sampling.number("top_p", 1.0, low=0.0, high=1.0, above=True),
+                max_new_tokens=room if max_tokens is None else max_tokens,
+                seed=sampling.integer("seed", None, high=2**63 - 1),
+                stop=[s for s in stops or [] if isinstance(s, str)],
+                stop_token_ids=[s for s in stops or [] if not isinstance(s, str)],
                 n=n,
             )
         except ValueError as exc:
@@ -84,8 +100,7 @@ class Sampler:
     ) -> None:  # fmt: skip
         """Start ``params.n`` completions of ``prompt``; ``done(completions)`` (or ``fail``)
         is called from the engine's thread when the last one ends."""
-        if not prompt or any(not 0 <= t < self.vocab for t in prompt):
-            raise WireError(f"prompt must be non-empty token ids in [0, {self.vocab})")
+        self.check_prompt(prompt)
         with self._state:
             self._in_flight += 1
         handles = self.engine.submit_all([Request(prompt, params, r) for r in range(params.n)])

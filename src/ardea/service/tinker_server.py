@@ -6,16 +6,32 @@
 Base models are local directories, each served under a name (and under its own path, so
 ``base_model="/models/tiny"`` works too). Saved states and sampler weights go to
 ``state_dir`` (see :mod:`ardea.service.tinker_store`) and outlive the server. ``device``:
-where training and sampling run (``cpu``, ``cuda``, ``cuda:1``, ``auto``).
+where training and sampling run (``cpu``, ``cuda``, ``cuda:1``, ``auto``). ``limits``: the
+shared HTTP layer's (:class:`~ardea.agent.http_guard.ServerLimits`: API key, body size —
+64 MiB by default here —, requests in flight); ``work``: what requests may ask
+(:class:`~ardea.service.tinker_fields.TinkerLimits`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ardea.agent.http_guard import ServerLimits
 from ardea.agent.server import AppServer
-from ardea.service.tinker_app import build_app
+from ardea.service.tinker_app import build_app, error_body
+from ardea.service.tinker_fields import TinkerLimits
 from ardea.service.tinker_service import TinkerService
+from ardea.service.tinker_wire import PROTOBUF
+
+MAX_BODY_BYTES = 64 * 2**20  # forward_backward bodies: the SDK sends chunks of ~5 MB
+BODY_TYPES = {"/api/v1/forward_backward": (PROTOBUF,)}
+
+
+def tinker_limits(api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                  max_in_flight: int = 256) -> ServerLimits:  # fmt: skip
+    """The HTTP layer's limits for a Tinker server (protobuf where the SDK sends it)."""
+    return ServerLimits(max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
+                        api_key=api_key, body_types=BODY_TYPES)  # fmt: skip
 
 
 class TinkerServer(AppServer):
@@ -28,14 +44,19 @@ class TinkerServer(AppServer):
         port: int = 0,
         samplers: int = 3,
         device: str = "cpu",
+        limits: ServerLimits | None = None,
+        work: TinkerLimits | None = None,
     ) -> None:
         bases = {name: Path(path) for name, path in bases.items()}
-        self.service = TinkerService(bases, Path(state_dir), samplers=samplers, device=device)
-        super().__init__(build_app(self.service), host=host, port=port, name="Tinker server")
+        self.service = TinkerService(bases, Path(state_dir), samplers=samplers, device=device,
+                                     limits=work)  # fmt: skip
+        super().__init__(build_app(self.service), host=host, port=port, name="Tinker server",
+                         limits=limits or tinker_limits(), error_body=error_body)  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def stop(self) -> None:
         super().stop()

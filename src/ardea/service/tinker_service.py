@@ -4,16 +4,22 @@ Sessions and ids follow the SDK: a session ``s-<n>``, models ``<session>:train:<
 sampling sessions ``<session>:sample:<k>``. Training operations (create, forward_backward,
 optim_step, saves, loads) run on one worker thread, each model's in ``seq_id`` order
 (:mod:`tinker_futures`); sampling is decoded by in-process engines, one per set of sampler
-weights (:mod:`tinker_sampler`). Base models are local directories served under the names
+weights (:mod:`tinker_sampling`). Base models are local directories served under the names
 given at start (and their paths).
+
+Every request is checked whole before anything is queued (:mod:`tinker_fields`); a training
+request refused that way still takes its ``seq_id``'s place, so the model's later requests
+run (:meth:`TinkerService._in_order`).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +27,23 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ardea.model.loading import check_model_dir, load_tokenizer
-from ardea.model.lora import POLICY_DIR, save_policy
+from ardea.model.lora import save_policy
+from ardea.service.tinker_fields import SESSION_ID, Fields, TinkerLimits, shown
 from ardea.service.tinker_futures import Futures, Worker
-from ardea.service.tinker_model import LoraSpec, TrainingModel
-from ardea.service.tinker_sampler import UNSUPPORTED_SAMPLING, Sampler, SamplerCache
-from ardea.service.tinker_store import KINDS, Store, TinkerPath, iso
+from ardea.service.tinker_model import LoraSpec, TrainingModel, adam_params
+from ardea.service.tinker_sampler import Sampler
+from ardea.service.tinker_sampling import Sampling, check_sampling_id
+from ardea.service.tinker_store import KINDS, Store, TinkerPath, check_model_id, iso
 from ardea.service.tinker_wire import (
+    Busy,
     WireError,
+    forward_backward_call,
     forward_backward_output,
-    read_forward_backward,
-    sample_response,
+    parse_forward_backward,
 )
 from ardea.trainer.setup import resolve_device
+
+MAX_SEQ = 2**62
 
 
 def _plain_model(directory: Path, device: torch.device):
@@ -44,37 +55,40 @@ class TinkerService:
     """The server's state: base models, sessions, trained models, samplers, futures."""
 
     def __init__(
-        self, bases: dict[str, Path], state_dir: Path, *, samplers: int = 3, device: str = "cpu"
-    ) -> None:
+        self, bases: dict[str, Path], state_dir: Path, *, samplers: int = 3, device: str = "cpu",
+        limits: TinkerLimits | None = None,
+    ) -> None:  # fmt: skip
         if not bases:
             raise WireError("the Tinker server needs at least one base model directory")
+        self.limits = limits or TinkerLimits()
         self.bases = {name: check_model_dir(path).resolve() for name, path in bases.items()}
         self.tokenizers = {path: load_tokenizer(path) for path in set(self.bases.values())}
+        self.configs = {path: AutoConfig.from_pretrained(path, local_files_only=True)
+                        for path in self.tokenizers}  # fmt: skip
         self.device = resolve_device(device)
         self.store = Store(state_dir)
         self.futures = Futures()
-        self.worker = Worker(self.futures)
-        self.samplers = SamplerCache(samplers)
+        self.worker = Worker(self.futures, self.limits.max_queued)
+        self.sampling = Sampling(self.store, self.futures, self.limits, samplers, self._sampler)
         self.models: dict[str, tuple[str, TrainingModel]] = {}  # id -> (base name, model)
-        self.sampling: dict[str, tuple[str, str, Any]] = {}  # id -> (base, path, source)
         self._sessions = itertools.count(1)
-        self._asked: dict[tuple[str, Any], dict[str, Any]] = {}  # asample retries
         self._created: dict[str, dict[str, Any]] = {}  # create retries
         self._lock = threading.Lock()
         self.started = time.time()
 
     # -- names -----------------------------------------------------------------------
-    def base_dir(self, name: str) -> Path:
-        if name in self.bases:
+    def base_dir(self, name: Any, at: str = "base_model") -> Path:
+        if isinstance(name, str) and name in self.bases:
             return self.bases[name]
-        as_path = Path(name).expanduser()
-        if as_path.is_dir() and as_path.resolve() in self.tokenizers:
-            return as_path.resolve()
-        raise WireError(f"unknown base_model {name!r}; served: {', '.join(sorted(self.bases))}")
+        if isinstance(name, str) and 0 < len(name) <= 4096 and "\0" not in name:
+            as_path = Path(name).expanduser().resolve()
+            if as_path in self.tokenizers:
+                return as_path
+        raise WireError(f"unknown {at} {shown(name)}; served: {', '.join(sorted(self.bases))}")
 
-    def model(self, model_id: str) -> tuple[str, TrainingModel]:
+    def model(self, model_id: Any) -> tuple[str, TrainingModel]:
         with self._lock:
-            found = self.models.get(model_id)
+            found = self.models.get(check_model_id(model_id))
         if found is None:
             raise WireError(f"unknown model_id {model_id!r}: create it first")
         return found
@@ -83,14 +97,58 @@ class TinkerService:
         return f"s{int(self.started)}-{next(self._sessions)}"
 
     def capabilities(self) -> dict[str, Any]:
-        models = []
-        for name, path in sorted(self.bases.items()):
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-            models.append({"model_name": name, "trainable": True, "sampleable": True,
-                           "max_context_length": getattr(config, "max_position_embeddings", None)})  # fmt: skip
+        models = [{"model_name": name, "trainable": True, "sampleable": True,
+                   "max_context_length": getattr(self.configs[path], "max_position_embeddings",
+                                                 None)}
+                  for name, path in sorted(self.bases.items())]  # fmt: skip
         return {"supported_models": models}
 
+    def future(self, body: dict[str, Any]):
+        request_id = Fields(body, "retrieve_future").text("request_id", max_length=64)
+        return request_id, self.futures.get(request_id)
+
     # -- training models -------------------------------------------------------------
+    def _in_order(self, body: dict[str, Any], route: str,
+                  prepare: Callable[[TrainingModel], Callable[[], Any]]) -> dict[str, Any]:  # fmt: skip
+        """Queue a training request of ``body``'s model as its ``seq_id``: ``prepare(model)``
+        checks the request and returns the operation; a refusal still takes the place."""
+        fields = Fields(body, route)
+        model_id = check_model_id(body.get("model_id"), f"{route}.model_id")
+        seq = fields.integer("seq_id", high=MAX_SEQ)
+        _, model = self.model(model_id)
+        first = self.worker.seen(model_id, seq)
+        if first is not None:  # a retry: the first answer
+            return {"request_id": first, "model_id": model_id}
+        try:
+            operation = prepare(model)
+        except WireError as exc:
+            if not isinstance(exc, Busy):
+                self.worker.refuse(model_id, seq, exc)
+            raise
+        return {"request_id": self.worker.run_in_order(model_id, seq, operation),
+                "model_id": model_id}  # fmt: skip
+
+    def _lora(self, base: Path, lora: Fields) -> LoraSpec:
+        hidden = int(getattr(self.configs[base], "hidden_size", 2**14))
+        return LoraSpec(
+            rank=lora.integer("rank", 32, low=1, high=hidden),
+            train_attn=lora.flag("train_attn", True), train_mlp=lora.flag("train_mlp", True),
+            train_unembed=lora.flag("train_unembed", True),
+            seed=lora.integer("seed", None, high=2**63 - 1),
+        )  # fmt: skip
+
+    def _metadata(self, fields: Fields) -> dict[str, Any]:
+        metadata = fields.body.get("user_metadata") or {}
+        size = len(json.dumps(metadata)) if isinstance(metadata, dict) else -1
+        if not 0 <= size <= self.limits.max_metadata_bytes:
+            raise fields.fail("user_metadata", metadata, "a JSON object of at most "
+                              f"{self.limits.max_metadata_bytes} bytes (max_metadata_bytes)")  # fmt: skip
+        return metadata
+
+    def _new_model_id(self, fields: Fields) -> str:
+        session = fields.text("session_id", pattern=SESSION_ID)
+        return f"{session}:train:{fields.integer('model_seq_id', high=10**9 - 1)}"
+
     def _register(self, model_id: str, base: str, spec: LoraSpec, metadata: dict) -> TrainingModel:
         directory = self.base_dir(base)
         model = TrainingModel(directory, spec, tokenizer=self.tokenizers[directory],
@@ -103,23 +161,17 @@ class TinkerService:
         return model
 
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-        lora = body.get("lora_config") or {}
-        spec = LoraSpec(
-            rank=int(lora.get("rank", 32)), train_attn=bool(lora.get("train_attn", True)),
-            train_mlp=bool(lora.get("train_mlp", True)),
-            train_unembed=bool(lora.get("train_unembed", True)), seed=lora.get("seed"),
-        )  # fmt: skip
-        if spec.rank < 1:
-            raise WireError(f"lora_config.rank must be >= 1, got {spec.rank}")
-        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        fields = Fields(body, "create_model")
+        model_id = self._new_model_id(fields)
+        base = fields.text("base_model")
+        spec = self._lora(self.base_dir(base), fields.nested("lora_config"))
+        optimizer = fields.nested("optimizer_config").text("type", "adamw")
         if optimizer != "adamw":
             raise WireError(f"optimizer_config.type {optimizer!r} is not served (only adamw)")
-        base = body["base_model"]
-        self.base_dir(base)  # an unknown name fails the request itself, not only its future
+        metadata = self._metadata(fields)
 
         def create() -> dict[str, Any]:
-            self._register(model_id, base, spec, body.get("user_metadata") or {})
+            self._register(model_id, base, spec, metadata)
             return {"type": "create_model", "model_id": model_id}
 
         return self._create_once(model_id, create)
@@ -135,7 +187,7 @@ class TinkerService:
         return answer
 
     def get_info(self, body: dict[str, Any]) -> dict[str, Any]:
-        base, model = self.model(body["model_id"])
+        base, model = self.model(Fields(body, "get_info").body.get("model_id"))
         return {
             "type": "get_info", "model_id": body["model_id"], "is_lora": True,
             "lora_rank": model.spec.rank, "optimizer_config": {"type": "adamw"},
@@ -144,184 +196,145 @@ class TinkerService:
                            "model_name": str(model.base_dir), "tokenizer_id": str(model.base_dir)},
         }  # fmt: skip
 
-    def forward_backward(self, body: bytes, encoding: str | None) -> dict[str, Any]:
-        call = read_forward_backward(body, encoding)
-        _, model = self.model(call.model_id)
+    def forward_backward(self, body: bytes) -> dict[str, Any]:
+        message = parse_forward_backward(body)
+        fields = {"model_id": message.model_id, "seq_id": message.seq_id}
 
-        def step() -> tuple[str, bytes]:
-            return "proto", forward_backward_output(*model.forward_backward(call))
+        def prepare(model: TrainingModel):
+            call = forward_backward_call(message)
+            rows = model.checked(call)
+            return lambda: ("proto", forward_backward_output(*model.forward_backward(call, rows)))
 
-        return {"request_id": self.worker.run_in_order(call.model_id, call.seq_id, step),
-                "model_id": call.model_id}  # fmt: skip
+        return self._in_order(fields, "forward_backward", prepare)
 
     def optim_step(self, body: dict[str, Any]) -> dict[str, Any]:
-        model_id = body["model_id"]
-        _, model = self.model(model_id)
-        if body.get("optimizer_params") is not None:
-            raise WireError("optimizer_params (non-Adam optimizers) are not served: use AdamParams")
-        adam = body.get("adam_params") or {}
+        def prepare(model: TrainingModel):
+            if body.get("optimizer_params") is not None:
+                raise WireError("optimizer_params (non-Adam optimizers) are not served: use "
+                                "AdamParams")  # fmt: skip
+            params = adam_params(body.get("adam_params") or {})
 
-        def step() -> dict[str, Any]:
-            metrics = model.optim_step(adam)
-            print(f"ardea tinker: {model_id} step {model.steps}: loss {metrics['loss']:.6g} "
-                  f"(summed since the last step), grad_norm {metrics['grad_norm']:.4g}, "
-                  f"lr {metrics['learning_rate']:g}", file=sys.stderr, flush=True)  # fmt: skip
-            return {"type": "optim_step", "metrics": metrics}
+            def step() -> dict[str, Any]:
+                metrics = model.optim_step(params)
+                print(f"ardea tinker: {body['model_id']} step {model.steps}: loss "
+                      f"{metrics['loss']:.6g} (summed since the last step), grad_norm "
+                      f"{metrics['grad_norm']:.4g}, lr {metrics['learning_rate']:g}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return {"type": "optim_step", "metrics": metrics}
 
-        return {"request_id": self.worker.run_in_order(model_id, body["seq_id"], step),
-                "model_id": model_id}  # fmt: skip
+            return step
+
+        return self._in_order(body, "optim_step", prepare)
 
     # -- saving and loading ----------------------------------------------------------
     def save_state(self, body: dict[str, Any]) -> dict[str, Any]:
-        model_id = body["model_id"]
-        _, model = self.model(model_id)
-        path = self.store.new_path(model_id, "weights", body["path"])
-        directory = self.store.directory(path)
-        if directory.exists() and not body.get("overwrite"):
-            raise WireError(f"{path} exists already; save_state(..., overwrite=True) replaces it")
+        def prepare(model: TrainingModel):
+            fields = Fields(body, "save_weights")
+            path = self.store.new_path(body["model_id"], "weights", body.get("path"))
+            exists = self.store.directory(path).exists()
+            if exists and not fields.flag("overwrite", False):
+                raise WireError(f"{path} exists already; save_state(..., overwrite=True) "
+                                "replaces it")  # fmt: skip
 
-        def save() -> dict[str, Any]:
-            model.save_state(directory)
-            return {"type": "save_weights", "path": str(path)}
+            def save() -> dict[str, Any]:
+                self.store.save(path, model.save_state)
+                return {"type": "save_weights", "path": str(path)}
 
-        return {"request_id": self.worker.run_in_order(model_id, body["seq_id"], save),
-                "model_id": model_id}  # fmt: skip
+            return save
+
+        return self._in_order(body, "save_weights", prepare)
 
     def save_for_sampler(self, body: dict[str, Any]) -> dict[str, Any]:
-        model_id = body["model_id"]
-        base, model = self.model(model_id)
-        name = body.get("path")
+        def prepare(model: TrainingModel):
+            fields = Fields(body, "save_weights_for_sampler")
+            base = self.models[body["model_id"]][0]
+            if body.get("path") is None:  # save_weights_and_get_sampling_client: in memory
+                seq = fields.integer("sampling_session_seq_id", high=10**9 - 1)
+                session = f"{body['model_id'].split(':')[0]}:sample:{seq}"
+                return lambda: self._snapshot(model, body["model_id"], base, session)
+            path = self.store.new_path(body["model_id"], "sampler_weights", body["path"])
 
-        def save() -> dict[str, Any]:
-            adapters = model.adapter_state()
-            source = ("adapters", model, adapters)
-            if name is None:  # save_weights_and_get_sampling_client: in memory only
-                session = f"{model_id.split(':')[0]}:sample:{body['sampling_session_seq_id']}"
-                key = f"{model_id}@{model.steps}#{session}"
-                with self._lock:
-                    self.sampling[session] = (base, key, source)
-                return {"type": "save_weights_for_sampler", "sampling_session_id": session}
-            path = self.store.new_path(model_id, "sampler_weights", name)
-            save_policy(model.policy, model.tokenizer, self.store.directory(path))
-            with self._lock:
-                self.sampling[str(path)] = (base, str(path), source)
-            return {"type": "save_weights_for_sampler", "path": str(path)}
+            def save() -> dict[str, Any]:
+                self.store.save(path, lambda tmp: save_policy(model.policy, model.tokenizer, tmp))
+                self.sampling.open(str(path), (base, str(path), ("adapters", model,
+                                                                 model.adapter_state())))  # fmt: skip
+                return {"type": "save_weights_for_sampler", "path": str(path)}
 
-        return {"request_id": self.worker.run_in_order(model_id, body["seq_id"], save),
-                "model_id": model_id}  # fmt: skip
+            return save
+
+        return self._in_order(body, "save_weights_for_sampler", prepare)
+
+    def _snapshot(self, model: TrainingModel, model_id: str, base: str, session: str):
+        key = f"{model_id}@{model.steps}#{session}"
+        self.sampling.open(session, (base, key, ("adapters", model, model.adapter_state())))
+        return {"type": "save_weights_for_sampler", "sampling_session_id": session}
 
     def load_state(self, body: dict[str, Any]) -> dict[str, Any]:
         """``load_state`` into a model, or (no ``model_id``) a new model from a saved state."""
-        parsed, directory = self.store.existing(body["path"])
+        fields = Fields(body, "load_weights")
+        with_optimizer = fields.flag("optimizer", False)
+        if body.get("model_id"):
+
+            def prepare(model: TrainingModel):
+                parsed, directory = self.store.existing(body.get("path"))
+                if parsed.kind != "weights":
+                    raise WireError(f"{body['path']} holds sampler weights: load a save_state path")
+                return lambda: self._load(model, directory, body, with_optimizer, body["model_id"])
+
+            return self._in_order(body, "load_weights", prepare)
+        model_id = self._new_model_id(fields)
+        parsed, directory = self.store.existing(body.get("path"))
         if parsed.kind != "weights":
             raise WireError(f"{body['path']} holds sampler weights: load a save_state path")
-        with_optimizer = bool(body.get("optimizer"))
-        if body.get("model_id"):
-            model_id = body["model_id"]
-            _, model = self.model(model_id)
-
-            def load() -> dict[str, Any]:
-                model.load_state(directory, optimizer=with_optimizer)
-                return {"type": "load_weights", "path": body["path"], "model_id": model_id}
-
-            return {"request_id": self.worker.run_in_order(model_id, body["seq_id"], load),
-                    "model_id": model_id}  # fmt: skip
-        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
         run = self.store.run(parsed.model_id)
-        base = body.get("base_model") or run["base_model"]
-        self.base_dir(base)
+        base = fields.text("base_model", None) or run["base_model"]
+        spec = self._lora(self.base_dir(base), Fields(run["lora"], "run.json lora"))
+        metadata = self._metadata(fields) or run.get("user_metadata") or {}
 
         def create() -> dict[str, Any]:
-            model = self._register(model_id, base, LoraSpec(**run["lora"]),
-                                   body.get("user_metadata") or run.get("user_metadata") or {})  # fmt: skip
-            model.load_state(directory, optimizer=with_optimizer)
-            return {"type": "load_weights", "path": body["path"], "model_id": model_id}
+            model = self._register(model_id, base, spec, metadata)
+            return self._load(model, directory, body, with_optimizer, model_id)
 
         return self._create_once(model_id, create)
 
+    def _load(self, model, directory, body, with_optimizer, model_id: str) -> dict[str, Any]:
+        model.load_state(directory, optimizer=with_optimizer)
+        return {"type": "load_weights", "path": body["path"], "model_id": model_id}
+
     # -- sampling sessions -----------------------------------------------------------
     def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
-        session = f"{body['session_id']}:sample:{body['sampling_session_seq_id']}"
+        fields = Fields(body, "create_sampling_session")
+        session = fields.text("session_id", pattern=SESSION_ID)
+        session += f":sample:{fields.integer('sampling_session_seq_id', high=10**9 - 1)}"
         if body.get("model_path"):
-            path = body["model_path"]
-            with self._lock:
-                known = self.sampling.get(path)
-            if known is None:
-                parsed, directory = self.store.existing(path)
-                base = self.store.run(parsed.model_id)["base_model"]
-                known = (base, path, ("directory", directory / POLICY_DIR))
-            entry = known
+            path = fields.text("model_path", max_length=512)
+            entry = self.sampling.from_path(path, lambda m: self.store.run(m)["base_model"])
         else:
-            base = body.get("base_model")
+            base = fields.text("base_model", None)
             if not base:
                 raise WireError("create_sampling_session needs a model_path or a base_model")
-            entry = (base, f"base:{self.base_dir(base)}", ("directory", self.base_dir(base)))
-        with self._lock:
-            self.sampling[session] = entry
+            directory = self.base_dir(base)
+            entry = (base, f"base:{directory}", ("directory", directory))
+        self.sampling.open(session, entry)
         return {"type": "create_sampling_session", "sampling_session_id": session}
 
     def sampler_info(self, session: str) -> dict[str, Any]:
-        base, key, _ = self.sampling_entry(session)
+        base, key, _ = self.sampling.entry(check_sampling_id(session, "sampler id"))
         path = key if key.startswith("tinker://") else None
         return {"sampler_id": session, "base_model": str(self.base_dir(base)), "model_path": path}
 
-    def sampling_entry(self, session: str) -> tuple[str, str, Any]:
-        with self._lock:
-            entry = self.sampling.get(session)
-        if entry is None:
-            raise WireError(f"unknown sampling_session_id {session!r}")
-        return entry
-
-    def sampler(self, session: str) -> Sampler:
-        """The engine of a sampling session (built on the worker thread when new)."""
-        base, key, source = self.sampling_entry(session)
+    def _sampler(self, entry: tuple[str, str, Any]) -> Sampler:
+        """The engine of a sampling session's weights (merged on the worker thread)."""
+        base, _, source = entry
         tokenizer = self.tokenizers[self.base_dir(base)]
-
-        def build() -> Sampler:
-            if source[0] == "adapters":
-                module = self.worker.call(lambda: source[1].merged_copy(source[2]))
-            else:
-                module = _plain_model(source[1], self.device)
-            return Sampler(module, tokenizer)
-
-        return self.samplers.get(key, build)
+        if source[0] == "adapters":
+            module = self.worker.call(lambda: source[1].merged_copy(source[2]))
+        else:
+            module = _plain_model(source[1], self.device)
+        return Sampler(module, tokenizer)
 
     def asample(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Start ``num_samples`` completions of the prompt (with its log-probs when asked)."""
-        for key in UNSUPPORTED_SAMPLING:
-            if body.get(key) not in (None, 0, False):
-                raise WireError(f"{key} is not served by ardea's Tinker server")
-        prompt: list[int] = []
-        for chunk in (body.get("prompt") or {}).get("chunks", []):
-            if chunk.get("type", "encoded_text") != "encoded_text":
-                raise WireError(
-                    f"prompt chunk type {chunk.get('type')!r} is not served (text only)"
-                )
-            prompt.extend(int(t) for t in chunk["tokens"])
-        n = int(body.get("num_samples", 1))
-        session = body.get("sampling_session_id") or ""
-        dedupe = (session, body.get("seq_id"))
-        with self._lock:
-            if dedupe in self._asked:
-                return self._asked[dedupe]
-        sampler = self.sampler(session)
-        params = sampler.params(prompt, body.get("sampling_params") or {}, n)
-        request_id, future = self.futures.new()
-        scores = sampler.prompt_logprobs(prompt) if body.get("prompt_logprobs") else None
-
-        def done(completions) -> None:
-            rows = [(c.token_ids, c.logprobs, c.finish_reason == "stop") for c in completions]
-            future.set_result(("proto", sample_response(rows, scores)))
-
-        sampler.submit(prompt, params, done, future.set_exception)
-        answer = {"request_id": request_id,
-                  "sample_sequence_ids": [f"{request_id}:{i}" for i in range(n)]}  # fmt: skip
-        with self._lock:
-            self._asked[dedupe] = answer
-            if len(self._asked) > 4096:  # keep the retries of requests whose results are kept
-                self._asked = {k: v for k, v in self._asked.items()
-                               if self.futures.get(v["request_id"]) is not None}  # fmt: skip
-        return answer
+        return self.sampling.asample(body)
 
     # -- the REST side ----------------------------------------------------------------
     def training_run(self, model_id: str) -> dict[str, Any]:
@@ -336,13 +349,13 @@ class TinkerService:
             "last_sampler_checkpoint": (last["sampler"] or [None])[-1],
         }  # fmt: skip
 
-    def weights_info(self, path: str) -> dict[str, Any]:
-        run = self.store.run(TinkerPath.parse(path).model_id)
-        lora = run["lora"]
-        return {"base_model": run["base_model"], "is_lora": True, "lora_rank": lora["rank"],
-                "train_mlp": lora["train_mlp"], "train_attn": lora["train_attn"],
-                "train_unembed": lora["train_unembed"]}  # fmt: skip
+    def weights_info(self, body: dict[str, Any]) -> dict[str, Any]:
+        path = TinkerPath.parse(Fields(body, "weights_info").body.get("tinker_path"), "tinker_path")
+        lora = self.store.run(path.model_id)["lora"]
+        return {"base_model": self.store.run(path.model_id)["base_model"], "is_lora": True,
+                "lora_rank": lora["rank"], "train_mlp": lora["train_mlp"],
+                "train_attn": lora["train_attn"], "train_unembed": lora["train_unembed"]}  # fmt: skip
 
     def close(self) -> None:
         self.worker.close()
-        self.samplers.close()
+        self.sampling.close()

@@ -10,6 +10,7 @@ Arrays travel as little-endian bytes: token ids ``int32``, tensors ``float32`` /
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +22,11 @@ PROTOBUF = "application/x-protobuf"
 
 
 class WireError(ArdeaError):
-    """A request the server cannot take: the message names the field and the value."""
+    """A request the server cannot take: the message names the field and the value (400)."""
+
+
+class Busy(WireError):
+    """A request over a limit on work in flight: the client may send it again (429)."""
 
 
 def proto():
@@ -56,27 +61,47 @@ class ForwardBackwardCall:
     data: list[WireDatum]
 
 
+MAX_TENSOR_VALUES = 2**24  # a datum's input tensors are one value per token
+
+
+def _array(name: str, raw: bytes, dtype, what: str) -> np.ndarray:
+    if len(raw) % np.dtype(dtype).itemsize:
+        raise WireError(f"loss_fn_inputs[{name!r}].{what} has {len(raw)} bytes, not a whole "
+                        f"number of {np.dtype(dtype).name} values")  # fmt: skip
+    return np.frombuffer(raw, dtype)
+
+
 def tensor_array(name: str, tensor) -> np.ndarray:
     """A ``Tensor`` message as an array of its shape (dense, or CSR with absent cells 0)."""
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is None:
         raise WireError(f"loss_fn_inputs[{name!r}] has dtype {tensor.dtype}, not float32/int64")
     shape = list(tensor.shape)
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_TENSOR_VALUES:
+        raise WireError(f"loss_fn_inputs[{name!r}] has shape {shape}: at most "
+                        f"{MAX_TENSOR_VALUES} values")  # fmt: skip
     if tensor.HasField("sparse_csr"):
-        csr = tensor.sparse_csr
-        values = np.frombuffer(csr.values, dtype)
-        rows = np.frombuffer(csr.crow_indices, np.int64)
-        cols = np.frombuffer(csr.col_indices, np.int64)
-        if len(shape) != 2 or len(rows) != shape[0] + 1:
-            raise WireError(f"loss_fn_inputs[{name!r}]: CSR data that does not fit shape {shape}")
-        dense = np.zeros(shape, dtype)
-        for r in range(shape[0]):
-            dense[r, cols[rows[r] : rows[r + 1]]] = values[rows[r] : rows[r + 1]]
-        return dense
-    values = np.frombuffer(tensor.dense, dtype)
-    if shape and int(np.prod(shape)) != values.size:
+        return _csr(name, tensor.sparse_csr, dtype, shape)
+    values = _array(name, tensor.dense, dtype, "dense")
+    if shape and math.prod(shape) != values.size:
         raise WireError(f"loss_fn_inputs[{name!r}] holds {values.size} values, not shape {shape}")
     return values.reshape(shape) if shape else values
+
+
+def _csr(name: str, csr, dtype, shape: list[int]) -> np.ndarray:
+    """A CSR tensor made dense, its row pointers and column indices checked first."""
+    values = _array(name, csr.values, dtype, "values")
+    rows = _array(name, csr.crow_indices, np.int64, "crow_indices")
+    cols = _array(name, csr.col_indices, np.int64, "col_indices")
+    fits = len(shape) == 2 and len(rows) == shape[0] + 1 and len(cols) == len(values)
+    fits = fits and rows[0] == 0 and rows[-1] == len(values) and bool(np.all(np.diff(rows) >= 0))
+    if not fits or (cols.size and not (cols.min() >= 0 and cols.max() < shape[1])):
+        raise WireError(f"loss_fn_inputs[{name!r}]: CSR data that does not fit shape {shape} "
+                        "(row pointers, column indices or value count)")  # fmt: skip
+    dense = np.zeros(shape, dtype)
+    for r in range(shape[0]):
+        dense[r, cols[rows[r] : rows[r + 1]]] = values[rows[r] : rows[r + 1]]
+    return dense
 
 
 def _tokens(index: int, datum) -> list[int]:
@@ -85,16 +110,16 @@ def _tokens(index: int, datum) -> list[int]:
         kind = chunk.WhichOneof("chunk")
         if kind != "encoded_text":
             raise WireError(f"data[{index}].model_input has a {kind!r} chunk: only text is served")
-        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, np.int32).tolist())
+        raw = chunk.encoded_text.tokens
+        if len(raw) % 4:
+            raise WireError(f"data[{index}].model_input: {len(raw)} bytes are not int32 tokens")
+        tokens.extend(np.frombuffer(raw, np.int32).tolist())
     return tokens
 
 
-def read_forward_backward(body: bytes, encoding: str | None = None) -> ForwardBackwardCall:
-    """Parse a ``forward_backward`` request body (zstd-compressed when ``encoding`` says so)."""
-    if encoding == "zstd":
-        import zstandard
-
-        body = zstandard.ZstdDecompressor().decompress(body)
+def parse_forward_backward(body: bytes):
+    """The ``ForwardBackwardRequest`` of a request body (decompressed already, by the
+    server's HTTP layer); its data are read by :func:`forward_backward_call`."""
     message = proto().ForwardBackwardRequest()
     try:
         message.ParseFromString(body)
@@ -102,6 +127,11 @@ def read_forward_backward(body: bytes, encoding: str | None = None) -> ForwardBa
         raise WireError(
             f"the forward_backward body is not a ForwardBackwardRequest: {exc}"
         ) from exc
+    return message
+
+
+def forward_backward_call(message) -> ForwardBackwardCall:
+    """The call a parsed ``ForwardBackwardRequest`` asks for, its arrays checked."""
     config: dict[str, float | str] = dict(message.loss_fn_config)
     for key, value in message.loss_fn_config_v2.items():
         config[key] = value.text if value.WhichOneof("value") == "text" else value.number

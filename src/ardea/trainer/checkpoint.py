@@ -11,6 +11,7 @@ into place, so a killed process never leaves a half-written ``step_*`` directory
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -66,14 +67,30 @@ def save_checkpoint(
     torch.save(state, tmp / STATE_FILE)
     if save_extra is not None:
         save_extra(tmp)
-    # The marker lists every file with its size: a checkpoint whose files were cut short
-    # or removed afterwards is recognised as damaged and never loaded.
-    (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _file_sizes(tmp)}))
+    seal(tmp, step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     prune_checkpoints(run_dir, keep_last)
     return final
+
+
+def seal(directory: Path, step: int, *, checksums: bool = False) -> None:
+    """Mark ``directory`` complete: the marker lists every file with its size (and SHA-256
+    with ``checksums``), so a checkpoint whose files were cut short, removed or overwritten
+    afterwards is recognised as damaged and never loaded."""
+    marker: dict[str, Any] = {"step": step, "files": _file_sizes(directory)}
+    if checksums:
+        marker["sha256"] = {name: _sha256(directory / name) for name in marker["files"]}
+    (directory / COMPLETE_MARKER).write_text(json.dumps(marker))
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _file_sizes(directory: Path) -> dict[str, int]:
@@ -84,19 +101,24 @@ def _file_sizes(directory: Path) -> dict[str, int]:
     }
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why ``path`` is not a complete, intact checkpoint (None when it is)."""
+def checkpoint_problem(path: Path, *, verify: bool = False) -> str | None:
+    """Why ``path`` is not a complete, intact checkpoint (None when it is); ``verify``: also
+    check the files' SHA-256 where the marker has them."""
     marker = path / COMPLETE_MARKER
     if not marker.is_file():
         return "no COMPLETE marker (the write was interrupted)"
     try:
-        expected = json.loads(marker.read_text())["files"]
+        sealed = json.loads(marker.read_text())
+        expected, sums = dict(sealed["files"]), dict(sealed.get("sha256") or {})
     except (ValueError, KeyError, TypeError):
         return "its COMPLETE marker is unreadable"
     actual = _file_sizes(path)
     for name, size in expected.items():
         if actual.get(name) != size:
             return f"{name} is missing or has the wrong size"
+    for name, digest in sums.items() if verify else ():
+        if _sha256(path / name) != digest:
+            return f"{name} does not match its SHA-256 (changed after it was saved)"
     return None
 
 
