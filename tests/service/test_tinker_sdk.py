@@ -314,3 +314,22 @@ def test_a_retried_creation_gets_the_first_answer(server):
     first = server.service.create_model(body)
     assert server.service.create_model(body) == first
     assert server.service.futures.get(first["request_id"]).result(60)["model_id"] == "retry:train:0"
+
+
+def test_sampler_weights_saved_again_under_a_name_are_the_new_ones(service, tokenizer):
+    """save_weights_for_sampler("same") after a step replaces the weights a sampling client
+    of that path gets (a sampler built on the earlier ones is not reused): its prompt
+    log-probs are those of the same weights saved under a new name."""
+    trainer = service.create_lora_training_client(base_model="tiny", rank=RANK, seed=6).result()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("12+3", add_special_tokens=False))
+
+    def scores(name):
+        path = trainer.save_weights_for_sampler(name).result().path
+        return service.create_sampling_client(model_path=path).compute_logprobs(prompt).result()
+
+    first = scores("same")
+    data, _ = batch(tokenizer)
+    trainer.forward_backward(data, "cross_entropy")
+    trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    again, fresh = scores("same"), scores("fresh")
+    assert again == fresh and again != first

@@ -168,6 +168,13 @@ class SamplerCache:
                 old.retire()  # an evicted sampler finishes what it was asked first
         return sampler
 
+    def drop(self, key: str) -> None:
+        """Forget the sampler of ``key`` (its weights were replaced), retiring it."""
+        with self._lock:
+            old = self._samplers.pop(key, None)
+        if old is not None:
+            old.retire()
+
     def close(self) -> None:
         with self._lock:
             for sampler in self._samplers.values():

@@ -73,6 +73,12 @@ class Sampling:
         with self._lock:
             self.sessions[session] = entry
 
+    def replace(self, path: str, entry: tuple[str, str, Any]) -> None:
+        """New sampler weights saved at ``path`` (perhaps over earlier ones of that name):
+        a sampler built on the earlier ones is not used again."""
+        self.open(path, entry)
+        self.cache.drop(entry[1])
+
     def known(self, key: str) -> tuple[str, str, Any] | None:
         with self._lock:
             return self.sessions.get(key)

@@ -256,8 +256,8 @@ class TinkerService:
 
             def save() -> dict[str, Any]:
                 self.store.save(path, lambda tmp: save_policy(model.policy, model.tokenizer, tmp))
-                self.sampling.open(str(path), (base, str(path), ("adapters", model,
-                                                                 model.adapter_state())))  # fmt: skip
+                source = ("adapters", model, model.adapter_state())
+                self.sampling.replace(str(path), (base, str(path), source))
                 return {"type": "save_weights_for_sampler", "path": str(path)}
 
             return save
