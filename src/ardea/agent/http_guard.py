@@ -229,11 +229,11 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
             inflater = zlib.decompressobj(wbits=31)
             out = inflater.decompress(body, limit + 1)
         else:
-            import zstandard
-
-            reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body))
+            reader = _zstandard().ZstdDecompressor().stream_reader(io.BytesIO(body))
             out = reader.read(limit + 1)
-    except (zlib.error, Exception) as exc:  # zstandard.ZstdError, or a truncated stream
+    except Refused:
+        raise
+    except Exception as exc:  # zlib.error, zstandard.ZstdError, a truncated stream
         raise Refused(400, f"the {encoding} body does not decompress: {exc}",
                       "bad_encoding") from None  # fmt: skip
     if len(out) > limit:
@@ -241,6 +241,15 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
                       f"server's limit of {limit} bytes (max_body_bytes)",
                       "request_too_large")  # fmt: skip
     return out
+
+
+def _zstandard():
+    try:
+        import zstandard
+    except ImportError:  # it comes with the tinker extra, whose SDK sends zstd
+        raise Refused(415, "Content-Encoding zstd needs the zstandard package on the server "
+                      "(pip install zstandard)", "unsupported_encoding") from None  # fmt: skip
+    return zstandard
 
 
 def _without(headers: list, length: int) -> list:
