@@ -1,7 +1,7 @@
 # The two commands of the README. Each creates .venv (torch first) when missing; the tests
 # also .venv-vllm (vLLM's CPU build, a separate environment: it pins its own transformers)
 # and Debian's Chromium (one test renders a report page in it).
-.PHONY: run test docs setup setup-vllm setup-browser lint
+.PHONY: run test test-fast docs setup setup-vllm setup-browser lint
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -24,6 +24,13 @@ TEST_WORKERS ?= 2
 
 test: setup setup-vllm setup-browser
 	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
+
+# The edit-test loop: all but the slow end-to-end CLI runs, vLLM, torchrun and the browser,
+# so it needs neither .venv-vllm nor Chromium (5 min on the slowest 2-core machine, about
+# 2,000 tests; `make test` runs everything)
+test-fast: setup
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder -m "not slow" \
+		--ignore=tests/vllm_engine --ignore=tests/distributed -k "not chromium and not qwen3"
 
 # The documentation site (mkdocs.yml), built offline and strictly into site/: a broken link, a
 # missing reference or any warning fails it (the suite builds it too)
