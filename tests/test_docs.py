@@ -86,3 +86,51 @@ def test_the_site_builds_strictly_with_every_key_in_its_reference(tmp_path):
     api_page = (tmp_path / "site" / "reference" / "api" / "algo.html").read_text(encoding="utf-8")
     assert "compute_token_level_gae" in api_page  # docstrings rendered from the code
     assert (tmp_path / "site" / "reference" / "cli.html").is_file()
+
+
+def _registries() -> dict:
+    """The configure.md "Names" table's keys and the registries that hold their names."""
+    import ardea.agent  # noqa: F401  (registering: environments)
+    import ardea.trainer.strategies  # noqa: F401  (registering: strategies)
+    from ardea.agent.env import ENVIRONMENTS
+    from ardea.algo.advantages import ADVANTAGE_ESTIMATORS
+    from ardea.algo.policy_loss_registry import POLICY_LOSSES
+    from ardea.data.tasks.base import TASKS
+    from ardea.reward.registry import REWARDS
+    from ardea.rollout.engine import ENGINES
+    from ardea.trainer.strategies.base import STRATEGIES
+
+    return {
+        "algo.name": STRATEGIES, "data.task": TASKS, "reward.functions[].name": REWARDS,
+        "algo.ppo.adv_estimator": ADVANTAGE_ESTIMATORS, "algo.policy_loss": POLICY_LOSSES,
+        "agent.env": ENVIRONMENTS, "rollout.engine": ENGINES,
+    }  # fmt: skip
+
+
+def _names_in(row: str) -> set[str]:
+    return set(re.findall(r"`([a-z_0-9]+)`", row))
+
+
+def test_the_names_table_lists_every_registered_name():
+    """docs/howto/configure.md's table of names: each row is its registry, no more, no less."""
+    text = (REPO / "docs" / "howto" / "configure.md").read_text(encoding="utf-8")
+    for key, registry in _registries().items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
+        assert _names_in(row.split("|")[2]) == set(registry.names()), key
+
+
+def test_every_strategy_is_in_the_overview_and_the_algorithms_table():
+    strategies = set(_registries()["algo.name"].names())
+    index = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+    overview = re.search(r"^- \*\*Strategies\*\*:(.*?)^- ", index, re.S | re.M).group(1)
+    assert strategies <= _names_in(overview)
+    algorithms = (REPO / "docs" / "howto" / "algorithms.md").read_text(encoding="utf-8")
+    rows = {m.group(1) for m in re.finditer(r"^\| `([a-z_]+)` \|", algorithms, re.M)}
+    assert strategies <= rows
+
+
+def test_every_ready_config_is_in_the_table():
+    text = (REPO / "docs" / "howto" / "configure.md").read_text(encoding="utf-8")
+    table = text.split("## Ready configs", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([a-z_0-9]+\.yaml)` \|", table, re.M))
+    assert listed == {p.name for p in (REPO / "configs").glob("*.yaml")}
