@@ -165,12 +165,11 @@ def serve_tinker(args: argparse.Namespace) -> int:
         raise ArdeaError(str(exc)) from None
     quiet_transformers()
     from ardea.service.tinker_fields import TinkerLimits
-    from ardea.service.tinker_server import TinkerServer, tinker_limits
+    from ardea.service.tinker_server import TinkerServer
 
     work = TinkerLimits(max_sample_tokens=args.max_sample_tokens, max_queued=args.max_queued,
                         max_sampling_in_flight=args.max_sampling_in_flight)  # fmt: skip
     limits = _limits(args, 64)
-    limits = tinker_limits(limits.api_key, limits.max_body_bytes, limits.max_in_flight)
     server = TinkerServer({name: model_dir}, state_dir=args.state_dir, host=args.host,
                           port=args.port, samplers=args.samplers, device=args.device,
                           limits=limits, work=work)  # fmt: skip

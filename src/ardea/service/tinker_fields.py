@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ardea.agent.request_checks import shown
 from ardea.service.tinker_wire import WireError
 
 SESSION = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}"
@@ -22,13 +23,9 @@ MODEL_ID = re.compile(rf"({SESSION}):train:(\d{{1,9}})")
 SAMPLING_ID = re.compile(rf"({SESSION}):sample:(\d{{1,9}})")
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,127}")
 MAX_INT32 = 2**31 - 1
+MAX_ID_NUMBER = 10**9 - 1  # the <n> of model and sampling ids (MODEL_ID: 9 digits)
+MAX_SEQ = 2**62  # a request's seq_id
 _MISSING = object()
-
-
-def shown(value: Any, width: int = 80) -> str:
-    """``repr(value)`` cut to ``width`` characters (a 50 MB value is not echoed back)."""
-    text = repr(value)
-    return text if len(text) <= width else f"{text[: width - 3]}..."
 
 
 class Fields:
@@ -95,11 +92,6 @@ class Fields:
         """A nested object (absent or null: an empty one)."""
         value = self.body.get(name)
         return Fields({} if value is None else value, f"{self.at}.{name}")
-
-    def known(self, names: tuple[str, ...]) -> None:
-        unknown = sorted(set(self.body) - set(names))
-        if unknown:
-            raise WireError(f"{self.at} has fields this server does not know: {unknown}")
 
 
 @dataclass(frozen=True)

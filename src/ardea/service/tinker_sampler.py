@@ -71,10 +71,8 @@ class Sampler:
             )
         stop = sampling.body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else None
-        if stop is not None and (stops is None or len(stops) > MAX_STOPS or not all(
-            isinstance(x, str) and 0 < len(x) <= 256 or isinstance(x, int) and not
-            isinstance(x, bool) and 0 <= x < self.vocab for x in stops
-        )):  # fmt: skip
+        if stop is not None and (stops is None or len(stops) > MAX_STOPS
+                                 or not all(map(self._is_stop, stops))):  # fmt: skip
             raise sampling.fail("stop", stop, f"a string, or a list of at most {MAX_STOPS} "
                                 f"strings or token ids in [0, {self.vocab})")  # fmt: skip
         if stop is not None and not stops:
@@ -93,6 +91,12 @@ class Sampler:
             )
         except ValueError as exc:
             raise WireError(f"sampling_params: {exc}") from exc
+
+    def _is_stop(self, item: Any) -> bool:
+        """A stop string (1 to 256 characters) or a token id of the vocabulary."""
+        if isinstance(item, str):
+            return 0 < len(item) <= 256
+        return isinstance(item, int) and not isinstance(item, bool) and 0 <= item < self.vocab
 
     def submit(
         self, prompt: list[int], params: SamplingParams, done: Callable[[list[Completion]], None],

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ardea.model.lora import POLICY_DIR
-from ardea.service.tinker_fields import SAMPLING_ID, Fields, TinkerLimits, shown
+from ardea.service.tinker_fields import MAX_SEQ, SAMPLING_ID, Fields, TinkerLimits, shown
 from ardea.service.tinker_futures import Futures
 from ardea.service.tinker_sampler import UNSUPPORTED_SAMPLING, Sampler, SamplerCache
 from ardea.service.tinker_store import Store
@@ -108,7 +108,7 @@ class Sampling:
             if body.get(key) not in (None, 0, False):
                 raise WireError(f"{key} is not served by ardea's Tinker server")
         session = check_sampling_id(body.get("sampling_session_id"))
-        seq = fields.integer("seq_id", None, high=2**62)
+        seq = fields.integer("seq_id", None, high=MAX_SEQ)
         n = fields.integer("num_samples", 1, low=1, high=self.limits.max_sample_tokens)
         with_scores = fields.flag("prompt_logprobs", False)
         prompt = prompt_tokens(body.get("prompt"))

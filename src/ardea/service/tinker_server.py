@@ -14,6 +14,7 @@ shared HTTP layer's (:class:`~ardea.agent.http_guard.ServerLimits`: API key, bod
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ardea.agent.http_guard import ServerLimits
@@ -29,9 +30,10 @@ BODY_TYPES = {"/api/v1/forward_backward": (PROTOBUF,)}
 
 def tinker_limits(api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                   max_in_flight: int = 256) -> ServerLimits:  # fmt: skip
-    """The HTTP layer's limits for a Tinker server (protobuf where the SDK sends it)."""
+    """The HTTP layer's limits for a Tinker server (protobuf where the SDK sends it); the
+    server adds the protobuf route to any limits it is given."""
     return ServerLimits(max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
-                        api_key=api_key, body_types=BODY_TYPES)  # fmt: skip
+                        api_key=api_key)  # fmt: skip
 
 
 class TinkerServer(AppServer):
@@ -51,7 +53,8 @@ class TinkerServer(AppServer):
         self.service = TinkerService(bases, Path(state_dir), samplers=samplers, device=device,
                                      limits=work)  # fmt: skip
         super().__init__(build_app(self.service), host=host, port=port, name="Tinker server",
-                         limits=limits or tinker_limits(), error_body=error_body)  # fmt: skip
+                         limits=replace(limits or tinker_limits(), body_types=BODY_TYPES),
+                         error_body=error_body)  # fmt: skip
 
     @property
     def url(self) -> str:

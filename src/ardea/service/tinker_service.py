@@ -28,7 +28,15 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ardea.model.loading import check_model_dir, load_tokenizer
 from ardea.model.lora import save_policy
-from ardea.service.tinker_fields import SESSION_ID, Fields, TinkerLimits, shown
+from ardea.service.tinker_fields import (
+    MAX_ID_NUMBER,
+    MAX_INT32,
+    MAX_SEQ,
+    SESSION_ID,
+    Fields,
+    TinkerLimits,
+    shown,
+)
 from ardea.service.tinker_futures import Futures, Worker
 from ardea.service.tinker_model import LoraSpec, TrainingModel, adam_params
 from ardea.service.tinker_sampler import Sampler
@@ -42,8 +50,6 @@ from ardea.service.tinker_wire import (
     parse_forward_backward,
 )
 from ardea.trainer.setup import resolve_device
-
-MAX_SEQ = 2**62
 
 
 def _plain_model(directory: Path, device: torch.device):
@@ -129,9 +135,10 @@ class TinkerService:
                 "model_id": model_id}  # fmt: skip
 
     def _lora(self, base: Path, lora: Fields) -> LoraSpec:
-        hidden = int(getattr(self.configs[base], "hidden_size", 2**14))
+        # a LoRA wider than the hidden size adds parameters and no rank
+        hidden = getattr(self.configs[base], "hidden_size", None)
         return LoraSpec(
-            rank=lora.integer("rank", 32, low=1, high=hidden),
+            rank=lora.integer("rank", 32, low=1, high=int(hidden) if hidden else MAX_INT32),
             train_attn=lora.flag("train_attn", True), train_mlp=lora.flag("train_mlp", True),
             train_unembed=lora.flag("train_unembed", True),
             seed=lora.integer("seed", None, high=2**63 - 1),
@@ -147,7 +154,7 @@ class TinkerService:
 
     def _new_model_id(self, fields: Fields) -> str:
         session = fields.text("session_id", pattern=SESSION_ID)
-        return f"{session}:train:{fields.integer('model_seq_id', high=10**9 - 1)}"
+        return f"{session}:train:{fields.integer('model_seq_id', high=MAX_ID_NUMBER)}"
 
     def _register(self, model_id: str, base: str, spec: LoraSpec, metadata: dict) -> TrainingModel:
         directory = self.base_dir(base)
@@ -249,7 +256,7 @@ class TinkerService:
             fields = Fields(body, "save_weights_for_sampler")
             base = self.models[body["model_id"]][0]
             if body.get("path") is None:  # save_weights_and_get_sampling_client: in memory
-                seq = fields.integer("sampling_session_seq_id", high=10**9 - 1)
+                seq = fields.integer("sampling_session_seq_id", high=MAX_ID_NUMBER)
                 session = f"{body['model_id'].split(':')[0]}:sample:{seq}"
                 return lambda: self._snapshot(model, body["model_id"], base, session)
             path = self.store.new_path(body["model_id"], "sampler_weights", body["path"])
@@ -305,7 +312,7 @@ class TinkerService:
     def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
         fields = Fields(body, "create_sampling_session")
         session = fields.text("session_id", pattern=SESSION_ID)
-        session += f":sample:{fields.integer('sampling_session_seq_id', high=10**9 - 1)}"
+        session += f":sample:{fields.integer('sampling_session_seq_id', high=MAX_ID_NUMBER)}"
         if body.get("model_path"):
             path = fields.text("model_path", max_length=512)
             entry = self.sampling.from_path(path, lambda m: self.store.run(m)["base_model"])
@@ -351,8 +358,9 @@ class TinkerService:
 
     def weights_info(self, body: dict[str, Any]) -> dict[str, Any]:
         path = TinkerPath.parse(Fields(body, "weights_info").body.get("tinker_path"), "tinker_path")
-        lora = self.store.run(path.model_id)["lora"]
-        return {"base_model": self.store.run(path.model_id)["base_model"], "is_lora": True,
+        run = self.store.run(path.model_id)
+        lora = run["lora"]
+        return {"base_model": run["base_model"], "is_lora": True,
                 "lora_rank": lora["rank"], "train_mlp": lora["train_mlp"],
                 "train_attn": lora["train_attn"], "train_unembed": lora["train_unembed"]}  # fmt: skip
 

@@ -103,8 +103,7 @@ class Store:
             shutil.rmtree(tmp)
         tmp.mkdir()
         write(tmp)
-        if not (tmp / COMPLETE_MARKER).is_file():
-            seal(tmp, 0, checksums=True)
+        seal(tmp, 0, checksums=True)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
