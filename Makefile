@@ -1,7 +1,7 @@
 # The two commands of the README. Each creates .venv (torch first) when missing; the tests
 # also .venv-vllm (vLLM's CPU build, a separate environment: it pins its own transformers)
 # and Debian's Chromium (one test renders a report page in it).
-.PHONY: run test test-fast docs setup setup-vllm setup-browser lint
+.PHONY: run test test-fast docs docs-gen setup setup-vllm setup-browser lint
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -36,6 +36,12 @@ test-fast: setup
 # missing reference or any warning fails it (the suite builds it too)
 docs: setup
 	.venv/bin/mkdocs build --strict
+
+# The pages generated from the code, committed (docs/reference/config.md and cli.md, the
+# lists of registered names): run after changing a config field, a command-line option or a
+# registry (tests/test_docs.py fails while they are not current)
+docs-gen: setup
+	.venv/bin/python scripts/gen_docs.py
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -16,7 +16,7 @@ the task's held-out split) at the start, at each evaluation and at the end, and 
 over seeds of the end accuracy.
 
     python benchmarks/bench_distillation.py                      # seeds 0 1 2, 90 s per arm
-    python benchmarks/bench_distillation.py --teacher runs/default/rl/checkpoints/step_0000200/policy
+    python benchmarks/bench_distillation.py --teacher runs/default/rl/checkpoints/best/policy
     python benchmarks/bench_distillation.py --smoke      # seconds: seed 0, a few steps
 """
 

@@ -22,11 +22,13 @@ SMOKE_SFT = [
 SMALLEST_MODEL = (
     "model={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}"
 )
-#: a few steps of the default recipe's ``rl`` stage, no evaluations or checkpoints
+#: a few steps of the default recipe's ``rl`` stage, no evaluations or checkpoints (so no
+#: early stop either: it decides on evaluations)
 SMOKE_RL = [
     "stages.rl.trainer.max_steps=2",
     "stages.rl.trainer.batch_size=4",
     "stages.rl.trainer.eval_every=0",
+    "stages.rl.trainer.early_stop_target=null",
     "stages.rl.trainer.save_every=0",
 ]
 

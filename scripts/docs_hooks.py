@@ -1,17 +1,13 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the reference pages generated from the code at build
-time, so none of them is maintained by hand:
-
-- reference/config.md: every config key, from the config dataclasses' help texts;
-- reference/cli.md: every command's `--help`;
-- reference/api/<package>.md: the docstrings of each public module of a package.
-
-and formulas (`$...$`, `$$...$$`, marked by pymdownx.arithmatex) turned into MathML when the
-page is built, which browsers draw without JavaScript: the site reads offline.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the API reference pages generated from the code at
+build time, reference/api/<package>.md, the docstrings of each public module of a package
+(the configuration and command-line references are committed pages, written by
+scripts/gen_docs.py), and formulas (`$...$`, `$$...$$`, marked by pymdownx.arithmatex)
+turned into MathML when the page is built, which browsers draw without JavaScript: the site
+reads offline.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import pkgutil
 import re
@@ -24,13 +20,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def on_files(files, config):
-    """Add the generated pages to the site's files."""
-    from ardea.config.reference import config_reference_markdown
-
-    pages = {
-        "reference/config.md": config_reference_markdown(),
-        "reference/cli.md": cli_reference_markdown(),
-    }
+    """Add the generated API pages to the site's files."""
+    pages = {}
     # every package of ardea gets a page (mkdocs.yml's nav must list it: strict mode fails
     # on a page left out of the nav)
     for info in pkgutil.iter_modules([str(SRC / "ardea")]):
@@ -57,28 +48,6 @@ def on_page_content(content, page, config, files):
         return latex_to_mathml(latex.strip(), display="inline" if inline else "block")
 
     return FORMULA.sub(mathml, content)
-
-
-def cli_reference_markdown() -> str:
-    """Each `ardea COMMAND --help`, as argparse prints it."""
-    from ardea.cli.main import build_parser
-
-    parser = build_parser()
-    out = [
-        "# Command line",
-        "",
-        "Each command's `--help`, generated from the command-line parser when the site is "
-        "built. Run inside the project's environment (`.venv/bin/ardea`, or after "
-        "`source .venv/bin/activate`).",
-        "",
-        "```text",
-        parser.format_help().rstrip(),
-        "```",
-    ]
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for name, command in sub.choices.items():
-        out += ["", f"## ardea {name}", "", "```text", command.format_help().rstrip(), "```"]
-    return "\n".join(out) + "\n"
 
 
 def api_page(package: str) -> str:

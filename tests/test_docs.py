@@ -1,7 +1,10 @@
 """The documentation: the README stays a short guide whose links resolve, the site builds
-strictly (a broken link, a missing reference or any warning fails it), and the generated
-configuration reference holds every key with its help text, type, default and choices."""
+strictly (a broken link, a missing reference or any warning fails it), the pages generated
+from the code (scripts/gen_docs.py) are current, and the configuration reference holds every
+section with its help and every key with its help text, type, default and choices."""
 
+import dataclasses
+import importlib.util
 import os
 import re
 import subprocess
@@ -11,10 +14,21 @@ from pathlib import Path
 import pytest
 
 from ardea.config import config_keys, load_config
-from ardea.config.reference import config_reference_markdown, yaml_value
+from ardea.config.reference import config_reference_markdown, config_sections, yaml_value
 from ardea.errors import ConfigError
 
 REPO = Path(__file__).parents[1]
+
+
+def _gen_docs():
+    """scripts/gen_docs.py, the generator of the pages written from the code."""
+    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "scripts" / "gen_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN_DOCS = _gen_docs()
 README = REPO / "README.md"
 #: a Markdown link's target: [text](target) or ![alt](target)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -44,6 +58,13 @@ def test_every_how_to_guide_is_one_click_from_the_readme():
     assert not missing, f"how-to guides not linked from README.md: {missing}"
 
 
+def test_the_generated_pages_are_current():
+    """docs/reference/config.md and cli.md, and the generated regions of hand-written pages
+    (lists of registered names), are what scripts/gen_docs.py writes from the code now."""
+    stale = GEN_DOCS.stale()
+    assert not stale, f"not current: {stale}; run `{GEN_DOCS.COMMAND}` and commit the result"
+
+
 def test_every_config_key_is_in_the_reference_with_its_help():
     page = config_reference_markdown()
     for item in config_keys():
@@ -52,9 +73,24 @@ def test_every_config_key_is_in_the_reference_with_its_help():
             (line for line in page.splitlines() if line.startswith(f"| `{item.key}` |")), None
         )
         assert row is not None, f"{item.key} is missing from the configuration reference"
-        assert f"`{yaml_value(item.default)}`" in row.replace("\\|", "|"), (item.key, row)
+        required = item.default is dataclasses.MISSING
+        default = "| required |" if required else f"`{yaml_value(item.default)}`"
+        assert default in row.replace("\\|", "|"), (item.key, row)
         for choice in item.choices or ():
             assert f"`{yaml_value(choice)}`" in row, (item.key, choice)
+
+
+def test_every_config_section_is_in_the_reference_with_its_help():
+    """A section's own help (and a list section's default entries) heads its table."""
+    page = config_reference_markdown()
+    sections = list(config_sections())
+    assert {s.key for s in sections} >= {"model", "algo.ppo", "rollout.vllm", "reward.functions"}
+    for section in sections[1:]:  # the top level has no help of its own
+        assert section.help.strip(), f"config section {section.key} has no help text"
+        text = page.split(f"\n## {section.key}\n", 1)[1].split("\n## ", 1)[0]
+        assert " ".join(section.help.split()).replace("<", "&lt;") in text, section.key
+        if section.is_list:
+            assert f"Default: `{yaml_value(section.default)}`" in text, section.key
 
 
 CHOICE_KEYS = [k for k in config_keys() if k.choices and "[]" not in k.key]
@@ -88,45 +124,30 @@ def test_the_site_builds_strictly_with_every_key_in_its_reference(tmp_path):
     assert (tmp_path / "site" / "reference" / "cli.html").is_file()
 
 
-def _registries() -> dict:
-    """The configure.md "Names" table's keys and the registries that hold their names."""
-    import ardea.agent  # noqa: F401  (registering: environments)
-    import ardea.trainer.strategies  # noqa: F401  (registering: strategies)
-    from ardea.agent.env import ENVIRONMENTS
-    from ardea.algo.advantages import ADVANTAGE_ESTIMATORS
-    from ardea.algo.policy_loss_registry import POLICY_LOSSES
-    from ardea.data.tasks.base import TASKS
-    from ardea.reward.registry import REWARDS
-    from ardea.rollout.engine import ENGINES
-    from ardea.trainer.strategies.base import STRATEGIES
-
-    return {
-        "algo.name": STRATEGIES, "data.task": TASKS, "reward.functions[].name": REWARDS,
-        "algo.ppo.adv_estimator": ADVANTAGE_ESTIMATORS, "algo.policy_loss": POLICY_LOSSES,
-        "agent.env": ENVIRONMENTS, "rollout.engine": ENGINES,
-    }  # fmt: skip
-
-
-def _names_in(row: str) -> set[str]:
-    return set(re.findall(r"`([a-z_0-9]+)`", row))
-
-
-def test_the_names_table_lists_every_registered_name():
-    """docs/howto/configure.md's table of names: each row is its registry, no more, no less."""
-    text = (REPO / "docs" / "howto" / "configure.md").read_text(encoding="utf-8")
-    for key, registry in _registries().items():
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
-        assert _names_in(row.split("|")[2]) == set(registry.names()), key
+def _names_in(text: str) -> list[str]:
+    return re.findall(r"`([a-z_0-9]+)`", text)
 
 
 def test_every_strategy_is_in_the_overview_and_the_algorithms_table():
-    strategies = set(_registries()["algo.name"].names())
+    """The hand-written descriptions of the strategies (the overview's list, algorithms.md's
+    table): one per registered strategy, no more, no less."""
+    strategies = sorted(GEN_DOCS.registries()["algo.name"][0].names())
     index = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
     overview = re.search(r"^- \*\*Strategies\*\*:(.*?)^- ", index, re.S | re.M).group(1)
-    assert strategies <= _names_in(overview)
+    assert sorted(_names_in(overview)) == strategies
     algorithms = (REPO / "docs" / "howto" / "algorithms.md").read_text(encoding="utf-8")
-    rows = {m.group(1) for m in re.finditer(r"^\| `([a-z_]+)` \|", algorithms, re.M)}
-    assert strategies <= rows
+    table = re.search(r"^\| `algo.name` \|.*?\n\n", algorithms, re.S | re.M).group(0)
+    rows = re.findall(r"^\| `([a-z_]+)` \|", table, re.M)
+    assert sorted(rows) == strategies
+
+
+def test_every_reward_function_is_in_the_built_in_table():
+    """rewards.md's hand-written table of the built-in functions: one row per registered
+    reward function, no more, no less."""
+    functions = sorted(GEN_DOCS.registries()["reward.functions[].name"][0].names())
+    rewards = (REPO / "docs" / "howto" / "rewards.md").read_text(encoding="utf-8")
+    table = rewards.split("## Built-in functions", 1)[1].split("\n\n", 2)[1]
+    assert sorted(re.findall(r"^\| `([a-z_]+)` \|", table, re.M)) == functions
 
 
 def test_every_ready_config_is_in_the_table():

@@ -33,7 +33,13 @@ def test_shortened_default_recipe(tmp_path):
     stage_seconds = results["sft"]["wall_seconds"] + results["rl"]["wall_seconds"]
     assert results["wall_seconds"] >= stage_seconds - 0.2  # the whole run spans both stages
     assert results["sft"]["strategy"] == "sft" and results["rl"]["strategy"] == "online_grpo"
-    assert results["sft"]["steps"] == 1600 and results["rl"]["steps"] == 50
+    # RL stops at the first evaluation (every 25 steps) with 99 % held-out accuracy, or at 50
+    rl_steps = results["rl"]["steps"]
+    assert results["sft"]["steps"] == 1600 and rl_steps in (25, 50)
+    if rl_steps < 50:
+        assert results["rl"]["stopped_early"]["step"] == rl_steps and after >= 0.99
+    else:
+        assert "stopped_early" not in results["rl"] or after >= 0.99
     assert before == results["sft"]["accuracy"]  # RL starts from the SFT stage's final policy
     # SFT imitates a demonstrator who drops the top carry three times in four: it answers
     # roughly the half of the problems without one; RL on the verifier's reward fixes that
@@ -47,7 +53,9 @@ def test_shortened_default_recipe(tmp_path):
     losses = [r["train/loss"] for r in sft_records if "train/loss" in r]
     assert losses[-1] < 0.5 * losses[0]  # the SFT stage learned from its demonstrations
     records = read_metrics(run_dir / "rl" / "metrics.jsonl")
-    assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 25, 50]
+    evaluations = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    assert [step for step, _ in evaluations] == list(range(0, rl_steps + 1, 25))
+    assert all(value < 0.99 for _, value in evaluations[:-1])  # it stopped at the first one
     assert any("rollout/reward_mean" in r and "rollout/accuracy" in r for r in records)
     # `ardea eval` on the run directory evaluates the last stage's final policy: the same
     # greedy answers on the same held-out prompts as the run's own last evaluation

@@ -1,10 +1,13 @@
 """Every example command of the README, of the documentation pages (``docs/**/*.md``) and
-of the ready configs' comments runs as written, shortened: through the ``ardea`` command's
-``main`` (in-process, so the suite does not pay an interpreter start per command), in a
-directory that has the repository's ``configs/`` and ``examples/`` and a shortened
-default-recipe run in ``runs/default``. Every ```python block of the README and the pages
-runs there too, as a script of its own, with the checkpoint paths it names pointed at that
-run's final checkpoints."""
+of the ready configs' comments runs as written, in one directory that has the repository's
+``configs/`` and ``examples/``: the README's commands and then the quickstart's first, in
+the order written (as a new user types them), then every other command once. They run
+through the ``ardea`` command's ``main`` (in-process, so the suite does not pay an
+interpreter start per command), shortened by what :func:`shortened` appends and replaces
+(two steps per stage, a tiny model and small batches; this machine's checkpoints for the
+paths of full runs; a free port). No command may fail or overwrite another's run. Every
+```python block of the README and the pages runs there too, as a script of its own, with
+the checkpoint paths it names pointed at the shortened default run's final checkpoints."""
 
 import ast
 import json
@@ -46,13 +49,18 @@ SHORT_TRAIN = [
     "logging.progress=false",
     "logging.tensorboard=false",
 ]
-#: and to a default-recipe run, after any stage values the command gives
-SHORT_STAGES = ["stages.sft.trainer.max_steps=2", "stages.rl.trainer.max_steps=2"]
+#: and to a default-recipe run, after any stage values the command gives (the RL stage's
+#: early stop decides after evaluations, so it keeps some: of eight prompts, each step)
+SHORT_STAGES = [
+    "stages.sft.trainer.max_steps=2",
+    "stages.rl.trainer.max_steps=2",
+    "stages.rl.trainer.eval_every=1",
+]
 SHORT_EVAL = ["data.eval_size=8"]
-#: a checkpoint of the (full) default recipe's run: stage, step
-CHECKPOINT = re.compile(r"runs/default/(\w+)/checkpoints/step_(\d+)/policy")
-#: a checkpoint of another ready config's run (e.g. runs/sft_arithmetic/...)
-OTHER_RUN = re.compile(r"runs/(?!default/)\w+/checkpoints/step_\d+/policy")
+#: a checkpoint of the (full) default recipe's run: stage, step (none for ``best``)
+CHECKPOINT = re.compile(r"runs/default/(\w+)/checkpoints/(?:step_(\d+)|best)/policy")
+#: a checkpoint of another ready config's run (e.g. runs/sft_arithmetic/...): its name
+OTHER_RUN = re.compile(r"runs/(?!default/)(\w+)/checkpoints/step_\d+/policy")
 #: a model directory the README names that this machine does not have
 ELSEWHERE = "/models/Qwen2.5-0.5B-Instruct"
 
@@ -110,8 +118,11 @@ COMMANDS = unique(README_COMMANDS + DOC_COMMANDS)
 CONFIG_COMMENT_COMMANDS = sorted(
     {c for p in (REPO / "configs").glob("*.yaml") for c in commands_in(p.read_text(), comment=True)}
 )
-#: those the README and the pages do not already run
-CONFIG_COMMANDS = unique(COMMANDS + CONFIG_COMMENT_COMMANDS)[len(COMMANDS) :]
+#: a new user's first session: the README's commands, then the quickstart's, as written and
+#: in order, repeats included
+FIRST_SESSION = README_COMMANDS + commands_in((REPO / "docs" / "quickstart.md").read_text())
+#: then every other page's and ready config's command, once
+LATER = unique(FIRST_SESSION + COMMANDS + CONFIG_COMMENT_COMMANDS)[len(unique(FIRST_SESSION)) :]
 #: `ardea train` options that print and exit: nothing is trained
 PRINT_ONLY = {"--print-config", "--help-config"}
 EVERY_COMMAND = {"train", "eval", "generate", "serve", "report", "tasks"}
@@ -140,8 +151,13 @@ def test_checkpoint_paths_named_are_where_the_default_recipe_ends():
     ]
     named = [m for text in texts for m in CHECKPOINT.finditer(text)]
     assert len(named) >= 4
-    for m in named:  # each stage saves its final checkpoint at its last step
-        assert int(m.group(2)) == recipe[m.group(1)]["trainer"]["max_steps"], m.group(0)
+    for m in named:  # each stage saves its final checkpoint at its last step; a stage that
+        trainer = recipe[m.group(1)]["trainer"]  # may stop early is named by its best one
+        if m.group(2) is None:
+            assert trainer["keep_best"], m.group(0)
+        else:
+            assert int(m.group(2)) == trainer["max_steps"], m.group(0)
+            assert "early_stop_target" not in trainer, m.group(0)
 
 
 def test_make_run_is_ardea_train():
@@ -158,7 +174,8 @@ def ardea(*argv: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A directory like the repository's root, with a shortened ``ardea train`` done."""
+    """A directory like the repository's root, with the README's first command done:
+    ``ardea train``, shortened."""
     root = tmp_path_factory.mktemp("readme")
     for name in ("configs", "examples"):
         (root / name).symlink_to(REPO / name)
@@ -172,14 +189,19 @@ def final_policy(root: Path, stage: str) -> str:
     return str(found[-1].relative_to(root) / "policy")
 
 
-def shortened(command: str, index: int, root: Path) -> list[str]:
+def other_policy(root: Path, run: str) -> str:
+    """The final checkpoint's policy of the shortened run ``runs/RUN`` when an earlier
+    command trained it, else the default run's SFT stage's (a stand-in of the same kind)."""
+    found = sorted((root / "runs" / run / "checkpoints").glob("step_*"))
+    return str(found[-1].relative_to(root) / "policy") if found else final_policy(root, "sft")
+
+
+def shortened(command: str, root: Path) -> list[str]:
     """``command`` as argv, on this machine's models, with the shortening appended."""
     command = command.replace(ELSEWHERE, final_policy(root, "sft"))
     command = CHECKPOINT.sub(lambda m: final_policy(root, m.group(1)), command)
-    command = OTHER_RUN.sub(lambda m: final_policy(root, "sft"), command)
+    command = OTHER_RUN.sub(lambda m: other_policy(root, m.group(1)), command)
     argv = [own_checkpoints(a, root) for a in shlex.split(command, comments=True)[1:]]
-    if argv == ["train"]:
-        return []  # the plain default recipe: the fixture's own run
     if argv[0] == "eval":
         return [*argv, *SHORT_EVAL]
     if argv[0] == "serve":  # any free port: the test talks to it, then stops it
@@ -188,6 +210,8 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
         return argv
     staged = not any(a.endswith(".yaml") for a in argv) and "none" not in argv
     extra = SHORT_TRAIN + (SHORT_STAGES if staged else [])
+    if any(a.startswith("trainer.early_stop_") for a in argv):  # it decides on evaluations
+        extra.remove("trainer.eval_every=0")
     if "rollout.engine=vllm" in argv:  # the repository's vLLM, heads vLLM's CPU kernels take
         extra = [*extra, f"rollout.vllm.python={REPO / '.venv-vllm' / 'bin' / 'python'}",
                  "model={hidden_size: 64, num_layers: 1, num_heads: 2, num_kv_heads: 1}"]  # fmt: skip
@@ -196,8 +220,6 @@ def shortened(command: str, index: int, root: Path) -> list[str]:
         teacher = served.removesuffix("engine=vllm")
         extra = [*extra, f"{teacher}python={REPO / '.venv-vllm' / 'bin' / 'python'}",
                  f"{teacher}path={servable_teacher(root)}"]  # fmt: skip
-    if not any(a.startswith("trainer.resume=") for a in argv):
-        extra = [*extra, f"trainer.run_name=readme{index}"]  # beside runs/default
     return [*argv, *extra]
 
 
@@ -323,24 +345,57 @@ def serve_and_talk(argv: list[str], workdir: Path) -> None:
         assert len((workdir / "trajectories.jsonl").read_text().splitlines()) == 1
 
 
+def run_files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root/runs`` (path → size, modification time): what the runs hold."""
+    return {
+        str(p.relative_to(root / "runs")): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in (root / "runs").rglob("*")
+        if p.is_file()
+    }
+
+
+def runs_touched(before: dict, after: dict) -> tuple[set[str], set[str]]:
+    """The run directories (``runs/NAME``) a command created, and those it changed."""
+    top = {path.split("/")[0] for path in before}
+    changed = {path.split("/")[0] for path in before if after.get(path) != before[path]}
+    return {path.split("/")[0] for path in after} - top, changed
+
+
+def test_a_first_session_runs_the_readme_then_the_quickstart():
+    assert FIRST_SESSION[: len(README_COMMANDS)] == README_COMMANDS
+    assert len(FIRST_SESSION) > len(README_COMMANDS) and len(LATER) > 10
+    assert not set(unique(FIRST_SESSION)) & set(LATER)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("index", "command"),
-    list(enumerate(COMMANDS + CONFIG_COMMANDS)),
+    list(enumerate(FIRST_SESSION + LATER)),
     ids=lambda v: v if isinstance(v, int) else " ".join(shlex.split(v, comments=True)),
 )
 def test_example_command_runs(index, command, workdir, monkeypatch):
     env, command = without_env(command)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    argv = shortened(command, index, workdir)
+    argv = shortened(command, workdir) if index else []  # the first: the fixture's own run
+    before = run_files(workdir)
     if argv and argv[0] == "serve":
         serve_and_talk(argv, workdir)
     elif argv:
         ardea(*argv, cwd=workdir)
-    if not argv or (argv[0] == "train" and not PRINT_ONLY & set(argv)):
-        run_name = "default" if not argv or "trainer.resume=auto" in argv else f"readme{index}"
-        assert set(steps_trained(workdir / "runs" / run_name)) == {2}
+    created, changed = runs_touched(before, run_files(workdir))
+    if argv and argv[0] == "train" and not PRINT_ONLY & set(argv):
+        if "trainer.resume=auto" in argv:  # it continues the run it names, and only that one
+            assert not created and changed <= {"default"}, (created, changed)
+            written = "default"
+        else:  # a new directory of its own, beside every run before it
+            assert not changed and len(created) == 1, (created, changed)
+            written = created.pop()
+        assert set(steps_trained(workdir / "runs" / written)) == {2}
+    elif argv and argv[0] == "report":  # it redraws the pictures of the run it names
+        assert not created and changed <= {Path(argv[1]).name}, changed
+    else:
+        assert not created and not changed, (created, changed)
 
 
 def test_the_docs_have_python_snippets():

@@ -156,3 +156,15 @@ def test_missing_empty_and_unset_files(tmp_path):
         make_task("math_jsonl", path=one)
     with pytest.raises(ConfigError, match="test_fraction=1.5"):
         make_task("math_jsonl", path=one, test_fraction=1.5)
+
+
+def test_demonstrate_the_worked_solution(tmp_path):
+    path = write(tmp_path / "p.jsonl", [*problems(9), {"question": "Bare?", "answer": "7"}])
+    plain = make_task("math_jsonl", path=path, test_fraction=0.5)
+    assert all(e.demonstrated == e.answer for e in plain.examples("train", 5))
+    task = make_task("math_jsonl", path=path, test_fraction=0.5, demonstrate="solution")
+    for example in task.examples("train", 5) + task.examples("test", 5):
+        assert example.demonstrated == example.meta["solution"].strip()  # "#### n" included
+        assert task.score(example.demonstrated, example) == 1.0  # and scored right
+    with pytest.raises(ConfigError, match="demonstrate='steps' must be one of: answer, solution"):
+        make_task("math_jsonl", path=path, demonstrate="steps")

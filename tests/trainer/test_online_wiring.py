@@ -489,7 +489,7 @@ def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
                 "rollout.vllm.launch=true",
                 "rollout.vllm.weight_transport=nfs",
             ],
-            r"rollout.vllm.weight_transport='nfs' is not one of file, http",
+            r"rollout.vllm.weight_transport='nfs' is not allowed; choose one of: 'file', 'http'",
         ),
         (
             ["algo.policy_loss=ppo2"],

@@ -117,4 +117,4 @@ def test_a_run_directory_with_checkpoints_is_not_overwritten(tmp_path):
         command(run_dir, "trainer.max_steps=10"), capture_output=True, text=True, timeout=600
     )
     assert again.returncode == 2
-    assert "already holds checkpoints" in again.stderr and "trainer.resume=auto" in again.stderr
+    assert "holds a run of this config" in again.stderr and "trainer.resume=auto" in again.stderr

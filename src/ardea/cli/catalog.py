@@ -66,8 +66,12 @@ def train_epilog() -> str:
     recipe = (
         f"without CONFIG.yaml, `ardea train` runs the default recipe: {_recipe_summary()}. "
         "`--recipe none` runs the top-level config alone instead (built-in defaults plus "
-        "the overrides, one run), e.g. `ardea train --recipe none algo.name=online_grpo "
-        "model.path=DIR`. The default recipe's YAML:"
+        "the overrides, one run; the trainer's defaults suit SFT from scratch, online RL "
+        "wants the RL stage's lr and schedule), e.g. `ardea train --recipe none "
+        "algo.name=online_grpo trainer.lr=2e-4 trainer.lr_schedule=constant "
+        "trainer.max_steps=200 trainer.run_name=grpo model.path=DIR`. A run never writes "
+        "over another: a run directory that holds one gives way to runs/NAME-2, ... "
+        "(trainer.resume=auto continues it). The default recipe's YAML:"
     )
     return "\n".join(
         [

@@ -64,7 +64,9 @@ def resolved_yaml(config: ArdeaConfig) -> str:
     """What will run, checked as a run checks it: the config, or for a staged run each
     stage's fully resolved config as one YAML document per stage."""
     from ardea.trainer import check_config, plan_stages, starts_from_previous
+    from ardea.trainer.run_dirs import claim_run_directory
 
+    config, _ = claim_run_directory(config)  # where it would write: beside a run it holds
     if not config.stages:
         check_config(config)
         return config_to_yaml(config)

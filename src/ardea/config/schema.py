@@ -8,7 +8,7 @@ naming the field and what is allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ardea.config.agent import AgentConfig
@@ -16,15 +16,13 @@ from ardea.config.algo import AlgoConfig
 from ardea.config.fields import check_choices, check_range, option
 from ardea.config.reward import RewardConfig
 from ardea.config.rollout import RolloutConfig
+from ardea.config.trainer import TrainerConfig
 from ardea.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPUTE_DTYPES = ("auto", *DTYPES)
 ATTENTIONS = ("auto", "sdpa", "eager")
 ARCHS = ("qwen2", "llama")
-LR_SCHEDULES = ("constant", "cosine", "linear")
-DISTRIBUTED = ("auto", "none", "ddp", "fsdp2")
-HOST_MEMORY = ("auto", "keep", "release")
 
 
 @dataclass
@@ -131,122 +129,6 @@ class DataConfig:
 
 
 @dataclass
-class TrainerConfig:
-    run_name: str = option("default", "Name of the run; the run directory is runs/<run_name>.")
-    output_dir: str | None = option(None, "Run directory; null means runs/<run_name>.")
-    max_steps: int = option(2500, "Optimizer steps to run.")
-    batch_size: int = option(64, "Sequences per optimizer step (summed over accumulation).")
-    grad_accum_steps: int = option(1, "Micro-batches per optimizer step.")
-    lr: float = option(3e-3, "Peak learning rate (AdamW).")
-    weight_decay: float = option(0.01, "AdamW weight decay.")
-    adam_betas: list[float] = option(help="AdamW betas.", factory=lambda: [0.9, 0.98])
-    lr_schedule: str = option(
-        "cosine", "Learning-rate schedule: constant, cosine or linear.", choices=LR_SCHEDULES
-    )
-    warmup_steps: int = option(100, "Linear warm-up steps from 0 to the peak learning rate.")
-    min_lr_ratio: float = option(0.1, "Final learning rate as a fraction of the peak.")
-    max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = off).")
-    eval_every: int = option(500, "Evaluate every N steps (0 = only at the end).")
-    eval_samples: int = option(
-        0,
-        "Sampled completions per held-out task prompt at each evaluation, at "
-        "rollout.temperature / top_p / top_k: eval/avg@n, eval/pass@k and eval/maj@k beside "
-        "the greedy eval/accuracy (0 = greedy only).",
-    )
-    eval_k: int = option(
-        0, "k of eval/pass@k and eval/maj@k, at most trainer.eval_samples (0 = eval_samples)."
-    )
-    save_every: int = option(1000, "Save a checkpoint every N steps (0 = only at the end).")
-    keep_last: int = option(2, "Checkpoints kept on disk (older ones are deleted).")
-    keep_best: bool = option(
-        False,
-        "Also keep the checkpoint of the best evaluation so far in checkpoints/best/ "
-        "(by eval/accuracy, else eval/success_rate, else eval/reward_mean); results.json "
-        "names it (best_checkpoint, best_step) beside the last one (checkpoint).",
-    )
-    seed: int = option(0, "Seed for model init, data order and sampling.")
-    device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available).")
-    num_threads: int = option(0, "CPU threads for torch (0 = torch's default).")
-    host_memory: str = option(
-        "auto",
-        "What the process does with freed host memory: keep (raise glibc's mmap and trim "
-        "thresholds so a step reuses the memory the last one freed instead of faulting fresh "
-        "pages in; resident memory stays at its peak), release (the C library's default) or "
-        "auto (keep where the C library is glibc).",
-        choices=HOST_MEMORY,
-    )
-    resume: str = option(
-        "never",
-        "never (refuse a run directory with checkpoints), auto (continue from the last "
-        "complete checkpoint, or start fresh) or a checkpoint directory.",
-    )
-    max_nonfinite_steps: int = option(
-        5,
-        "Stop after this many consecutive steps with a NaN/Inf loss or gradient (each is skipped).",
-    )
-    max_train_seconds: float = option(
-        0.0,
-        "Also stop once training steps have taken this many seconds (evaluations and "
-        "checkpoints not counted), then evaluate and save as at max_steps; 0 = no limit.",
-    )
-    distributed: str = option(
-        "auto",
-        "Data parallelism under torchrun: fsdp2 (policy, critic and frozen copies sharded "
-        "with fully_shard), ddp (replicated, gradients all-reduced), none (one process), or "
-        "auto (none for one process, fsdp2 when torchrun starts several).",
-        choices=DISTRIBUTED,
-    )
-    dist_timeout_s: float = option(
-        60.0,
-        "Seconds a collective waits for the other ranks before the run fails with an error "
-        "(a rank that died or hangs); also the process-group set-up timeout.",
-    )
-
-    def __post_init__(self) -> None:
-        check_choices(self, "trainer")
-        check_range("trainer.max_steps", self.max_steps, low=1)
-        check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, low=1)
-        check_range("trainer.max_train_seconds", self.max_train_seconds, low=0.0)
-        check_range("trainer.batch_size", self.batch_size, low=1)
-        check_range("trainer.grad_accum_steps", self.grad_accum_steps, low=1)
-        if self.batch_size % self.grad_accum_steps:
-            raise ConfigError(
-                f"trainer.batch_size={self.batch_size} must be divisible by "
-                f"trainer.grad_accum_steps={self.grad_accum_steps} "
-                "(each micro-batch holds batch_size / grad_accum_steps sequences)"
-            )
-        check_range("trainer.lr", self.lr, low=0.0, low_open=True)
-        check_range("trainer.weight_decay", self.weight_decay, low=0.0)
-        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
-            raise ConfigError(
-                f"trainer.adam_betas={list(self.adam_betas)} must be two numbers in [0, 1)"
-            )
-        check_range("trainer.warmup_steps", self.warmup_steps, low=0)
-        check_range("trainer.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
-        check_range("trainer.max_grad_norm", self.max_grad_norm, low=0.0)
-        check_range("trainer.eval_every", self.eval_every, low=0)
-        check_range("trainer.eval_samples", self.eval_samples, low=0)
-        if self.eval_k and not self.eval_samples:
-            raise ConfigError(
-                f"trainer.eval_k={self.eval_k} needs sampled completions: set "
-                "trainer.eval_samples (n >= k)"
-            )
-        check_range("trainer.eval_k", self.eval_k, low=0, high=max(self.eval_samples, 0))
-        check_range("trainer.save_every", self.save_every, low=0)
-        check_range("trainer.keep_last", self.keep_last, low=1)
-        check_range("trainer.num_threads", self.num_threads, low=0)
-        check_range("trainer.dist_timeout_s", self.dist_timeout_s, low=0.0, low_open=True)
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ConfigError(
-                f"trainer.device={self.device!r} is not allowed; choose auto, cpu, cuda or cuda:N"
-            )
-        if not self.run_name or "/" in self.run_name:
-            raise ConfigError(
-                f"trainer.run_name={self.run_name!r} must be a non-empty name without '/'"
-            )
-
-
-@dataclass
 class LoggingConfig:
     tensorboard: bool = option(True, "Write TensorBoard events into the run directory.")
     log_every: int = option(10, "Write training metrics every N steps.")
@@ -272,14 +154,43 @@ class LoggingConfig:
 
 @dataclass
 class ArdeaConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    model: ModelConfig = option(
+        help="The policy: a local Hugging Face model directory, or the tiny default model "
+        "built in code (its shape below); its dtypes, attention kernel and LoRA.",
+        factory=ModelConfig,
+    )
+    data: DataConfig = option(
+        help="What the run trains and evaluates on: a built-in task or data files.",
+        factory=DataConfig,
+    )
+    algo: AlgoConfig = option(
+        help="The training strategy (algo.name) and its options.", factory=AlgoConfig
+    )
+    rollout: RolloutConfig = option(
+        help="How online RL (and sampled evaluation) generates: the engine, sampling, "
+        "group size, staleness and partial rollouts.",
+        factory=RolloutConfig,
+    )
+    reward: RewardConfig = option(
+        help="How online RL scores completions: the reward functions, their timeout and "
+        "what a failing one does, the overlong penalty.",
+        factory=RewardConfig,
+    )
+    trainer: TrainerConfig = option(
+        help="The optimisation loop: steps, batch, optimizer and schedule, evaluation, "
+        "checkpoints, device and processes.",
+        factory=TrainerConfig,
+    )
+    logging: LoggingConfig = option(
+        help="Where metrics go (metrics.jsonl always; TensorBoard, Weights & Biases), the "
+        "progress bar and the report drawn at the end.",
+        factory=LoggingConfig,
+    )
+    agent: AgentConfig = option(
+        help="Multi-turn agent runs: an environment or an agent workflow played instead of "
+        "single prompts.",
+        factory=AgentConfig,
+    )
     stages: dict[str, Any] = option(
         help="Run these stages one after the other, in order: name -> overrides of the "
         "sections above (e.g. {sft: {algo: {name: sft}}, rl: {algo: {name: online_grpo}}}); "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ardea.config.fields import check_range, option
+from ardea.config.fields import check_choices, check_range, option
 from ardea.errors import ConfigError
 
 WEIGHT_TRANSPORTS = ("file", "http")
@@ -39,6 +39,7 @@ class VLLMConfig:
         "file's bytes in the reload request itself: no shared disk; a server you start needs "
         "--worker-extension-cls ardea_weights.WeightUpload with ardea's vllm_extension folder "
         "on its PYTHONPATH, a launched one gets both).",
+        choices=WEIGHT_TRANSPORTS,
     )
     python: str = option(
         ".venv-vllm/bin/python",
@@ -66,6 +67,7 @@ class VLLMConfig:
     )
 
     def __post_init__(self) -> None:
+        check_choices(self, "rollout.vllm")
         if not isinstance(self.urls, list) or not all(
             isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.urls
         ):
@@ -76,11 +78,6 @@ class VLLMConfig:
         check_range("rollout.vllm.startup_timeout_s", self.startup_timeout_s, low=0.0, low_open=True)  # fmt: skip
         check_range("rollout.vllm.max_restarts", self.max_restarts, low=0)
         check_range("rollout.vllm.servers", self.servers, low=1)
-        if self.weight_transport not in WEIGHT_TRANSPORTS:
-            raise ConfigError(
-                f"rollout.vllm.weight_transport={self.weight_transport!r} is not one of "
-                f"{', '.join(WEIGHT_TRANSPORTS)}"
-            )
         if self.servers > 1 and not self.launch:
             raise ConfigError(
                 f"rollout.vllm.servers={self.servers} starts servers only with "

@@ -8,8 +8,9 @@ step is the RL step of :mod:`ardea.trainer.step.rl_step` (generate → score →
 advantages → updates → weight_sync). Each phase is timed under its own name
 (``perf/time_<phase>``). Then ``log``; evaluation and checkpoints follow on their cadence.
 An update whose loss or gradient is NaN/Inf is skipped and counted; too many in a row stop
-the run with the last good state saved. A run ends at ``trainer.max_steps`` or when
-``trainer.max_train_seconds`` of training time are spent.
+the run with the last good state saved. A run ends at ``trainer.max_steps``, when
+``trainer.max_train_seconds`` of training time are spent, or at the evaluation where the
+early stop (:mod:`ardea.trainer.early_stop`) says it has learned.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from typing import Any
 
 import torch
 
-from ardea.config import ArdeaConfig, config_to_yaml
+from ardea.config import ArdeaConfig
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model.flops import COUNTER
-from ardea.model.lora import is_lora, load_policy_weights
+from ardea.model.lora import is_lora
 from ardea.rollout import EngineSpec, GenerationEngine, make_engine, own_copy
-from ardea.trainer.checkpoint import BEST_DIR, checkpoint_dir, load_trainer_state, save_checkpoint
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
+from ardea.trainer.early_stop import EarlyStop
 from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.frozen_heap import frozen_heap
 from ardea.trainer.host_memory import keep_freed_memory
@@ -42,19 +43,18 @@ from ardea.trainer.results import finish_run
 from ardea.trainer.rollouts.agent_runs import AgentEvaluation, agent_rows, episode_runner
 from ardea.trainer.rollouts.runners import make_runner
 from ardea.trainer.rollouts.service import RolloutService
+from ardea.trainer.run_checkpoint import restore_run, save_run
+from ardea.trainer.run_dirs import prepare_run_directory, run_directory
 from ardea.trainer.setup import (
     build_trainable_policy,
     check_distributed,
     context_length,
-    prepare_run_directory,
     probe_shapes,
     resolve_device,
     resolve_precision,
     resume_checkpoint,
-    run_directory,
     seed_everything,
 )
-from ardea.trainer.state import restore_rng_state, rng_state
 from ardea.trainer.step.rl_step import RLStep
 from ardea.trainer.step.updates import PhaseTimer, Updater, step_throughput
 from ardea.trainer.strategies import strategy_class
@@ -114,8 +114,12 @@ class Trainer:
         self.history: dict[str, list[list[float]]] = {}
         self.best: dict[str, Any] | None = None  # step and metric of checkpoints/best/
         self.profile = StepProfile(shapes)  # this invocation's steps (like its wall time)
+        self.early_stop = EarlyStop.of(trainer)
+        self.stopped: str | None = None  # why the early stop ended the run
         if self.resume_from is not None:
-            self._restore(self.resume_from)
+            restore_run(self, self.resume_from)
+            if self.early_stop is not None and self.history:  # a run that stopped stays so
+                self.stopped = self.early_stop.verdict(self.history)
 
     def _build_rollouts(self, engine: GenerationEngine | None, *, online: bool, held_out) -> None:
         """The rollout service on ``engine`` (online runs: rollouts from the live policy,
@@ -151,7 +155,7 @@ class Trainer:
             return None
         if self.strategy_head != "causal_lm":  # a reward model's run generates nothing, but
             if self.dist.mode == "fsdp2" and is_lora(policy):  # its checkpoints merge a copy
-                self._engine_module = own_copy(policy)
+                self.engine_module = own_copy(policy)
             return None
         config = self.config
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
@@ -163,14 +167,14 @@ class Trainer:
             options=dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {},
             work_dir=self.run_dir / "engine",
         )
-        self._engine_module = own_copy(policy) if self.dist.active else policy
-        return make_engine(config.rollout.engine, self.engine_spec, module=self._engine_module)
+        self.engine_module = own_copy(policy) if self.dist.active else policy
+        return make_engine(config.rollout.engine, self.engine_spec, module=self.engine_module)
 
     def _make_worker_engine(self, version: int) -> GenerationEngine:
         """An engine on its own copy of the live engine's weights (at ``version``), for the
         background worker."""
         spec = dataclasses.replace(self.engine_spec, work_dir=str(self.run_dir / "worker_engine"))
-        module = own_copy(self._engine_module)
+        module = own_copy(self.engine_module)
         return make_engine(self.config.rollout.engine, spec, module=module, version=version)
 
     def _wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
@@ -210,57 +214,9 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def save(self, *, best: bool = False) -> Path:
-        """Write a checkpoint: every rank gathers its shards (collectives), rank 0 writes
-        and renames it into place, the others wait until it has. ``best``: into
-        ``checkpoints/best/`` (``trainer.keep_best``), replacing the one there."""
-        state = {
-            "step": self.step,
-            "train_seconds": self.train_seconds,
-            "updater": self.updater.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
-            "history": self.history,
-            "best": self.best,
-            "rollouts": self.service.state_dict() if self.rl is not None else {},
-            "config_yaml": config_to_yaml(self.config),
-        }
-        policy_state = full_state_dict(self.policy, cpu=True) if self.dist.active else None
-        modules = self.updater.module_weights()
-        path = checkpoint_dir(self.run_dir, BEST_DIR if best else self.step)
-        if self.dist.is_main:
-            policy = unwrap(self.policy)
-            if self.dist.mode == "fsdp2" and is_lora(policy):  # shards: merge a whole copy
-                policy = own_copy(self._engine_module)
-                policy.load_state_dict(policy_state)
-            path = save_checkpoint(
-                self.run_dir,
-                self.step,
-                policy=policy,
-                tokenizer=self.tokenizer,
-                state=state,
-                keep_last=self.config.trainer.keep_last,
-                policy_state=policy_state,
-                save_extra=lambda directory: self.updater.save_modules(directory, modules),
-                final=path,
-            )
-        self.dist.after_main()
-        return path
-
-    def _restore(self, checkpoint: Path) -> None:
-        """Every rank reads the checkpoint (whole weights and optimizer state, written at any
-        world size) and keeps its shards; the RNG state is rank 0's."""
-        state = load_trainer_state(checkpoint)
-        load_policy_weights(unwrap(self.policy), checkpoint)
-        self.updater.load_modules(checkpoint)
-        self.updater.load_state_dict(state["updater"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.step = int(state["step"])
-        self.train_seconds = float(state.get("train_seconds", 0.0))
-        self.history = state["history"]
-        self.best = state.get("best")
-        if self.rl is not None:
-            self.service.load_state_dict(state["rollouts"])
-        restore_rng_state(state["rng"])
+        """Write a checkpoint (:func:`~ardea.trainer.run_checkpoint.save_run`); ``best``:
+        into ``checkpoints/best/`` (``trainer.keep_best``), replacing the one there."""
+        return save_run(self, best=best)
 
     # ------------------------------------------------------------------ a step
     def train_step(self) -> dict[str, float]:
@@ -280,9 +236,10 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def _done(self) -> bool:
-        """max_steps reached, or the trainer.max_train_seconds budget spent."""
+        """max_steps reached, the trainer.max_train_seconds budget spent, or stopped early."""
         budget = self.config.trainer.max_train_seconds
-        return self.step >= self.config.trainer.max_steps or 0 < budget <= self.train_seconds
+        over = self.step >= self.config.trainer.max_steps or 0 < budget <= self.train_seconds
+        return over or self.stopped is not None
 
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0 and not self._done()
@@ -303,6 +260,10 @@ class Trainer:
         progress.print(
             f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         )
+        if self.early_stop is not None:  # rank 0's verdict, for every rank
+            self.stopped = self.dist.broadcast(self.early_stop.verdict(self.history))
+            if self.stopped is not None:
+                progress.print(f"early stop at step {self.step}: {self.stopped}")
         verdict = judge(self.history, self.step)
         if verdict is None:
             return
@@ -372,10 +333,10 @@ class Trainer:
                     progress.print(f"resumed from {self.resume_from} at step {self.step}")
                 else:
                     self._evaluate(logger, progress)
-                finished = self._done()  # resumed from the final checkpoint
+                finished = self.resume_from is not None and self._done()  # from the final one
                 with frozen_heap():
                     self._loop(logger, progress)
-                if not finished:
+                if not finished and self.stopped is None:  # a stop follows an evaluation
                     self._evaluate(logger, progress)
             checkpoint = self.resume_from if finished else self.save()
         except Exception as error:

@@ -85,6 +85,8 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         results["best_step"] = step
         results["best_metric"] = name
         results["best_value"] = next(v for s, v in trainer.history[name] if s == step)
+    if trainer.stopped is not None:  # trainer.early_stop_*
+        results["stopped_early"] = {"step": trainer.step, "reason": trainer.stopped}
     results["run_dir"] = str(trainer.run_dir)
     results["profile"] = trainer.profile.summary(trainer.profile.rates(precision))
     write_results(trainer.run_dir, results)

@@ -1,4 +1,4 @@
-"""Run set-up: device, seeds, the run directory, and the policy named by the config."""
+"""Run set-up: device, seeds, the checkpoint to resume, and the policy named by the config."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ardea.config import ArdeaConfig, ModelConfig, config_to_yaml
+from ardea.config import ArdeaConfig, ModelConfig
 from ardea.errors import ArdeaError, ConfigError
 from ardea.model import (
     Precision,
@@ -41,18 +41,6 @@ def resolve_device(name: str, field: str = "trainer.device") -> torch.device:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def run_directory(config: ArdeaConfig) -> Path:
-    return Path(config.trainer.output_dir or Path("runs") / config.trainer.run_name)
-
-
-def prepare_run_directory(config: ArdeaConfig) -> Path:
-    """Create the run directory and write the fully resolved ``config.yaml`` into it."""
-    run_dir = run_directory(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(config), encoding="utf-8")
-    return run_dir
 
 
 def build_policy(

@@ -38,7 +38,12 @@ from ardea.trainer.distributed import is_main_process
 from ardea.trainer.loop import Trainer
 from ardea.trainer.report import draw_stages_report
 from ardea.trainer.results import print_results, write_results
-from ardea.trainer.setup import prepare_run_directory, run_directory
+from ardea.trainer.run_dirs import (
+    announce,
+    claim_run_directory,
+    prepare_run_directory,
+    run_directory,
+)
 from ardea.trainer.stage_refs import check_references, resolve_references
 from ardea.trainer.strategies import strategy_class
 
@@ -46,10 +51,13 @@ from ardea.trainer.strategies import strategy_class
 def run(config: ArdeaConfig) -> dict[str, Any]:
     """Train ``config``: one run, or its stages in order; returns the results.
 
-    Every name the config gives (strategy, task, reward functions, model directory) is
+    The run's directory is claimed first (:func:`~ardea.trainer.run_dirs.claim_run_directory`:
+    a new one beside a run it would overwrite). Every name the config gives (strategy, task, reward functions, model directory) is
     checked first, for every stage, before anything is trained or written.
     """
     try:
+        config, note = claim_run_directory(config)
+        announce(note)
         if not config.stages:
             check_config(config)
             return Trainer(config).train()

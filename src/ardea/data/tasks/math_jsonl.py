@@ -3,8 +3,10 @@
 The format is GSM8K's: ``answer`` is a worked solution ending in ``#### 42``; the final
 answer is the text after the last ``####`` (or the whole answer when there is none).
 Each :class:`Example` has the question plus a short instruction as its prompt, the final
-answer as its ``answer`` (what SFT demonstrations and answer-based rewards use), and
-``meta = {"question", "solution": <full answer text>, "source": "<file> line <n>"}``.
+answer as its ``answer`` (what answer-based rewards and evaluation check), and
+``meta = {"question", "solution": <full answer text>, "source": "<file> line <n>"}``. SFT
+trains on the final answer alone, or with ``demonstrate="solution"`` on the whole worked
+solution (its ``#### 42`` line included: the example's ``demonstration``).
 
 The held-out split is either a second file (``test_path``) or a ``test_fraction`` of the
 distinct questions: those with the smallest keyed hash of their text under the seed, so
@@ -30,6 +32,7 @@ from ardea.data.tasks.base import SPLITS, Example, Task, register_task
 from ardea.errors import ArdeaError, ConfigError
 
 DEFAULT_INSTRUCTION = "End your answer with the final number."
+DEMONSTRATIONS = ("answer", "solution")
 
 
 def final_answer(answer: str) -> str:
@@ -37,7 +40,7 @@ def final_answer(answer: str) -> str:
     return answer.rpartition("####")[2].strip()
 
 
-def _problem(record: Record, instruction: str) -> Example:
+def _problem(record: Record, instruction: str, solution: bool) -> Example:
     data = record.data
     for key in ("question", "answer"):
         if key not in data:
@@ -55,13 +58,14 @@ def _problem(record: Record, instruction: str) -> Example:
         raise record.error("'answer' has no final answer (nothing after '####')")
     prompt = f"{question.strip()}\n{instruction}" if instruction else question.strip()
     meta = {"question": question.strip(), "solution": str(answer), "source": record.where}
-    return Example(prompt, final, meta)
+    demonstration = str(answer).strip() if solution and str(answer).strip() != final else None
+    return Example(prompt, final, meta, demonstration)
 
 
-def _read(path: str, instruction: str, what: str) -> list[Example]:
+def _read(path: str, instruction: str, what: str, solution: bool = False) -> list[Example]:
     if not isinstance(path, (str, Path)) or not str(path):
         raise ConfigError(f"data.task_args.{what}={path!r} must name a local JSONL file")
-    return [_problem(record, instruction) for record in read_records(path)]
+    return [_problem(record, instruction, solution) for record in read_records(path)]
 
 
 @register_task("math_jsonl")
@@ -76,6 +80,8 @@ class MathJsonlTask(Task):
             all training data).
         instruction: appended to each question on its own line ('' for none).
         seed: seed of the split and of the order of examples.
+        demonstrate: what SFT trains on: ``answer`` (the final answer alone) or
+            ``solution`` (the whole worked solution, its ``#### 42`` line included).
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class MathJsonlTask(Task):
         test_path: str | None = None,
         instruction: str = DEFAULT_INSTRUCTION,
         seed: int = 0,
+        demonstrate: str = "answer",
     ) -> None:
         if test_path is not None and test_fraction is not None:
             raise ConfigError(
@@ -93,8 +100,13 @@ class MathJsonlTask(Task):
             )
         if test_fraction is not None and not 0.0 < test_fraction < 1.0:
             raise ConfigError(f"data.task_args.test_fraction={test_fraction!r} must be in (0, 1)")
+        if demonstrate not in DEMONSTRATIONS:
+            raise ConfigError(
+                f"data.task_args.demonstrate={demonstrate!r} must be one of: "
+                + ", ".join(DEMONSTRATIONS)
+            )
         self.seed = seed
-        problems = _read(path, instruction, "path")
+        problems = _read(path, instruction, "path", demonstrate == "solution")
         if test_path is not None:
             self._splits = {"train": problems, "test": _read(test_path, instruction, "test_path")}
         else:
