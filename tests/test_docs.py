@@ -150,6 +150,27 @@ def test_every_reward_function_is_in_the_built_in_table():
     assert sorted(re.findall(r"^\| `([a-z_]+)` \|", table, re.M)) == functions
 
 
+#: config keys whose help text lists the registered names it takes (``algo.name``'s says
+#: "seq, sft, dpo, grpo, ..." and ``data.task``'s points at ``ardea tasks``: not lists)
+HELP_LISTS = [
+    "agent.env",
+    "algo.policy_loss",
+    "algo.ppo.adv_estimator",
+    "reward.functions[].name",
+    "rollout.engine",
+]
+
+
+@pytest.mark.parametrize("key", HELP_LISTS)
+def test_a_help_text_that_lists_registered_names_lists_every_one(key):
+    """The help of a key that takes a registered name (``ardea train --help-config``, the
+    configuration reference) names each registered one: a new name cannot go unlisted."""
+    help_text = next(item.help for item in config_keys() if item.key == key)
+    registry = GEN_DOCS.registries()[key][0]
+    words = set(re.findall(r"[a-z_0-9]+", help_text))
+    assert set(registry.names()) <= words, (key, set(registry.names()) - words)
+
+
 def test_every_ready_config_is_in_the_table():
     text = (REPO / "docs" / "howto" / "configure.md").read_text(encoding="utf-8")
     table = text.split("## Ready configs", 1)[1].split("\n## ", 1)[0]
