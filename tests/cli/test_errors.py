@@ -3,6 +3,10 @@
 import pytest
 from cli_testing import run_cli
 
+# each case starts the real command in a fresh interpreter (5-10 s with its imports): the
+# whole suite runs them, the edit-test loop (make test-fast) leaves them out
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize(
     ("args", "needle"),
