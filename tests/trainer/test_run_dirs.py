@@ -1,6 +1,8 @@
 """Where a run writes: never over another run. The runs here are their config.yaml files,
 written as a run writes them (nothing is trained: the claim reads only those)."""
 
+from pathlib import Path
+
 import pytest
 
 from ardea.cli.main import main
@@ -75,6 +77,13 @@ def test_a_named_output_dir_is_never_renamed(tmp_path):
         claim_run_directory(
             load_config(None, [f"trainer.output_dir={tmp_path / 'mine'}", "data.task=arithmetic"])
         )
+
+
+def test_checkpoints_without_a_config_are_a_run_too():
+    (Path("runs") / "default" / "checkpoints").mkdir(parents=True)
+    config, note = claim_run_directory(recipe())
+    assert config.trainer.output_dir == "runs/default-2"
+    assert note.startswith("runs/default holds a run without its config.yaml; this run")
 
 
 def test_print_config_shows_where_the_run_would_write(capsys):

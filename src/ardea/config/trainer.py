@@ -62,8 +62,11 @@ class TrainerConfig:
     )
     resume: str = option(
         "never",
-        "never (refuse a run directory with checkpoints), auto (continue from the last "
-        "complete checkpoint, or start fresh) or a checkpoint directory.",
+        "never (start afresh: a runs/<run_name> that holds a run gives way to "
+        "runs/<run_name>-2, ...; a named output_dir that holds one is an error), auto "
+        "(continue the run there from its last complete checkpoint, if its config is this "
+        "one but for step counts, cadences, the early stop, threads, devices and logging; "
+        "or start fresh) or a checkpoint directory (its state, in a directory as for never).",
     )
     max_nonfinite_steps: int = option(
         5,

@@ -136,6 +136,8 @@ def claim_run_directory(config: ArdeaConfig) -> tuple[ArdeaConfig, str | None]:
         f"{shown(differences[0][2])} here)"
         if differences
         else "a run of this config"
+        if held
+        else "a run without its config.yaml"
     )
     if config.trainer.output_dir:
         raise ArdeaError(
