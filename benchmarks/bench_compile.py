@@ -9,7 +9,7 @@ The work is the GRPO benchmark's (:mod:`grpo_workload`: ``prompts × group`` com
 ``new_tokens`` forced tokens after a 2- or 3-digit addition prompt):
 
 - **decode**: the in-process engine generates the rollout with its compact decode step
-  (:class:`ardea.rollout.fast_decode.FastDecoder`) as it is, and with the step compiled with
+  (:class:`ardea.rollout.engines.inprocess.fast_decode.FastDecoder`) as it is, and with the step compiled with
   dynamic shapes (rows leave the batch as they finish, the KV cache grows). Both sides run
   the engine's batch loop under ``torch.no_grad``: under ``torch.inference_mode``, where
   ``generate`` runs it, torch 2.13's compiler rejects the step's inputs ("Cannot set
@@ -39,7 +39,7 @@ from grpo_workload import SMOKE, WORKLOADS, Workload, build_model
 
 from ardea.model import sequence_logprobs
 from ardea.rollout.engine import SamplingParams
-from ardea.rollout.inprocess import InProcessEngine
+from ardea.rollout.engines.inprocess.engine import InProcessEngine
 
 
 def build(work: Workload):

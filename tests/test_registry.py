@@ -101,7 +101,7 @@ def test_every_registry_takes_a_dotted_path_to_a_registered_entry():
         (env_class, "guess_number", "ardea.agent.builtin_envs.GuessNumber"),
         (get_advantage_estimator, "rloo", "ardea.algo.advantages.rloo_advantages"),
         (get_policy_loss, "gspo", "ardea.algo.policy_loss_registry.gspo_loss"),
-        (engine_factory, "in_process", "ardea.rollout.inprocess.in_process_engine"),
+        (engine_factory, "in_process", "ardea.rollout.engines.inprocess.engine.in_process_engine"),
     ]
     for lookup, name, path in pairs:
         assert lookup(path) is lookup(name), path

@@ -13,8 +13,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ardea.model import sequence_logprobs
 from ardea.model.flops import COUNTER, FlopCounter, ModelFlops, model_flops
-from ardea.rollout.engine import SamplingParams
-from ardea.rollout.inprocess import InProcessEngine
+from ardea.rollout.engine import Request, SamplingParams
+from ardea.rollout.engines.inprocess.engine import InProcessEngine
 
 NOTHING = dict.fromkeys(FlopCounter.KINDS, 0.0)  # a count with nothing added
 
@@ -85,6 +85,21 @@ def test_a_generation_counts_each_prompt_once_then_one_token_per_step():
     steps_2 = 2 * 576 * 3 + 4 * 8 * (3 + 4 + 5) + 2 * 80 * 3
     decode = prefill + 2 * steps_3 + 2 * steps_2
     assert COUNTER.since(before) == {**NOTHING, "decode": decode}
+
+
+def test_requests_are_counted_as_a_batch_call_is():
+    """Generation is counted where rows join and leave the engine's batch, so requests (an
+    agent's calls) count as a batch call of the same rows does."""
+    model = tiny()
+    engine = InProcessEngine(model, pad_token_id=0, eos_token_ids=9)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, min_new_tokens=4, seed=0)
+    before = COUNTER.totals()
+    handles = engine.submit_all([Request([1, 2, 3], params, 0), Request([4, 5], params, 1)])
+    assert [len(c.token_ids) for c in engine.wait(handles)] == [4, 4]
+    prefill = (2 * 576 * 3 + 2 * 8 * 3 * 4 + 2 * 80) + (2 * 576 * 2 + 2 * 8 * 2 * 3 + 2 * 80)
+    steps_3 = 2 * 576 * 3 + 4 * 8 * (4 + 5 + 6) + 2 * 80 * 3
+    steps_2 = 2 * 576 * 3 + 4 * 8 * (3 + 4 + 5) + 2 * 80 * 3
+    assert COUNTER.since(before) == {**NOTHING, "decode": prefill + steps_3 + steps_2}
 
 
 def test_counts_added_from_threads_all_arrive():

@@ -10,7 +10,7 @@ from tiny_models import small_model
 from ardea.model import build_char_tokenizer, sequence_logprobs
 from ardea.model.logprobs import truncated
 from ardea.rollout import EngineSpec, SamplingParams, make_engine
-from ardea.rollout.sampling import next_tokens
+from ardea.rollout.engines.inprocess.sampling import next_tokens
 
 
 def test_top_p_by_hand():

@@ -7,7 +7,7 @@ from rollout_models import EOS, PAD, make_model
 
 from ardea.model import Precision
 from ardea.rollout import InProcessEngine, SamplingParams
-from ardea.rollout.fast_decode import fast_decoder
+from ardea.rollout.engines.inprocess.fast_decode import fast_decoder
 
 PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
 
@@ -86,7 +86,7 @@ def test_bfloat16_compute_stays_close_to_the_float32_distribution():
 def test_rms_norm_equals_the_hugging_face_module_bit_for_bit(dtype):
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-    from ardea.rollout.fast_decode import _rms_norm
+    from ardea.rollout.engines.inprocess.fast_decode import _rms_norm
 
     gen = torch.Generator().manual_seed(3)
     module = Qwen2RMSNorm(96, eps=1e-6).to(dtype)
@@ -102,7 +102,7 @@ def test_rope_on_query_and_key_heads_at_once_equals_rotate_half():
     apply_rotary_pos_emb on the same bf16 heads and float32 factors: equal bit for bit."""
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-    from ardea.rollout.fast_decode import rotate
+    from ardea.rollout.engines.inprocess.fast_decode import rotate
 
     model = make_model("qwen2")
     fast = fast_decoder(model, torch.bfloat16)

@@ -11,9 +11,9 @@ from ardea.rollout import (
     GenerationEngine,
     InProcessEngine,
     SamplingParams,
-    inprocess,
-    kv_cache,
 )
+from ardea.rollout.engines.inprocess import engine as inprocess
+from ardea.rollout.engines.inprocess import kv_cache
 
 
 def engine_for(model, **kwargs) -> InProcessEngine:

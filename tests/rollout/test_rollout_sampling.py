@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ardea.model.truncation import top_k_filter, top_p_filter
-from ardea.rollout.sampling import (
+from ardea.rollout.engines.inprocess.sampling import (
     next_tokens,
     sample_inverse_cdf,
     sampling_logits,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-import ardea.rollout.vllm_requests as vllm_requests
+import ardea.rollout.engines.vllm.requests as vllm_requests
 from ardea.rollout import Request, SamplingParams
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ardea.rollout.vllm_requests import _event_lines
+from ardea.rollout.engines.vllm.requests import _event_lines
 
 
 class Chunks:

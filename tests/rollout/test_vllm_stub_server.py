@@ -4,7 +4,7 @@ The servers here are stubs: small HTTP servers (``http.server`` on 127.0.0.1) th
 exactly the endpoints ``rollout.engine=vllm`` calls on servers the user started
 (``rollout.vllm.urls``): the start-up checks (``/server_info``, ``/v1/models``), weight
 reloads (``/collective_rpc``, ``/reset_prefix_cache``), ``/v1/load_lora_adapter`` and
-streamed ``/v1/completions`` in the shape :mod:`ardea.rollout.vllm_requests` parses (token
+streamed ``/v1/completions`` in the shape :mod:`ardea.rollout.engines.vllm.requests` parses (token
 ids, log-probs, finish reason), and record every request (path, JSON body) per server. The
 faults these tests catch are in ardea's routing and in the requests ardea sends, not in
 vLLM, so a stub that records them is enough and the tests run on a CPU in seconds; the
@@ -32,14 +32,14 @@ from safetensors.torch import load as load_safetensors
 from ardea.model import build_char_tokenizer, build_tiny_model
 from ardea.model.lora import apply_lora
 from ardea.rollout import EngineSpec, Request, SamplingParams, make_engine
-from ardea.rollout.vllm_weights import LORA_NAME
+from ardea.rollout.engines.vllm.weights import LORA_NAME
 
 TOKENIZER = build_char_tokenizer(model_max_length=256)
 SIZE = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 MAX_MODEL_LEN = 256
 WAIT_S = 10.0  # the longest any event here is waited for (a hang fails, it does not stall)
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=3, seed=7)
-#: what the start-up checks read (ardea.rollout.vllm_server.check_servers)
+#: what the start-up checks read (ardea.rollout.engines.vllm.server.check_servers)
 SERVER_INFO = {"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}}
 MODELS = {"object": "list", "data": [{"id": "ardea", "max_model_len": MAX_MODEL_LEN}]}
 

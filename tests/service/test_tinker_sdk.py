@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from ardea.algo import masked_cross_entropy
 from ardea.rollout.engine import stop_token_ids
-from ardea.rollout.inprocess import InProcessEngine
+from ardea.rollout.engines.inprocess.engine import InProcessEngine
 from ardea.rollout.sampling_params import SamplingParams
 from ardea.service.tinker_server import TinkerServer
 from tests.tiny_models import small_model

@@ -141,7 +141,7 @@ def test_dynamic_sampling_keeps_the_groups_of_lowest_id_wherever_their_rows_are(
     """A refilled batch cut back to 2 groups keeps the two of lowest id (the step's first
     prompts), not the first two seen: rows of groups 5, 2, 9, 0 interleaved -> groups 0, 2."""
     from ardea.data import TrajectoryBatch
-    from ardea.trainer.rollouts.dynamic_sampling import first_groups
+    from ardea.rollout.dynamic_sampling import first_groups
 
     groups = torch.tensor([5, 2, 2, 9, 5, 0, 9, 0])
     ids = torch.arange(8)[:, None].repeat(1, 2)

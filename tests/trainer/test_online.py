@@ -343,7 +343,7 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(
     ],
 )
 def test_refill_round_size_follows_the_kept_share(missing, kept, generated, cap, expected):
-    from ardea.trainer.rollouts.dynamic_sampling import refill_batches
+    from ardea.rollout.dynamic_sampling import refill_batches
 
     assert refill_batches(missing, kept=kept, generated=generated, batch_size=32, cap=cap) == (
         expected

@@ -12,7 +12,7 @@ from ardea.config import load_config
 from ardea.data import Example, Task, make_task
 from ardea.data.tasks.math_jsonl import MathJsonlTask
 from ardea.errors import ArdeaError, ConfigError
-from ardea.rollout.inprocess import InProcessEngine
+from ardea.rollout.engines.inprocess.engine import InProcessEngine
 from ardea.trainer.evaluate import (
     SampledEval,
     evaluate_task,

@@ -12,7 +12,7 @@ import torch
 from vllm_testing import TOKENIZER, engine_on, hf_greedy, recomputed, tiny
 
 from ardea.rollout import SamplingParams
-from ardea.rollout.vllm_server import VLLMServerError
+from ardea.rollout.engines.vllm.server import VLLMServerError
 
 pytestmark = pytest.mark.slow  # a real vLLM server (its start alone takes ~30 s)
 

@@ -23,7 +23,7 @@ import pytest
 from vllm_testing import SIZE_OVERRIDES, logged_prompts, start_server
 
 from ardea.config import load_config
-from ardea.rollout.vllm_server import VLLMServerError
+from ardea.rollout.engines.vllm.server import VLLMServerError
 from ardea.trainer import Trainer
 
 pytestmark = pytest.mark.slow

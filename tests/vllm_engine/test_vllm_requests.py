@@ -12,7 +12,8 @@ import pytest
 import torch
 from vllm_testing import TOKENIZER, engine_on, tiny
 
-from ardea.rollout import Request, SamplingParams, vllm_requests
+from ardea.rollout import Request, SamplingParams
+from ardea.rollout.engines.vllm import requests as vllm_requests
 
 pytestmark = pytest.mark.slow  # a real vLLM server
 

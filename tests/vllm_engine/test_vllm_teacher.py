@@ -15,7 +15,7 @@ from vllm_testing import PYTHON, SIZE_OVERRIDES, TOKENIZER, engine_on, tiny
 
 from ardea.config import load_config
 from ardea.data import Segment, Trajectory, TrajectoryBatch
-from ardea.rollout.vllm_scoring import VLLMPromptScorer
+from ardea.rollout.engines.vllm.scoring import VLLMPromptScorer
 from ardea.trainer import Trainer
 from ardea.trainer.strategies.token_scorer import ServedTokenScorer, TokenScorer
 

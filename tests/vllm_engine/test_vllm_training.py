@@ -19,7 +19,7 @@ from run_metrics import assert_same_step_metrics
 from vllm_testing import SIZE, SIZE_OVERRIDES, TOKENIZER
 
 from ardea.config import load_config
-from ardea.rollout.vllm_server import VLLMServerError
+from ardea.rollout.engines.vllm.server import VLLMServerError
 from ardea.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # a real vLLM server (its start alone takes ~30 s)

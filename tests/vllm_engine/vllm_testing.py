@@ -42,7 +42,7 @@ PROMPT_IDS = re.compile(r"prompt_token_ids: \[([0-9, ]*)\]")
 
 def start_server(root: Path, *, max_model_len: int = 256):
     """A real vLLM server on the tiny model (in ``root``), logging its requests; started."""
-    from ardea.rollout.vllm_server import LaunchedServer
+    from ardea.rollout.engines.vllm.server import LaunchedServer
 
     if not PYTHON.is_file():
         pytest.fail(f"{PYTHON} is missing: `make test` builds it (scripts/setup_vllm_venv.sh)")

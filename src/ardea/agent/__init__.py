@@ -11,7 +11,6 @@ Beside ``rollout`` in the layers: imports rollout, data, reward, model, algo and
 """
 
 from ardea.agent import builtin_envs  # noqa: F401  (registers the built-in environments)
-from ardea.agent.client import ChatRequest, RecordingClient
 from ardea.agent.env import (
     ENVIRONMENTS,
     Environment,
@@ -67,3 +66,15 @@ __all__ = [
     "register_env",
     "tool_schema",
 ]
+
+#: the names of the client, imported when first asked for: the client imports ``openai``,
+#: which a run with an environment alone never needs
+_CLIENT_NAMES = ("ChatRequest", "RecordingClient")
+
+
+def __getattr__(name: str):
+    if name in _CLIENT_NAMES:
+        from ardea.agent import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'ardea.agent' has no attribute {name!r}")

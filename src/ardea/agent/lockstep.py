@@ -37,12 +37,14 @@ import asyncio
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ardea.agent.calls import EngineRequest, collect, submit_calls, when_done
-from ardea.agent.client import RecordingClient
 from ardea.agent.request_checks import RequestError
 from ardea.rollout import GenerationEngine, SamplingParams, sampling_seed
+
+if TYPE_CHECKING:  # a type only: an environment's run never imports the client (openai)
+    from ardea.agent.client import RecordingClient
 
 EPISODE_HEADER = "x-ardea-episode"  # the header naming a request's episode over HTTP
 CALL_HEADER = "x-ardea-call"  # its number among the episode's calls, given when it was made

@@ -13,28 +13,20 @@ their first attended token, ``position_ids = clamp(cumsum(attention_mask) - 1, m
 as ``transformers.generate`` does. A left-padded row then gives the same outputs on its
 tokens as the unpadded row; for right padding this equals ``arange(S)`` on real tokens.
 
-Mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral, ...): :func:`moe_routing` tells
-whether a model routes tokens to experts; its backbone then also returns per-layer router
-logits, and :func:`load_balancing_loss` turns them into the family's own auxiliary
-load-balancing loss (Switch Transformer, Fedus et al. 2021, eqs. 4-6, as ``transformers``
-implements it with top-k counts).
+Mixture-of-experts models: :mod:`ardea.model.moe`.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
-from transformers.models.mixtral.modeling_mixtral import (
-    load_balancing_loss_func as _mixtral_load_balancing_loss,
-)
 
 from ardea.model.flops import count_forward
+from ardea.model.unwrap import unwrap_peft
 
 PLAIN_HEAD_MODEL_TYPES = frozenset(
     {
@@ -75,15 +67,6 @@ def resolve_position_ids(
     if position_ids is not None or attention_mask is None:
         return position_ids
     return position_ids_from_mask(attention_mask)
-
-
-def unwrap_peft(model: nn.Module) -> nn.Module:
-    """The transformers model inside a DDP and/or ``peft`` wrapper (LoRA layers stay in
-    it), else ``model``."""
-    if isinstance(model, DistributedDataParallel):
-        model = model.module
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
 
 
 def get_backbone(model: nn.Module) -> nn.Module:
@@ -157,46 +140,6 @@ def backbone_forward(
         use_cache=False,
         **kwargs,
     )
-
-
-def moe_routing(model: nn.Module) -> tuple[int, int] | None:
-    """``(num_experts E, top_k K)`` of a Hugging Face MoE causal LM, else ``None``.
-
-    A model is MoE when its config has ``output_router_logits`` and a positive expert count
-    (``num_experts`` as in Qwen2/3-MoE, or ``num_local_experts`` as in Mixtral) and
-    ``num_experts_per_tok``.
-    """
-    config = getattr(unwrap_peft(model), "config", None)
-    if config is None or not hasattr(config, "output_router_logits"):
-        return None
-    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
-    top_k = getattr(config, "num_experts_per_tok", None)
-    if not experts or not top_k:
-        return None
-    return int(experts), int(top_k)
-
-
-def load_balancing_loss(
-    model: nn.Module, router_logits: Sequence[Tensor], attention_mask: Tensor | None = None
-) -> Tensor:
-    """The model family's load-balancing loss of one forward pass (a 0-d tensor).
-
-    ``aux = E * sum_e f_e * P_e`` where, over the tokens counted by ``attention_mask`` (all
-    tokens when ``None``) and all layers, ``f_e`` is the fraction of top-k assignments that
-    go to expert ``e`` and ``P_e`` the mean router probability of ``e``; 1 when balanced.
-
-    Args:
-        model: an MoE model (see :func:`moe_routing`).
-        router_logits: one ``(N * S, E)`` tensor per MoE layer, as the backbone returns them.
-        attention_mask: ``(N, S)``, 1 = real token.
-    """
-    routing = moe_routing(model)
-    if routing is None:
-        raise ValueError(f"{type(model).__name__} is not a mixture-of-experts model")
-    family = sys.modules.get(type(unwrap_peft(model)).__module__)
-    loss_fn = getattr(family, "load_balancing_loss_func", _mixtral_load_balancing_loss)
-    experts, top_k = routing
-    return loss_fn(tuple(router_logits), experts, top_k, attention_mask)
 
 
 def check_input_ids(input_ids: Tensor, who: str) -> None:

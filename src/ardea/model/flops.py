@@ -18,7 +18,8 @@ Counted: every training forward through :func:`count_forward` (the log-prob, log
 critic forwards call it), three times its FLOPs when autograd records it (forward, and a
 backward of twice the forward: gradients of inputs and of weights), once otherwise (the
 old policy's, the reference's log-probs); and every in-process generation through
-:func:`count_generation` (each distinct prompt's prefill once, then one token per step).
+:func:`count_prefill` (each distinct input's prefill once) and :func:`count_decode` (then one
+token per step), counted by the in-process engine where every row joins and leaves its batch.
 Only real tokens count (the attention mask's), so padding, recomputation under gradient
 checkpointing and a frozen LoRA base's skipped weight gradients show up as time above the
 floor, not as work. Attention of a packed row is counted as one sequence (an upper bound).
@@ -35,10 +36,13 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from ardea.model.moe import moe_routing
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,6 @@ def model_flops(model: nn.Module) -> ModelFlops:
 
 
 def _measure_sizes(model: nn.Module) -> ModelFlops:
-    from ardea.model.backbone import moe_routing  # backbone.py counts through this module
-
     if isinstance(getattr(model, "module", None), nn.Module):  # DistributedDataParallel
         model = model.module
 
@@ -181,13 +183,14 @@ def _passes() -> int:
     return 3 if torch.is_grad_enabled() else 1
 
 
-def count_generation(
-    model: nn.Module, prompts: list[list[int]], rows: list[list[int]], generated: list[int]
-) -> None:
-    """Count one generation: each distinct prompt's prefill (the head on its last token),
-    then ``generated[r] - 1`` decode steps of row ``r`` after ``len(rows[r])`` tokens."""
+def count_prefill(model: nn.Module, inputs: Iterable[Sequence[int]]) -> None:
+    """Count the prefill of each distinct sequence of ``inputs`` (the head on its last
+    token only), as the in-process engine runs it when rows join its batch."""
     sizes = model_flops(model)
-    distinct = {tuple(p) for p in prompts}
-    flops = sum(sizes.forward(len(p), 0, 1) for p in distinct)
-    flops += sum(sizes.forward(g - 1, len(r)) for r, g in zip(rows, generated, strict=True) if g)
-    COUNTER.add("decode", flops)
+    COUNTER.add("decode", sum(sizes.forward(len(ids), 0, 1) for ids in set(map(tuple, inputs))))
+
+
+def count_decode(model: nn.Module, steps: int, past: int) -> None:
+    """Count ``steps`` one-token decode steps of a row after ``past`` positions."""
+    if steps > 0:
+        COUNTER.add("decode", model_flops(model).forward(steps, past))

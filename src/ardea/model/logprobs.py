@@ -29,7 +29,7 @@ in descending order) and ``logprobs_at=ids`` (``(N, S, k)`` long) the log-probs 
 tokens (``logprobs_at``, ``(N, S, k)``, differentiable). Both are taken at the temperature
 without top-k / top-p truncation: a token the truncation cuts would have log-prob -inf.
 
-Mixture-of-experts models (:func:`ardea.model.backbone.moe_routing`) also return their
+Mixture-of-experts models (:func:`ardea.model.moe.moe_routing`) also return their
 router logits, one ``(N * S, E)`` tensor per MoE layer, and the family's load-balancing
 loss over the attended tokens (``aux_loss``, differentiable in the router weights).
 :func:`sequence_logits` is the full-vocabulary forward for losses that need every logit
@@ -48,12 +48,11 @@ from torch.utils.checkpoint import checkpoint
 from ardea.model.backbone import (
     backbone_forward,
     check_input_ids,
-    load_balancing_loss,
-    moe_routing,
     resolve_position_ids,
     split_causal_lm,
 )
 from ardea.model.flops import count_forward, count_head
+from ardea.model.moe import load_balancing_loss, moe_routing
 from ardea.model.truncation import truncate
 
 

@@ -1,5 +1,5 @@
 """Top-k / top-p truncation of a next-token distribution, shared by the engine that samples
-(:mod:`ardea.rollout.sampling`) and the trainer that recomputes the log-probs of what was
+(:mod:`ardea.rollout.engines.inprocess.sampling`) and the trainer that recomputes the log-probs of what was
 sampled (:func:`ardea.model.sequence_logprobs` with ``top_k`` / ``top_p``), so the PPO ratio
 compares one distribution on both sides.
 

@@ -36,8 +36,6 @@ import string
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import openai
-
 from ardea.errors import ConfigError
 from ardea.reward.registry import register_reward
 from ardea.reward.scored import ScoredValues
@@ -121,6 +119,8 @@ def llm_judge(
     api_key_env: str = "OPENAI_API_KEY",
 ) -> ScoredValues:
     """The judge's grade of each completion, or None where it gave none (module docstring)."""
+    import openai  # here: a run without a judge never imports the client
+
     client = openai.OpenAI(
         base_url=base_url,
         api_key=os.environ.get(api_key_env) or "-",

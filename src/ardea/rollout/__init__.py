@@ -1,11 +1,17 @@
-"""Rollout: generation engines that turn token-id prompts into completions with behaviour
-log-probs and policy versions (``engine`` for the interface and the engine registry,
-``inprocess`` for the default engine, ``sampling`` for the pure sampling math, ``runner``
-for G completions per prompt scored into one trajectory batch, ``runner_protocol`` for the
-interface every runner implements, ``worker`` for completions generated ahead in the
-background)."""
+"""Rollout: what turns prompts into scored trajectories for the trainer.
 
-from ardea.rollout import vllm_engine  # noqa: F401, E402 - registers rollout.engine=vllm
+- the interface every engine implements and the engine registry (``engine``, with
+  ``sampling_params``, ``checks`` and ``request_state``, the request bookkeeping both
+  engines share);
+- the engines: ``engines.inprocess`` (the default: continuous batching with a KV cache in
+  this process) and ``engines.vllm`` (vLLM servers over HTTP);
+- the runners: ``runner`` (G completions per prompt scored into one trajectory batch),
+  ``runner_protocol`` (the interface every runner implements, the agent layer's episode
+  runners included), ``worker`` (completions generated ahead in the background);
+- the rollout service (``service``): owns generation for a whole run, with DAPO's dynamic
+  sampling (``dynamic_sampling``).
+"""
+
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -22,7 +28,8 @@ from ardea.rollout.engine import (
     register_engine,
     stop_token_ids,
 )
-from ardea.rollout.inprocess import InProcessEngine, own_copy
+from ardea.rollout.engines import vllm  # noqa: F401, E402 - registers rollout.engine=vllm
+from ardea.rollout.engines.inprocess import InProcessEngine, own_copy
 from ardea.rollout.runner import (
     Generation,
     Rollout,

@@ -268,20 +268,25 @@ class GenerationEngine(abc.ABC):
         """Load ``weights`` (a model state dict, or a directory of ``*.safetensors`` files
         with one) as policy ``version`` (> the current)."""
 
+    # set by each engine: what the three properties below read
+    _version: int = 0
+    _max_context: int | None = None
+    _stop_token_ids: tuple[int, ...] = ()
+
     @property
-    @abc.abstractmethod
     def version(self) -> int:
         """Policy version of the weights the next ``generate`` call will use."""
+        return self._version
 
     @property
-    @abc.abstractmethod
     def max_context(self) -> int | None:
         """Most positions a prompt plus its completion may take (None: no limit known)."""
+        return self._max_context
 
     @property
-    @abc.abstractmethod
     def stop_token_ids(self) -> list[int]:
         """The ids that always end a completion (the model's end-of-sequence ids)."""
+        return list(self._stop_token_ids)
 
     def close(self) -> None:  # noqa: B027 - an engine without resources has nothing to do
         """Release what the engine holds (a server, a process, memory); idempotent."""

@@ -1,7 +1,7 @@
 """Sampling for the Tinker API: one in-process engine per set of sampler weights.
 
 A sampler holds a frozen plain model (the base with one snapshot of the adapters merged)
-and ardea's :class:`~ardea.rollout.inprocess.InProcessEngine` on it, so concurrent
+and ardea's :class:`~ardea.rollout.engines.inprocess.engine.InProcessEngine` on it, so concurrent
 ``asample`` requests are decoded together. ``sample`` maps the SDK's ``SamplingParams``:
 ``max_tokens`` (None: up to the model's context), ``temperature`` (0: greedy), ``top_k``
 (-1: off), ``top_p``, ``seed`` (each of the ``num_samples`` rows gets its own random
@@ -24,7 +24,7 @@ import torch
 
 from ardea.model.logprobs import logprobs_from_logits
 from ardea.rollout.engine import Completion, Request, stop_token_ids
-from ardea.rollout.inprocess import InProcessEngine
+from ardea.rollout.engines.inprocess.engine import InProcessEngine
 from ardea.rollout.sampling_params import SamplingParams
 from ardea.service.tinker_fields import MAX_INT32, Fields
 from ardea.service.tinker_wire import WireError

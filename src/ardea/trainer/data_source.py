@@ -5,7 +5,7 @@ The strategy says which kind of sample it needs (``text``, ``sft``, ``preference
 and without a file the task named by ``data.task`` generates ``sft`` samples or, for online
 strategies, ``prompt`` examples, and for preference strategies pairs of its right and a
 plausibly wrong answer (``labeled``: the two as separate samples, for KTO) (an ``agent.env`` gives its rows and demonstrations, an
-``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.trainer.rollouts.agent_runs`). With ``data.packing`` the ``text``/``sft`` samples are
+``agent.workflow`` plays the rows of ``data.path``: :mod:`ardea.agent.runs`). With ``data.packing`` the ``text``/``sft`` samples are
 packed into rows of ``max_length``. A prompt file's prompts must leave room for
 ``rollout.max_new_tokens`` within ``max_length``.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ardea.agent.runs import agent_samples
 from ardea.config import ArdeaConfig
 from ardea.data import (
     Task,
@@ -24,7 +25,6 @@ from ardea.data import (
     tokenize_examples,
 )
 from ardea.errors import ConfigError
-from ardea.trainer.rollouts.agent_runs import agent_samples
 
 #: samples built from a task's right and wrong answers: pairs, or (KTO) the two unpaired
 TASK_PAIRS = {"preference": task_preference_samples, "labeled": task_labeled_samples}
@@ -107,7 +107,7 @@ def eval_samples(
 ) -> list[Any]:
     """Held-out samples from ``data.eval_path`` (empty when it is not set); for online
     strategies a file of prompt records, scored by the reward functions (an agent
-    workflow's held-out rows are its evaluation's, :mod:`ardea.trainer.rollouts.agent_runs`).
+    workflow's held-out rows are its evaluation's, :mod:`ardea.agent.runs`).
     Preference strategies on a task without a file get ``data.eval_size`` pairs of the
     task's held-out split (KTO: their halves)."""
     data = config.data

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ardea.agent.runs import AgentEvaluation, agent_rows, episode_runner, make_runner
 from ardea.config import ArdeaConfig
 from ardea.data import make_task
 from ardea.data.sampler import EpochSampler
@@ -29,6 +30,8 @@ from ardea.errors import ArdeaError
 from ardea.model.flops import COUNTER
 from ardea.model.lora import is_lora
 from ardea.rollout import EngineSpec, GenerationEngine, make_engine, own_copy
+from ardea.rollout.service import RolloutService
+from ardea.timing import PhaseTimer
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.early_stop import EarlyStop
@@ -40,9 +43,6 @@ from ardea.trainer.profile import StepProfile
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
 from ardea.trainer.results import finish_run
-from ardea.trainer.rollouts.agent_runs import AgentEvaluation, agent_rows, episode_runner
-from ardea.trainer.rollouts.runners import make_runner
-from ardea.trainer.rollouts.service import RolloutService
 from ardea.trainer.run_checkpoint import restore_run, save_run
 from ardea.trainer.run_dirs import prepare_run_directory, run_directory
 from ardea.trainer.setup import (
@@ -56,7 +56,7 @@ from ardea.trainer.setup import (
     seed_everything,
 )
 from ardea.trainer.step.rl_step import RLStep
-from ardea.trainer.step.updates import PhaseTimer, Updater, step_throughput
+from ardea.trainer.step.updates import Updater, step_throughput
 from ardea.trainer.strategies import strategy_class
 from ardea.trainer.trajectory_html import write_trajectories_html
 from ardea.trainer.trajectory_samples import append_token_rows

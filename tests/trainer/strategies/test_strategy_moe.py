@@ -9,8 +9,8 @@ from strategy_testing import TOKENIZER, build, random_rows, sft_batch
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig
 
 from ardea.model import sequence_logprobs
-from ardea.model.backbone import moe_routing
 from ardea.model.logprobs import sequence_logits
+from ardea.model.moe import moe_routing
 from ardea.trainer.strategies.moe import router_diagnostics
 
 LAYER_1 = [[0.5, 0.3, 0.15, 0.05], [0.4, 0.35, 0.2, 0.05], [0.1, 0.2, 0.6, 0.1]]

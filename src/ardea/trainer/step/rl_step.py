@@ -2,7 +2,7 @@
 
 1. **generate** (``perf/time_generate``): the step's prompts, ``rollout.group_size``
    completions each, with behaviour log-probs and policy versions, from the rollout service
-   (:mod:`ardea.trainer.rollouts.service`, which owns the engine: rank 0 under torchrun).
+   (:mod:`ardea.rollout.service`, which owns the engine: rank 0 under torchrun).
    With ``rollout.max_staleness = 0`` the live policy's engine generates them now; with
    η ≥ 1 a :class:`~ardea.rollout.RolloutWorker` generated them ahead, on its own engine,
    from the policy exactly ``min(η, steps so far)`` versions old, and this phase waits for
@@ -11,7 +11,7 @@
 3. **filter** (``perf/time_filter``), only with ``algo.dynamic_sampling``: groups without a
    reward spread are dropped and refilled from fresh prompts generated and scored on the
    live policy (those rounds count in generate and score),
-   :mod:`ardea.trainer.rollouts.dynamic_sampling`.
+   :mod:`ardea.rollout.dynamic_sampling`.
 4. the staleness check: a batch from a future version or more than η versions old raises
    :class:`~ardea.rollout.StalenessError` and never reaches a loss (``rollout/staleness``).
 5. **advantages** (``perf/time_advantages``): the strategy pins what its loss needs on the
@@ -39,10 +39,11 @@ from ardea.data import Example, TrajectoryBatch
 from ardea.data.sampler import EpochSampler
 from ardea.errors import ConfigError
 from ardea.rollout import sampling_seed
+from ardea.rollout.service import RolloutService
+from ardea.timing import PhaseTimer
 from ardea.trainer.distributed import Distributed
-from ardea.trainer.rollouts.service import RolloutService
 from ardea.trainer.step.split import shard_updates, split_updates
-from ardea.trainer.step.updates import PhaseTimer, Updater, step_throughput
+from ardea.trainer.step.updates import Updater, step_throughput
 from ardea.trainer.strategies import OnlineStrategy
 from ardea.trainer.trajectory_samples import token_rows
 

@@ -2,7 +2,7 @@
 
 :func:`split_updates` cuts the whole rollout into ``epochs × mini_batches`` updates of
 ``micro_batches`` micro-batches, groups kept whole. Under torchrun every rank holds the whole
-rollout (the rollout service hands it to each, :mod:`ardea.trainer.rollouts.service`) and
+rollout (the rollout service hands it to each, :mod:`ardea.rollout.service`) and
 splits it the same way, with the same generator; :func:`shard_updates` then gives each rank
 its share of every micro-batch's groups, in the order of their ids. Groups are found by id,
 never by adjacency: an agent rollout's rows arrive in the order its episodes finished, so the

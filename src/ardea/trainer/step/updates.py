@@ -14,9 +14,6 @@ schedule advances once (verl's convention). Each phase is timed under its name
 from __future__ import annotations
 
 import math
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from ardea.algo import trusted_inputs
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError
 from ardea.model import Precision
+from ardea.timing import PhaseTimer
 from ardea.trainer.components import TrainedComponent
 from ardea.trainer.distributed import Distributed
 from ardea.trainer.step.split import Filler
@@ -38,24 +36,6 @@ MAX_SUFFIX = "_max"
 #: metrics of the state before the step's first optimizer update (e.g. the train-inference
 #: mismatch): the first update's values, not the mean over the updates
 FIRST_UPDATE = ("mismatch/",)
-
-
-@dataclass
-class PhaseTimer:
-    """Wall-clock seconds per named phase within one step (a phase may run several times)."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def phase(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def metrics(self) -> dict[str, float]:
-        return {f"perf/time_{name}": value for name, value in self.seconds.items()}
 
 
 class Updater:

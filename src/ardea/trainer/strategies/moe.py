@@ -1,8 +1,8 @@
 """Mixture-of-experts terms shared by every strategy: load-balancing loss and router health.
 
-When the policy is a Hugging Face MoE model (:func:`ardea.model.backbone.moe_routing`), its
+When the policy is a Hugging Face MoE model (:func:`ardea.model.moe.moe_routing`), its
 forward returns a load-balancing loss ``aux`` (the family's own, see
-:func:`ardea.model.backbone.load_balancing_loss`) and per-layer router logits. Every
+:func:`ardea.model.moe.load_balancing_loss`) and per-layer router logits. Every
 strategy then adds ``algo.moe_aux_loss_coef * aux`` to its loss and logs:
 
 - ``train/moe_aux_loss``: ``aux`` (1 for perfectly balanced routing);
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ardea.data import TrajectoryBatch
 from ardea.model import entropy_from_logits
-from ardea.model.backbone import moe_routing
+from ardea.model.moe import moe_routing
 
 ROUTED_TOKENS = "routed_tokens"
 

@@ -17,7 +17,7 @@ default when ``rollout.max_staleness > 0``) the proximal log-probs of the policy
 step's updates.
 
 DAPO (Yu et al. 2025): dynamic sampling (``algo.dynamic_sampling``, the RL step's filter
-and refill, :mod:`ardea.trainer.rollouts.dynamic_sampling`), clip-higher
+and refill, :mod:`ardea.rollout.dynamic_sampling`), clip-higher
 (``algo.ppo.eps_clip_higher``), token-mean loss (``algo.ppo.loss_agg_mode``) and the
 overlong penalty are all options. Dr. GRPO is ``adv_estimator=dr_grpo`` with
 ``loss_agg_mode=seq-mean-token-sum-norm``.

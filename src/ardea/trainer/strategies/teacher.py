@@ -49,8 +49,8 @@ from ardea.algo import agg_loss, kl_penalty, masked_mean, topk_forward_kl
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import load_model_and_tokenizer, load_tokenizer
-from ardea.rollout.vllm_scoring import VLLMPromptScorer
-from ardea.rollout.vllm_server import LaunchedServer
+from ardea.rollout.engines.vllm.scoring import VLLMPromptScorer
+from ardea.rollout.engines.vllm.server import LaunchedServer
 from ardea.trainer.strategies.token_scorer import ServedTokenScorer, TokenScorer
 
 ESTIMATORS = {"reverse_k1": "k1", "reverse_k3": "k3"}

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from ardea.data import TrajectoryBatch
 from ardea.model import LogprobOutput, sequence_logprobs
-from ardea.rollout.vllm_scoring import VLLMPromptScorer
-from ardea.rollout.vllm_server import LaunchedServer
+from ardea.rollout.engines.vllm.scoring import VLLMPromptScorer
+from ardea.rollout.engines.vllm.server import LaunchedServer
 
 
 class TokenScorer:
@@ -59,7 +59,7 @@ class TokenScorer:
 
 class ServedTokenScorer:
     """:class:`TokenScorer`'s ``scores`` from a model a vLLM server serves (its prompt
-    log-probs, :mod:`ardea.rollout.vllm_scoring`): at temperature 1 without truncation, so
+    log-probs, :mod:`ardea.rollout.engines.vllm.scoring`): at temperature 1 without truncation, so
     only for batches sampled that way (the caller checks). Rows are right-padded, not packed.
 
     Args:

@@ -1,6 +1,6 @@
 """Code that runs inside a vLLM server, not in ardea: put this folder on the server's
 ``PYTHONPATH`` (ardea need not be installed in vLLM's environment; see
-:mod:`ardea.rollout.vllm_extension.ardea_weights`)."""
+:mod:`ardea.rollout.engines.vllm.extension.ardea_weights`)."""
 
 from pathlib import Path
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -38,20 +38,30 @@ from ardea.rollout import (
     Runner,
     check_staleness,
 )
-from ardea.trainer.distributed import Distributed
-from ardea.trainer.rollouts.dynamic_sampling import (
+from ardea.rollout.dynamic_sampling import (
     first_groups,
     group_count,
     keep_spread,
     refill_batches,
     renumber_groups,
 )
-from ardea.trainer.step.updates import PhaseTimer
+from ardea.timing import PhaseTimer
 
 REFILL_SEED_STREAM = 7  # seed offset of the refill sampler and its rollouts
 SAVE_WAIT_SECONDS = 600.0  # longest a checkpoint waits for the rollouts it must hold
 
 Weights = dict[str, torch.Tensor]
+
+
+class Ranks(Protocol):
+    """The processes of a run, as the service needs them (the trainer's
+    :class:`~ardea.trainer.distributed.Distributed` is one)."""
+
+    active: bool  # several processes (torchrun)
+    is_main: bool  # rank 0, the engine's owner
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
 
 
 class RolloutService:
@@ -73,7 +83,7 @@ class RolloutService:
         self,
         config: Any,
         *,
-        dist: Distributed,
+        dist: Ranks,
         engine: GenerationEngine | None,
         runner: Runner | None,
         samples: Sequence[Example] = (),
@@ -163,7 +173,7 @@ class RolloutService:
         metrics: dict[str, float],
     ) -> TrajectoryBatch:
         """Dynamic sampling: keep groups with a reward spread, refill from fresh prompts
-        (:mod:`ardea.trainer.rollouts.dynamic_sampling`)."""
+        (:mod:`ardea.rollout.dynamic_sampling`)."""
         algo, size = self.config.algo, self.config.trainer.batch_size
         with timer.phase("filter"):
             parts = [keep_spread(batch)]

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError
+from ardea.rollout.engines.vllm.server import LaunchedServer, VLLMServerError
 
 
 class VLLMServerDown(VLLMServerError):

@@ -2,11 +2,11 @@
 
 Token ids in, token ids and behaviour log-probs out, over HTTP (``POST /v1/completions``
 with ``prompt`` as token ids, ``logprobs: 0``, ``return_token_ids`` and ``stream``): one
-streamed request per row, each on a thread of its own (:mod:`ardea.rollout.vllm_requests`:
+streamed request per row, each on a thread of its own (:mod:`ardea.rollout.engines.vllm.requests`:
 ``submit``, ``abort``; ``generate`` submits a batch's rows and waits), vLLM batching them
 continuously. Several servers
 (``rollout.vllm.urls``, or ``rollout.vllm.servers`` launched) are a pool
-(:mod:`ardea.rollout.vllm_pool`): requests spread by load, every call of one episode on one
+(:mod:`ardea.rollout.engines.vllm.pool`): requests spread by load, every call of one episode on one
 server, a server that dies taken out and its requests run elsewhere with the same seed.
 Sampling maps one to one: temperature (0 = greedy), top-p, top-k, max and
 min new tokens, stop ids (the model's eos ids always stop), stop strings, and the seed: a
@@ -20,7 +20,7 @@ in ``--logprobs-mode processed_logprobs`` (after temperature and top-k/top-p, as
 in-process engine records them), checked at connect on ``/server_info``.
 
 Weights (:meth:`VLLMEngine.update_weights`): a state dict is written as one safetensors
-file into ``<run>/vllm/weights`` (:mod:`ardea.rollout.vllm_weights`), then every server
+file into ``<run>/vllm/weights`` (:mod:`ardea.rollout.engines.vllm.weights`), then every server
 reloads it (``/collective_rpc reload_weights``) and drops its prefix cache; the new version
 is published only when every server has confirmed. A LoRA policy syncs its adapter alone,
 which the servers load with vLLM's runtime LoRA API (same module). With ``rollout.vllm.sync_tolerance`` > 0
@@ -62,11 +62,21 @@ from ardea.rollout.engine import (
     load_weights,
     register_engine,
 )
-from ardea.rollout.vllm_extension import FOLDER, WORKER_EXTENSION
-from ardea.rollout.vllm_pool import PoolServer, ServerPool, VLLMServerDown
-from ardea.rollout.vllm_requests import Running, StreamedRequests, completion_body, stream_segment
-from ardea.rollout.vllm_server import LaunchedServer, VLLMServerError, check_servers, log_tail
-from ardea.rollout.vllm_weights import (
+from ardea.rollout.engines.vllm.extension import FOLDER, WORKER_EXTENSION
+from ardea.rollout.engines.vllm.pool import PoolServer, ServerPool, VLLMServerDown
+from ardea.rollout.engines.vllm.requests import (
+    Running,
+    StreamedRequests,
+    completion_body,
+    stream_segment,
+)
+from ardea.rollout.engines.vllm.server import (
+    LaunchedServer,
+    VLLMServerError,
+    check_servers,
+    log_tail,
+)
+from ardea.rollout.engines.vllm.weights import (
     LORA_ENV,
     LORA_NAME,
     WEIGHTS_FILE,
@@ -100,6 +110,7 @@ class VLLMEngine(GenerationEngine):
         if spec.work_dir is None:
             raise ValueError("the vllm engine needs spec.work_dir for its weights and logs")
         self.spec, self.module = spec, module
+        self._stop_token_ids = tuple(spec.stop_token_ids)
         try:
             self.options = VLLMConfig(**spec.options)
         except TypeError as exc:  # an option VLLMConfig does not have
@@ -133,18 +144,6 @@ class VLLMEngine(GenerationEngine):
             self._reload_all()
 
     # ------------------------------------------------------------ interface
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_context(self) -> int | None:
-        return self._max_context
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return list(self.spec.stop_token_ids)
-
     def metrics(self) -> dict[str, float]:
         return self._metrics | self.pool.metrics()
 
@@ -219,7 +218,7 @@ class VLLMEngine(GenerationEngine):
                       max_positions=self._max_context)  # fmt: skip
 
     def _segment(self, run: Running, version: int) -> str | None:
-        """Stream one segment of ``run`` on its server (:mod:`ardea.rollout.vllm_requests`)."""
+        """Stream one segment of ``run`` on its server (:mod:`ardea.rollout.engines.vllm.requests`)."""
         request = run.request
         prompt = list(request.prompt_ids) + run.tokens
         body = completion_body(
@@ -318,7 +317,7 @@ class VLLMEngine(GenerationEngine):
                           "a LoRA adapter load")  # fmt: skip
 
     def _check_servers(self, servers: list[PoolServer]) -> int | None:
-        """:func:`~ardea.rollout.vllm_server.check_servers` on ``servers``' URLs."""
+        """:func:`~ardea.rollout.engines.vllm.server.check_servers` on ``servers``' URLs."""
         return check_servers([s.url for s in servers], self._request)
 
     def _reload_all(self, *, full: bool = False) -> None:

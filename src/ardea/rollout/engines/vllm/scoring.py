@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from ardea.rollout.vllm_server import VLLMServerError
+from ardea.rollout.engines.vllm.server import VLLMServerError
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The model work of the in-process engine's continuous batching: prefill rows that join,
-and one decode step of a :class:`~ardea.rollout.decode_batch.DecodeBatch` (sample every
+and one decode step of a :class:`~ardea.rollout.engines.inprocess.decode_batch.DecodeBatch` (sample every
 running row's next token, record it, end the rows that stop, feed the tokens back).
 
 Notation: ``N`` rows, ``P`` the joining rows' padded input length, ``C`` cache columns,
@@ -8,10 +8,10 @@ Notation: ``N`` rows, ``P`` the joining rows' padded input length, ``C`` cache c
 Prefill: the joining rows' inputs (prompt, then any resumed prefix) are left-padded to
 ``P``; ``position_ids = cumsum(attention_mask) − 1`` (0 on padding); identical inputs (the
 n samples of one prompt) are computed once and their cache rows copied. Decode: each step
-samples every running row from its last logits (:mod:`ardea.rollout.sampling`, with the
+samples every running row from its last logits (:mod:`ardea.rollout.engines.inprocess.sampling`, with the
 row's own random number for its position), stop tokens suppressed while the row has fewer
 than ``min_new_tokens``; a row ends at a stop token, a stop string
-(:mod:`ardea.rollout.stop_watch`) or ``max_new_tokens``; ended rows stay in the batch as
+(:mod:`ardea.rollout.engines.inprocess.stop_watch`) or ``max_new_tokens``; ended rows stay in the batch as
 padding until half of it has ended (then they are dropped with a copy of the cache).
 """
 
@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from ardea.rollout.decode_batch import DecodeBatch, Kind, Row
 from ardea.rollout.engine import Request, SamplingParams
-from ardea.rollout.fast_decode import FastDecoder
-from ardea.rollout.kv_cache import new_cache
-from ardea.rollout.sampling import next_tokens
-from ardea.rollout.stop_watch import StopWatch
+from ardea.rollout.engines.inprocess.decode_batch import DecodeBatch, Kind, Row
+from ardea.rollout.engines.inprocess.fast_decode import FastDecoder
+from ardea.rollout.engines.inprocess.kv_cache import new_cache
+from ardea.rollout.engines.inprocess.sampling import next_tokens
+from ardea.rollout.engines.inprocess.stop_watch import StopWatch
 
 COMPACT_MIN_ROWS = 8  # below this many rows, dropping ended rows is not worth a copy
 
@@ -64,7 +64,7 @@ class Decoder:
 
     Args:
         model: the Hugging Face causal LM.
-        fast: its compact decode step (:mod:`ardea.rollout.fast_decode`) or None.
+        fast: its compact decode step (:mod:`ardea.rollout.engines.inprocess.fast_decode`) or None.
         mask_dtype: dtype of prepared 4D additive masks, or None for 2D 0/1 masks.
         pad_token_id: fed for ended rows and used for left padding.
         cache_kwarg: the name under which the model's forward takes its cache.

@@ -1,7 +1,7 @@
 """Requests on vLLM servers: each one streamed (``"stream": true``) on a thread of its own,
 its tokens and log-probs kept as they arrive, so it can be stopped at any token and go on
 from there (:class:`StreamedRequests`, the request side of
-:class:`~ardea.rollout.vllm_engine.VLLMEngine`). At most ``max_streams`` requests stream at
+:class:`~ardea.rollout.engines.vllm.engine.VLLMEngine`). At most ``max_streams`` requests stream at
 once (a thread and a connection each); later ones wait in order and start as streams end,
 on the threads that served those (``MAX_STREAMS_PER_SERVER`` per server: the largest
 ``max_num_seqs`` vLLM picks by default, 1,024 on H100-class GPUs and larger, 256 on others,
@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 
 from ardea.rollout.engine import Completion, Request, RequestHandle, SamplingParams
+from ardea.rollout.engines.vllm.pool import VLLMServerDown
+from ardea.rollout.engines.vllm.server import VLLMServerError
 from ardea.rollout.request_state import RequestState
-from ardea.rollout.vllm_pool import VLLMServerDown
-from ardea.rollout.vllm_server import VLLMServerError
 
 MAX_STREAMS_PER_SERVER = 1024  # vLLM's largest default max_num_seqs (module docstring)
 
@@ -206,7 +206,7 @@ def completion_body(
 ) -> dict[str, Any]:
     """The ``/v1/completions`` body of one row (``stop_ids``: the engine's eos ids);
     ``done``: the tokens it already has (a resumed request); ``model``: the served name
-    (a LoRA adapter's, :mod:`ardea.rollout.vllm_weights`)."""
+    (a LoRA adapter's, :mod:`ardea.rollout.engines.vllm.weights`)."""
     body = {
         "model": model,
         "prompt": list(prompt),

@@ -1,4 +1,5 @@
-"""What an agent run (``agent.env`` or ``agent.workflow`` set) changes in a training run.
+"""The runner of a run's rollouts, chosen in one place (:func:`make_runner`), and what an
+agent run (``agent.env`` or ``agent.workflow`` set) changes in a training run.
 
 - the data: the environment's rows (``data.train_size`` of them, seeded by ``data.seed``):
   online strategies play ``rollout.group_size`` episodes of each; SFT trains on the
@@ -24,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from ardea.config import ArdeaConfig
 from ardea.config.reward import RewardConfig
+from ardea.data import Task
 from ardea.data.chat import tokenize_chat
 from ardea.data.records import Record, read_records
 from ardea.errors import ConfigError
 from ardea.reward import RewardScorer, build_scorer
-from ardea.rollout import GenerationEngine, SamplingParams
+from ardea.rollout import GenerationEngine, RolloutRunner, Runner, SamplingParams
 
 if TYPE_CHECKING:  # the agent layer (openai, fastapi) is imported by agent runs only
     from ardea.agent.episodes import EpisodeRunner
@@ -77,6 +79,30 @@ def agent_samples(config: ArdeaConfig, tokenizer: Any, kind: str, *, max_length:
         for i, row in enumerate(rows)
     ]
     return [tokenize_chat(tokenizer, r, max_length=max_length) for r in records]
+
+
+def make_runner(
+    config: ArdeaConfig, engine: GenerationEngine, tokenizer: Any, task: Task | None
+) -> Runner:
+    """The runner the RL step drives on ``engine``: ``rollout.group_size`` episodes per
+    environment row (``agent.env``) or workflow episodes per row (``agent.workflow``), else
+    that many completions per prompt scored by ``reward.functions``."""
+    if config.agent.env is not None or config.agent.workflow is not None:
+        return episode_runner(config, engine, tokenizer)
+    rollout, reward = config.rollout, config.reward
+    return RolloutRunner(
+        engine,
+        tokenizer,
+        build_scorer(reward, task),
+        group_size=rollout.group_size,
+        params=SamplingParams.of(rollout),
+        chat_template=config.data.chat_template,
+        seed=config.trainer.seed,
+        # rollout/accuracy by the task's verifier only where the prompts are its own
+        task=None if config.data.path else task,
+        overlong_buffer=reward.overlong_buffer,
+        overlong_penalty=reward.overlong_penalty,
+    )
 
 
 def episode_runner(

@@ -6,14 +6,14 @@ vocabulary.
 
 Requests (:meth:`InProcessEngine.submit`, one row each; :meth:`~InProcessEngine.generate`
 submits a batch's rows at once and waits for them) wait in a queue and are decoded one step
-at a time (:mod:`ardea.rollout.step_loop`: by a scheduler thread, or by a batch call in its
+at a time (:mod:`ardea.rollout.engines.inprocess.step_loop`: by a scheduler thread, or by a batch call in its
 own thread). Before every decode step waiting rows join (up to ``max_batch_size`` rows per
-kind of sampling, :class:`~ardea.rollout.continuous.Kind`): they are prefilled together and
-their KV cache merged into the running rows' (:mod:`ardea.rollout.decode_batch`), then every
+kind of sampling, :class:`~ardea.rollout.engines.inprocess.continuous.Kind`): they are prefilled together and
+their KV cache merged into the running rows' (:mod:`ardea.rollout.engines.inprocess.decode_batch`), then every
 running row samples one token. A row that ends (stop token, stop string,
 ``max_new_tokens``) leaves at once and its handle is done, so a long completion holds back no
 other request. The model's layers must allow merging caches (the preallocated layers of
-:mod:`ardea.rollout.kv_cache`); otherwise rows join only a kind with nothing running.
+:mod:`ardea.rollout.engines.inprocess.kv_cache`); otherwise rows join only a kind with nothing running.
 
 Log-probs (behaviour log-probs): for ``T > 0`` the log-prob of the sampled token under the
 distribution it was drawn from, ``log_softmax(logits / T)`` renormalised over the top-k /
@@ -22,7 +22,7 @@ top-p kept set, and over the non-stop tokens while stop tokens are suppressed
 (``log_softmax(logits / T)`` over the same top-k / top-p set, the batch's
 ``TrajectoryBatch.sampling()``), except at the first ``min_new_tokens`` tokens, where the
 engine's is higher by ``−log(1 − p_stop)`` (the stop tokens' mass;
-:mod:`ardea.rollout.sampling`); with greedy (``T = 0``) they are ``log_softmax(logits)``
+:mod:`ardea.rollout.engines.inprocess.sampling`); with greedy (``T = 0``) they are ``log_softmax(logits)``
 (temperature 1).
 
 Weights (:meth:`InProcessEngine.update_weights`) change between two decode steps, never
@@ -52,16 +52,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ardea.model import Precision
-from ardea.model.flops import count_generation
+from ardea.model.flops import count_decode, count_prefill
 from ardea.rollout.checks import frozen_base, request_input
-from ardea.rollout.continuous import (
-    Decoder,
-    additive_mask_dtype,
-    request_tables,
-    take_joining,
-    uniform_table,
-)
-from ardea.rollout.decode_batch import DecodeBatch, Kind, Row
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -76,9 +68,17 @@ from ardea.rollout.engine import (
     load_weights,
     register_engine,
 )
-from ardea.rollout.fast_decode import fast_decoder
-from ardea.rollout.kv_cache import can_merge
-from ardea.rollout.step_loop import StepLoop
+from ardea.rollout.engines.inprocess.continuous import (
+    Decoder,
+    additive_mask_dtype,
+    request_tables,
+    take_joining,
+    uniform_table,
+)
+from ardea.rollout.engines.inprocess.decode_batch import DecodeBatch, Kind, Row
+from ardea.rollout.engines.inprocess.fast_decode import fast_decoder
+from ardea.rollout.engines.inprocess.kv_cache import can_merge
+from ardea.rollout.engines.inprocess.step_loop import StepLoop
 
 
 class InProcessEngine(GenerationEngine):
@@ -98,7 +98,7 @@ class InProcessEngine(GenerationEngine):
         precision: forwards run under its autocast (:class:`ardea.model.Precision`); None
             computes in the parameters' dtype.
         tokenizer: decodes rows for stop strings (``SamplingParams.stop``:
-            :mod:`ardea.rollout.stop_watch`); None refuses calls that give them.
+            :mod:`ardea.rollout.engines.inprocess.stop_watch`); None refuses calls that give them.
     """
 
     def __init__(
@@ -115,7 +115,7 @@ class InProcessEngine(GenerationEngine):
         self._model = model
         self.tokenizer = tokenizer
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        self._max_context = getattr(model.config, "max_position_embeddings", None)
         eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
         for name, tok in [("pad_token_id", pad_token_id)] + [
             (f"eos_token_ids[{i}]", t) for i, t in enumerate(eos)
@@ -130,6 +130,7 @@ class InProcessEngine(GenerationEngine):
             raise ValueError(f"version must be an int >= 0, got {version!r}")
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos
+        self._stop_token_ids = tuple(eos)
         self.max_batch_size = max_batch_size
         self._version = version
         self._precision = precision
@@ -146,19 +147,6 @@ class InProcessEngine(GenerationEngine):
         self._frozen = frozen_base(model)  # a LoRA policy's base: syncs may leave it out
         self._batches: dict[Kind, DecodeBatch] = {}
         self._loop = StepLoop(self._take, self._iterate, lambda: bool(self._batches), self._fail)
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_context(self) -> int | None:
-        """The model's ``max_position_embeddings`` (None when its config has none)."""
-        return self._max_positions
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return list(self.eos_token_ids)
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request) -> RequestHandle:
@@ -200,9 +188,7 @@ class InProcessEngine(GenerationEngine):
             order.sort(key=lambda r: len(inputs[r]))  # similar lengths join together
         self._loop.enqueue([rows[r] for r in order], drive=True)
         self._loop.drive([row.handle for row in rows])
-        completions = [row.handle.result() for row in rows]
-        count_generation(self._model, prompts, inputs, [len(c.token_ids) for c in completions])
-        return completions
+        return [row.handle.result() for row in rows]
 
     def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
         """Stop the requests of ``handles`` before the next decode step; per handle its
@@ -273,7 +259,7 @@ class InProcessEngine(GenerationEngine):
     # ------------------------------------------------------------------ scheduling
     def _check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
         check_prompts(prompts, vocab_size=self._vocab_size, max_new_tokens=max_new_tokens,
-                      max_positions=self._max_positions)  # fmt: skip
+                      max_positions=self._max_context)  # fmt: skip
 
     def _rows(self, requests: list[Request], table: torch.Tensor | None) -> list[Row]:
         """Rows for checked ``requests``, with their random numbers: row ``i`` of ``table``
@@ -305,6 +291,7 @@ class InProcessEngine(GenerationEngine):
             for row in joining:
                 by_kind.setdefault(row.kind, []).append(row)
             for kind, rows in by_kind.items():
+                self._count_joining(rows)
                 fresh = self._decoder.prefill(rows, self._version)
                 if self._merge_ok is None:
                     self._merge_ok = can_merge(fresh.cache)
@@ -312,9 +299,22 @@ class InProcessEngine(GenerationEngine):
                 self._batches[kind] = fresh if old is None else old.join(fresh)
             for kind, batch in list(self._batches.items()):
                 for row, finish in self._decoder.step(batch, kind):
+                    self._count_decoded(row)
                     row.handle.finish(row.completion(finish, self._version))
                 if batch.n_alive == 0:
                     del self._batches[kind]
+
+    def _count_joining(self, rows: list[Row]) -> None:
+        """Count the prefill of rows joining (and the decode steps a re-joining row ran):
+        generation's FLOPs, whichever call (batch, request, agent) brought the rows."""
+        for row in rows:
+            self._count_decoded(row)
+            row.joined = len(row.input_ids)
+        count_prefill(self._model, [row.input_ids for row in rows])
+
+    def _count_decoded(self, row: Row) -> None:
+        if row.joined:  # the first token comes from the prefill's logits
+            count_decode(self._model, len(row.input_ids) - row.joined - 1, row.joined)
 
     def _keep(self, kind: Kind, batch: DecodeBatch, keep: list[int]) -> None:
         """Keep only rows ``keep`` of ``kind``'s batch (none: the batch goes)."""

@@ -1,6 +1,6 @@
 """The rows the in-process engine is decoding together: one :class:`DecodeBatch` per kind
 of sampling (temperature, top-k, top-p, stop tokens and strings), rows joining it between
-decode steps and leaving it when they end (:mod:`ardea.rollout.inprocess`).
+decode steps and leaving it when they end (:mod:`ardea.rollout.engines.inprocess.engine`).
 
 Notation: ``N`` rows, ``C`` cache columns, ``L`` filled columns, ``T`` the longest
 ``max_new_tokens`` of the rows, ``V`` vocabulary.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ardea.rollout.kv_cache import merge_caches
+from ardea.rollout.engines.inprocess.kv_cache import merge_caches
 from ardea.rollout.request_state import RequestState
 
 
@@ -52,6 +52,7 @@ class Row(RequestState):
     table: torch.Tensor | None = None
     table_row: int = 0
     stop_seen: bool = False
+    joined: int = 0  # len(input_ids) at its last prefill (0: none yet), for the FLOP count
 
     def restart(self) -> None:
         """Drop what was generated since the request's own prefix (same random numbers)."""
@@ -68,7 +69,7 @@ class DecodeBatch:
     count, limits, random numbers, outputs and whether it is still running, plus the shared
     KV cache and the logits of every row's next token.
 
-    Built by :meth:`ardea.rollout.continuous.Decoder.prefill` from freshly prefilled rows
+    Built by :meth:`ardea.rollout.engines.inprocess.continuous.Decoder.prefill` from freshly prefilled rows
     and grown by :meth:`join`."""
 
     def __init__(self, rows: list[Row], logits, cache, length, keys, positions, version):

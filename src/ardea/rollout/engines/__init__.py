@@ -1,0 +1,1 @@
+"""The generation engines of ``rollout.engine``: ``inprocess`` (the default) and ``vllm``."""
