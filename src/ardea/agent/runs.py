@@ -87,7 +87,7 @@ def make_runner(
     """The runner the RL step drives on ``engine``: ``rollout.group_size`` episodes per
     environment row (``agent.env``) or workflow episodes per row (``agent.workflow``), else
     that many completions per prompt scored by ``reward.functions``."""
-    if config.agent.env is not None or config.agent.workflow is not None:
+    if config.agent.plays_episodes:
         return episode_runner(config, engine, tokenizer)
     rollout, reward = config.rollout, config.reward
     return RolloutRunner(

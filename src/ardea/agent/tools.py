@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ardea.config.reward import EXECUTORS
 from ardea.errors import ArdeaError
 from ardea.reward.isolation import call_in_process
 
-EXECUTORS = ("thread", "process")
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 

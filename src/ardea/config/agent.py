@@ -90,6 +90,12 @@ class AgentConfig:
         "(a final reward reaches the call k turns earlier as discount^k).",
     )
 
+    @property
+    def plays_episodes(self) -> bool:
+        """Whether the run plays episodes (``env`` or ``workflow`` set) rather than
+        sampling completions of prompts."""
+        return self.env is not None or self.workflow is not None
+
     def __post_init__(self) -> None:
         check_choices(self, "agent")
         if self.env is not None and (not isinstance(self.env, str) or not self.env):

@@ -19,7 +19,7 @@ from ardea.data import make_task
 from ardea.model import build_char_tokenizer, check_model_dir, load_tokenizer
 from ardea.reward import build_scorer, check_reward_names, get_reward
 from ardea.rollout import engine_factory
-from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies import OnlineStrategy, strategy_class
 from ardea.trainer.strategies.base import check_teacher
 from ardea.trainer.strategies.policy_gradient import resolve_policy_loss
 from ardea.trainer.strategies.teacher import check_same_vocabulary
@@ -54,7 +54,7 @@ def check_config(
         reward = replace(reward, functions=kept) if kept else None
     data = config.data
     task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
-    agent = config.agent.env is not None or config.agent.workflow is not None
+    agent = config.agent.plays_episodes
     if config.agent.env is not None:  # the environment rewards the episodes
         from ardea.agent import check_env_args  # the agent layer: agent runs only
 
@@ -65,7 +65,7 @@ def check_config(
         load_workflow(config.agent.workflow)
     if reward is None:  # every function names an earlier stage's model
         pass
-    elif strategy.sample_kind == "prompt" and not agent:  # online: rollouts are scored
+    elif issubclass(strategy, OnlineStrategy) and not agent:  # online: rollouts are scored
         build_scorer(reward, task)
     else:
         check_reward_names(reward)

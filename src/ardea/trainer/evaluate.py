@@ -17,6 +17,7 @@ from ardea.data import Example, PromptSample, RolloutPrompt, Task, reward_row, r
 from ardea.errors import ArdeaError
 from ardea.reward import RewardScorer, build_scorer
 from ardea.rollout import GenerationEngine, SamplingParams
+from ardea.trainer.strategies import OnlineStrategy
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -268,7 +269,7 @@ class Evaluator:
         self.sampled = sampled_eval(config) if self.examples else None
         self.scorer = None
         self.agent = None  # an agent run's AgentEvaluation (set by the trainer)
-        if held_out_samples and strategy.sample_kind == "prompt":
+        if held_out_samples and isinstance(strategy, OnlineStrategy):
             self.scorer = build_scorer(config.reward, task)
 
     def generated(self, step: int, run_dir) -> dict[str, float]:

@@ -31,7 +31,6 @@ from ardea.model.flops import COUNTER
 from ardea.model.lora import is_lora
 from ardea.rollout import EngineSpec, GenerationEngine, make_engine, own_copy
 from ardea.rollout.service import RolloutService
-from ardea.timing import PhaseTimer
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
 from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
 from ardea.trainer.early_stop import EarlyStop
@@ -55,9 +54,10 @@ from ardea.trainer.setup import (
     resume_checkpoint,
     seed_everything,
 )
+from ardea.trainer.step.offline_step import OfflineStep
 from ardea.trainer.step.rl_step import RLStep
-from ardea.trainer.step.updates import Updater, step_throughput
-from ardea.trainer.strategies import strategy_class
+from ardea.trainer.step.updates import Updater
+from ardea.trainer.strategies import OnlineStrategy, strategy_class
 from ardea.trainer.trajectory_html import write_trajectories_html
 from ardea.trainer.trajectory_samples import append_token_rows
 from ardea.trainer.watch import judge
@@ -86,7 +86,7 @@ class Trainer:
         strategy_cls = strategy_class(config.algo.name)
         self.strategy_head = strategy_cls.model_head
         max_length = max_sequence_length(config, context_length(policy))
-        kind = strategy_cls.sample_kind
+        kind = strategy_cls.sample_kind  # what the data loader reads
         self.train_samples = training_samples(
             config, self.tokenizer, kind, self.task, max_length=max_length
         )
@@ -108,7 +108,9 @@ class Trainer:
         self.sampler = EpochSampler(
             len(self.train_samples), config.trainer.batch_size, seed=config.trainer.seed
         )
-        self._build_rollouts(engine, online=kind == "prompt", held_out=held_out)
+        self._build_rollouts(
+            engine, online=issubclass(strategy_cls, OnlineStrategy), held_out=held_out
+        )
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in training steps (trainer.max_train_seconds)
         self.history: dict[str, list[list[float]]] = {}
@@ -137,11 +139,11 @@ class Trainer:
             gather_weights=self._gather_weights,
             make_worker_engine=self._make_worker_engine,
         )
-        self.rl = self._rl_step() if online else None
+        self.recipe = self._online_step() if online else self._offline_step()
         self.evaluator = Evaluator(
             config, self.task, engine, self.tokenizer, self.strategy, held_out, self.precision
         )
-        eval_rows = agent_rows(config, "eval") if config.agent.env or config.agent.workflow else []
+        eval_rows = agent_rows(config, "eval") if config.agent.plays_episodes else []
         if eval_rows and engine is not None:
             runner = episode_runner(config, engine, self.tokenizer, evaluation=True)
             self.evaluator.agent = AgentEvaluation(runner, eval_rows)
@@ -193,7 +195,19 @@ class Trainer:
     def nonfinite(self) -> dict[str, int]:
         return self.updater.nonfinite
 
-    def _rl_step(self) -> RLStep:
+    def _offline_step(self) -> OfflineStep:
+        return OfflineStep(
+            self.config,
+            strategy=self.strategy,
+            service=self.service,
+            updater=self.updater,
+            samples=self.train_samples,
+            sampler=self.sampler,
+            dist=self.dist,
+            device=self.device,
+        )
+
+    def _online_step(self) -> RLStep:
         return RLStep(
             self.config,
             policy=self.policy,
@@ -222,17 +236,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One training step (one or more optimizer updates); returns its metrics."""
         self.policy.train()
-        if self.rl is not None:
-            return self.rl.run(self.step)
-        timer = PhaseTimer()
-        with timer.phase("data"):
-            _, indices = self.dist.share(self.sampler.next_batch())  # this rank's share
-            samples = [self.train_samples[i] for i in indices]
-            size = -(-len(samples) // self.config.trainer.grad_accum_steps)
-            chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
-            updates = [[self.strategy.collate(chunk).to(self.device) for chunk in chunks]]
-        metrics = self.updater.run(updates, timer)
-        return metrics | step_throughput(updates, timer)
+        return self.recipe.run(self.step)
 
     # ------------------------------------------------------------------- loop
     def _done(self) -> bool:
@@ -245,8 +249,7 @@ class Trainer:
         return every > 0 and self.step % every == 0 and not self._done()
 
     def _evaluate(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
-        if self.rl is None and self.step:  # offline steps publish no weights: hand them over
-            self.service.publish()
+        self.recipe.before_evaluation(self.step)
         # the owner generates (and rank 0 writes); every rank computes a held-out loss (it
         # runs the sharded policy)
         metrics = self.service.shared(lambda: self.evaluator.generated(self.step, self.run_dir))
@@ -294,13 +297,11 @@ class Trainer:
             self.train_seconds += seconds
             self.profile.add(metrics, seconds, COUNTER.since(flops))
             self.step += 1
-            samples = self.rl.last_samples if self.rl is not None else []
             if logger is not None and (self.step % cfg.logging.log_every == 0 or self._done()):
                 logger.log(self.step, metrics)
-                if samples:
-                    append_samples(self.run_dir, self.step, samples)
-                if self.rl is not None:
-                    append_token_rows(self.run_dir, self.step, self.rl.last_rows)
+                if self.recipe.last_samples:
+                    append_samples(self.run_dir, self.step, self.recipe.last_samples)
+                append_token_rows(self.run_dir, self.step, self.recipe.last_rows)
             self._check_nonfinite()
             progress.update(
                 self.step,

@@ -27,7 +27,7 @@ def save_run(trainer: Any, *, best: bool = False) -> Path:
         "rng": rng_state(),
         "history": trainer.history,
         "best": trainer.best,
-        "rollouts": trainer.service.state_dict() if trainer.rl is not None else {},
+        "rollouts": trainer.recipe.state_dict(),
         "config_yaml": config_to_yaml(trainer.config),
     }
     policy_state = full_state_dict(trainer.policy, cpu=True) if trainer.dist.active else None
@@ -65,6 +65,5 @@ def restore_run(trainer: Any, checkpoint: Path) -> None:
     trainer.train_seconds = float(state.get("train_seconds", 0.0))
     trainer.history = state["history"]
     trainer.best = state.get("best")
-    if trainer.rl is not None:
-        trainer.service.load_state_dict(state["rollouts"])
+    trainer.recipe.load_state_dict(state["rollouts"])
     restore_rng_state(state["rng"])

@@ -21,7 +21,7 @@ from ardea.model import (
 from ardea.model.dtype_probe import ProbeShapes
 from ardea.model.lora import apply_lora
 from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
-from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies import OnlineStrategy, strategy_class
 
 
 def resolve_device(name: str, field: str = "trainer.device") -> torch.device:
@@ -100,7 +100,7 @@ def check_distributed(config: ArdeaConfig, dist: Any) -> None:
     if not dist.active:
         return
     trainer, algo = config.trainer, config.algo
-    online = strategy_class(algo.name).sample_kind == "prompt"
+    online = issubclass(strategy_class(algo.name), OnlineStrategy)
     parts = algo.ppo_mini_batches * trainer.grad_accum_steps if online else trainer.grad_accum_steps
     share, uneven = divmod(trainer.batch_size, dist.world_size)
     if uneven or share < parts or (not online and share % parts):
@@ -147,7 +147,7 @@ def probe_shapes(
     algo, trainer, rollout = config.algo, config.trainer, config.rollout
     hidden = int(model.config.hidden_size)
     intermediate = int(getattr(model.config, "intermediate_size", None) or 4 * hidden)
-    online = strategy_class(algo.name).sample_kind == "prompt"
+    online = issubclass(strategy_class(algo.name), OnlineStrategy)
     prompts = max(1, trainer.batch_size // world_size)
     if online:
         sequences = (

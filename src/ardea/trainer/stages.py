@@ -45,7 +45,7 @@ from ardea.trainer.run_dirs import (
     run_directory,
 )
 from ardea.trainer.stage_refs import check_references, resolve_references
-from ardea.trainer.strategies import strategy_class
+from ardea.trainer.strategies import OnlineStrategy, strategy_class
 
 
 def run(config: ArdeaConfig) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def run_stages(config: ArdeaConfig) -> dict[str, Any]:
         previous = outcome["checkpoint"]
         if previous is not None:
             checkpoints[name] = previous
-        if strategy_class(stage.algo.name).sample_kind == "prompt":
+        if issubclass(strategy_class(stage.algo.name), OnlineStrategy):
             online.append(name)
     if not is_main_process():
         return {"checkpoint": previous}

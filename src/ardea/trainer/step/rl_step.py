@@ -116,6 +116,17 @@ class RLStep:
         metrics |= self.service.engine_metrics()
         return metrics | step_throughput(updates, timer)
 
+    def before_evaluation(self, step: int) -> None:
+        """Nothing to do: every step published its weights (weight_sync)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rollout service's state (a background worker's rollouts ahead, the refill
+        sampler), so a resumed run generates what an uninterrupted one would."""
+        return self.service.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.service.load_state_dict(state)
+
     def _updates(self, batch: TrajectoryBatch, step: int) -> list[list[TrajectoryBatch]]:
         """The step's updates over the whole batch (the same on every rank: the same batch
         and generator), then this rank's share of each micro-batch."""
