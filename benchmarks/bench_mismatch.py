@@ -9,7 +9,7 @@ prompts, reward 1 for a digit, so the **exact on-policy gradient** is a finite s
 vocabulary: ``g* = Σ_prompts Σ_y π(y) (r(y) − E_π[r]) ∇ log π(y)``.
 
 Estimators from ``--group`` samples per prompt (group-mean baseline), the loss of ardea's
-``ppo_policy_loss`` (ε = 0.2) at the step's first pass (trainer = proximal policy):
+``ardea.algo.ppo`` (ε = 0.2) at the step's first pass (trainer = proximal policy):
 
 - ``on-policy``: samples from π itself (what a matched engine would give; the noise floor);
 - ``uncorrected``: samples from the engine, ratio against the engine's log-probs (ardea
@@ -33,7 +33,7 @@ import json
 
 import torch
 
-from ardea.algo import correction_weights, mismatch_metrics, ppo_policy_loss
+from ardea.algo import PolicyLossInputs, correction_weights, mismatch_metrics, ppo
 from ardea.model import build_char_tokenizer, build_tiny_model
 
 DIGITS = [str(d) for d in range(10)]
@@ -74,7 +74,7 @@ def sampled_gradient(model, prompts, reward, tokens, behaviour, mode) -> torch.T
         advantage = advantage * correction_weights(
             logp.detach(), behaviour, mask, mode=mode, cap=2.0, low=0.5, high=2.0
         )
-    loss, _ = ppo_policy_loss(logp, old, advantage, mask, eps_clip=0.2)
+    loss, _ = ppo(PolicyLossInputs(logp, old, advantage, mask), eps_clip=0.2)
     return -flat_grad(model, loss) * tokens.numel()  # ascent direction, summed over samples
 
 

@@ -46,7 +46,7 @@ def registries() -> dict[str, tuple[object, str]]:
         "data.task": (TASKS, "a subclass of ardea's `Task` (`ardea tasks` lists the built-in ones)"),
         "reward.functions[].name": (REWARDS, "a function ([Rewards](rewards.md))"),
         "algo.ppo.adv_estimator": (ADVANTAGE_ESTIMATORS, "an estimator"),
-        "algo.policy_loss": (POLICY_LOSSES, "a `PolicyLoss` or function ([Algorithms](algorithms.md#your-own-policy-loss))"),
+        "algo.policy_loss": (POLICY_LOSSES, "a function `fn(inputs, **options)` ([Algorithms](algorithms.md#your-own-policy-loss))"),
         "agent.env": (ENVIRONMENTS, "a subclass of `ardea.agent.Environment` ([Environments](environments.md))"),
         "rollout.engine": (ENGINES, "an engine factory ([Architecture](../concepts/architecture.md#engines))"),
     }  # fmt: skip

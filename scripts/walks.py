@@ -42,7 +42,7 @@ COMMON = ["trainer.eval_every=0", "trainer.save_every=0", "trainer.early_stop_ta
 STAGE_KEYS = ("trainer.eval_every=0", "trainer.save_every=0")
 
 #: the formula the policy loss of the GRPO walk computes (module, function)
-LOSS_FORMULA = ("ardea/algo/policy_loss.py", "ppo_policy_loss")
+LOSS_FORMULA = ("ardea/algo/policy_loss.py", "ppo")
 
 
 class Walk:
@@ -113,7 +113,9 @@ def run_walk(name: str, out: Path) -> Walk:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("walks", nargs="*", help=f"which walks (default: all of {', '.join(WALKS)})")
+    parser.add_argument(
+        "walks", nargs="*", help=f"which walks (default: all of {', '.join(WALKS)})"
+    )
     parser.add_argument("--loss", action="store_true", help="print the frames down to the loss")
     parser.add_argument("--files", action="store_true", help="list each walk's files")
     args = parser.parse_args()
@@ -126,7 +128,9 @@ def main() -> None:
     print(f"{'walk':10} {'files':>6} {'functions':>10} {'threads':>8} {'loss frames':>12}")
     for name, walk in rows:
         frames = len(walk.loss_stack) if walk.loss_stack else "-"
-        print(f"{name:10} {len(walk.files):6} {len(walk.functions):10} {len(walk.threads):8} {frames:>12}")
+        print(
+            f"{name:10} {len(walk.files):6} {len(walk.functions):10} {len(walk.threads):8} {frames:>12}"
+        )
     for name, walk in rows:
         if args.files:
             print(f"\n{name}: files (functions entered)")

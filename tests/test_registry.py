@@ -100,7 +100,7 @@ def test_every_registry_takes_a_dotted_path_to_a_registered_entry():
         (task_class, "arithmetic", "ardea.data.tasks.arithmetic.ArithmeticTask"),
         (env_class, "guess_number", "ardea.agent.builtin_envs.GuessNumber"),
         (get_advantage_estimator, "rloo", "ardea.algo.advantages.rloo_advantages"),
-        (get_policy_loss, "gspo", "ardea.algo.policy_loss_registry.gspo_loss"),
+        (get_policy_loss, "gspo", "ardea.algo.policy_loss.gspo"),
         (engine_factory, "in_process", "ardea.rollout.engines.inprocess.engine.in_process_engine"),
     ]
     for lookup, name, path in pairs:

@@ -1,11 +1,11 @@
-"""agg_loss: the four modes by hand, micro-batch invariance, empty batches."""
+"""agg_loss: the modes by hand, micro-batch invariance, empty batches."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ardea.algo import AGG_MODES, agg_counts, agg_loss
+from ardea.algo import AGG_MODES, Aggregation, agg_counts, agg_loss
 
 LOSS = torch.tensor(
     [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]], dtype=torch.float64
@@ -23,17 +23,22 @@ MASK = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool
     ],
 )
 def test_modes_by_hand(mode, expected):
-    assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
+    assert agg_loss(LOSS, MASK, Aggregation(mode)).item() == pytest.approx(expected)
+
+
+def test_none_keeps_each_counted_token_and_zeroes_the_rest():
+    unreduced = agg_loss(LOSS, MASK, Aggregation("none"))
+    expected = [[1.0, 2.0, 0.0, 0.0], [5.0, 6.0, 7.0, 8.0], [0.0, 0.0, 0.0, 0.0]]
+    torch.testing.assert_close(unreduced, torch.tensor(expected, dtype=torch.float64))
+    assert "none" not in AGG_MODES  # no choice of algo.ppo.loss_agg_mode
 
 
 def test_global_counts_and_horizon():
-    assert agg_loss(LOSS, MASK, "token-mean", global_tokens=12).item() == pytest.approx(29 / 12)
-    assert agg_loss(
-        LOSS, MASK, "seq-mean-token-sum", global_seqs=torch.tensor(4)
-    ).item() == pytest.approx(29 / 4)
-    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", horizon=10).item() == pytest.approx(
-        29 / 20
-    )
+    assert agg_loss(LOSS, MASK, Aggregation(tokens=12)).item() == pytest.approx(29 / 12)
+    agg = Aggregation("seq-mean-token-sum", seqs=torch.tensor(4))
+    assert agg_loss(LOSS, MASK, agg).item() == pytest.approx(29 / 4)
+    agg = Aggregation("seq-mean-token-sum-norm", horizon=10)
+    assert agg_loss(LOSS, MASK, agg).item() == pytest.approx(29 / 20)
     tokens, seqs = agg_counts(MASK)
     assert (int(tokens), int(seqs)) == (6, 2)
 
@@ -42,7 +47,7 @@ def test_empty_batches_give_zero_without_nan():
     for mode in AGG_MODES:
         for loss, mask in ((torch.zeros(0, 4), torch.zeros(0, 4)), (LOSS, torch.zeros(3, 4))):
             loss = loss.clone().requires_grad_(True)
-            out = agg_loss(loss, mask, mode, global_tokens=0, global_seqs=0)
+            out = agg_loss(loss, mask, Aggregation(mode, tokens=0, seqs=0))
             out.backward()
             assert out.item() == 0.0
             assert bool(torch.isfinite(loss.grad).all())
@@ -53,18 +58,19 @@ def test_nan_at_masked_positions_does_not_leak():
     loss[2] = float("nan")
     loss[0, 3] = float("inf")
     for mode in AGG_MODES:
-        torch.testing.assert_close(agg_loss(loss, MASK, mode), agg_loss(LOSS, MASK, mode))
+        agg = Aggregation(mode)
+        torch.testing.assert_close(agg_loss(loss, MASK, agg), agg_loss(LOSS, MASK, agg))
 
 
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="unknown loss_agg_mode 'mean'; choose one of: token-mean"):
-        agg_loss(LOSS, MASK, "mean")
+        Aggregation("mean")
     with pytest.raises(ValueError, match=r"mask must have shape \(N, S\)"):
         agg_loss(LOSS, MASK[:, :2])
-    with pytest.raises(ValueError, match="global_tokens"):
-        agg_loss(LOSS, MASK, global_tokens=-1)
+    with pytest.raises(ValueError, match="tokens must be a non-negative count, got -1"):
+        Aggregation(tokens=-1)
     with pytest.raises(ValueError, match="horizon"):
-        agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", horizon=0)
+        Aggregation("seq-mean-token-sum-norm", horizon=0)
 
 
 @settings(max_examples=100, deadline=None)
@@ -80,13 +86,9 @@ def test_summing_micro_batches_gives_the_whole_batch_loss(mask, mode, cuts, seed
         mask.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
     )
     tokens, seqs = agg_counts(mask)
-    whole = agg_loss(loss, mask, mode)
+    whole = agg_loss(loss, mask, Aggregation(mode))
     bounds = sorted({0, mask.shape[0], *(min(c, mask.shape[0]) for c in cuts)})
-    parts = [
-        agg_loss(loss[a:b], mask[a:b], mode, global_tokens=tokens, global_seqs=seqs, horizon=5)
-        for a, b in zip(bounds[:-1], bounds[1:])
-    ]
-    parts.append(
-        agg_loss(loss[:0], mask[:0], mode, global_tokens=tokens, global_seqs=seqs, horizon=5)
-    )
+    agg = Aggregation(mode, tokens, seqs, horizon=5)
+    parts = [agg_loss(loss[a:b], mask[a:b], agg) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts.append(agg_loss(loss[:0], mask[:0], agg))
     torch.testing.assert_close(sum(parts), whole, rtol=1e-12, atol=1e-12)

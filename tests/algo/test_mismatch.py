@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ardea.algo import correction_weights, mismatch_metrics
+from ardea.algo import Aggregation, correction_weights, mismatch_metrics
 
 
 def test_by_hand():
@@ -31,8 +31,8 @@ def test_global_counts_make_micro_batches_add_up():
     mask = torch.rand(4, 5, generator=gen) > 0.3
     whole = mismatch_metrics(lp, beh, mask)
     tokens, seqs = float(mask.sum()), float(mask.any(-1).sum())
-    parts = [mismatch_metrics(lp[i : i + 2], beh[i : i + 2], mask[i : i + 2],
-                              global_tokens=tokens, global_seqs=seqs) for i in (0, 2)]  # fmt: skip
+    agg = Aggregation("token-mean", tokens, seqs)
+    parts = [mismatch_metrics(lp[i : i + 2], beh[i : i + 2], mask[i : i + 2], agg) for i in (0, 2)]
     for name, value in whole.items():
         combined = max(p[name] for p in parts) if name.endswith("_max") else sum(p[name] for p in parts)  # fmt: skip
         torch.testing.assert_close(combined, value)

@@ -261,8 +261,8 @@ CORPUS = [
      "token ids outside"),
     ("a model id that climbs", "POST", "forward_backward", lambda: fwd([5, 6], model_id="../../x", seq=1),
      PROTO, 400, "not a model id"),
-    ("an unserved loss", "POST", "forward_backward", lambda: fwd([5, 6], loss_fn="gspo"), PROTO, 400,
-     "gspo"),
+    ("an unserved loss", "POST", "forward_backward", lambda: fwd([5, 6], loss_fn="stable_reinforce"),
+     PROTO, 400, "stable_reinforce"),
 ]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from tinker import types
 from transformers import AutoModelForCausalLM
 
-from ardea.algo import masked_cross_entropy
+from ardea.algo import Aggregation, masked_cross_entropy
 from ardea.rollout.engine import stop_token_ids
 from ardea.rollout.engines.inprocess.engine import InProcessEngine
 from ardea.rollout.sampling_params import SamplingParams
@@ -100,8 +100,8 @@ def test_sft_steps_equal_ardea_loss_and_adamw(service, server, base_dir, tokeniz
         out = trainer.forward_backward(data, "cross_entropy").result()
         trainer.optim_step(adam).result()
         logits = ref(input_ids=ids[:, :-1]).logits
-        loss, _ = masked_cross_entropy(logits, ids[:, 1:], mask, loss_agg_mode="seq-mean-token-sum",
-                                       global_seqs=1)  # fmt: skip
+        loss, _ = masked_cross_entropy(logits, ids[:, 1:], mask,
+                                       agg=Aggregation("seq-mean-token-sum", seqs=1))  # fmt: skip
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -237,14 +237,23 @@ def test_each_loss_reports_its_hand_formula(service, tokenizer):
     adv = np.where(np.arange(len(ids) - 1) % 2 == 0, 1.0, -0.5).astype(np.float32)
     datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
         "target_tokens": ids[1:], "logprobs": q.tolist(), "advantages": adv.tolist()})  # fmt: skip
+    in_ratio = np.arange(len(ids) - 1) >= 2  # gspo: the first two positions not in the ratio
+
+    def gspo(lp, r):  # the sequence ratio s over in_ratio; every token -min(s A, clip(s) A)
+        s = np.exp(np.log(r)[in_ratio].mean())
+        return -np.minimum(s * adv, np.clip(s, 0.8, 1.1) * adv)
+
     formulas = {
         "importance_sampling": ({}, lambda lp, r: -(r * adv)),
         "ppo": ({}, lambda lp, r: -np.minimum(r * adv, np.clip(r, 0.8, 1.2) * adv)),
         "cispo": ({"clip_low_threshold": 0.5}, lambda lp, r: -np.clip(r, 0.5, 1.2) * lp * adv),
+        "gspo": ({"clip_high_threshold": 1.1}, gspo),
         "dro": ({"beta": 0.3}, lambda lp, r: -(lp * adv - 0.15 * (lp - q) ** 2)),
     }
+    masked = types.Datum(model_input=datum.model_input, loss_fn_inputs={
+        **datum.loss_fn_inputs, "sequence_ratio_mask": in_ratio.astype(np.float32).tolist()})  # fmt: skip
     for name, (config, formula) in formulas.items():
-        out = trainer.forward([datum], name, config or None).result()
+        out = trainer.forward([masked if name == "gspo" else datum], name, config or None).result()
         lp = out.loss_fn_outputs[0]["logprobs"].to_numpy().astype(np.float64)
         expected = formula(lp, np.exp(lp - q)).sum()
         assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5, abs=1e-6), name
@@ -263,7 +272,8 @@ def test_bad_requests_are_named_and_lose_nothing(service, server, tokenizer):
     outside = types.Datum(model_input=types.ModelInput.from_ints([1, 10**6]),
                           loss_fn_inputs={"target_tokens": [1, 2], "weights": [1.0, 1.0]})  # fmt: skip
     failures = [
-        (lambda: trainer.forward_backward(data, "gspo"), "loss_fn 'gspo' is not served"),
+        (lambda: trainer.forward_backward(data, "stable_reinforce"),
+         "loss_fn 'stable_reinforce' is not served"),
         (lambda: trainer.forward_backward([short], "cross_entropy"), r"\['weights'\] has shape \[2\]"),
         (lambda: trainer.forward_backward([outside], "cross_entropy"), "token ids outside"),
         (lambda: trainer.forward_backward(data, "importance_sampling"), "has no 'logprobs'"),

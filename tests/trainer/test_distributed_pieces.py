@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ardea.algo import agg_loss
+from ardea.algo import Aggregation, agg_loss
 from ardea.config import load_config
 from ardea.errors import ConfigError
 from ardea.trainer.distributed import Distributed, resolve_mode
@@ -69,12 +69,13 @@ def test_losses_over_global_counts_add_up_to_the_whole_batch_loss():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 1]], dtype=torch.bool)
     tokens = 7  # counted: 2 + 1 + 3 + 1
     by_hand = (1 + 2 + 4 + 1.5 + 8) / tokens
-    parts = [agg_loss(loss[i : i + 1], mask[i : i + 1], global_tokens=tokens) for i in range(4)]
+    agg = Aggregation("token-mean", tokens=tokens)
+    parts = [agg_loss(loss[i : i + 1], mask[i : i + 1], agg) for i in range(4)]
     assert float(sum(parts)) == pytest.approx(by_hand)
     seqs = 4  # seq-mean-token-mean: mean over the 4 sequences of each one's token mean
     by_hand_seq = ((1 + 2) / 2 + 4 + 1.5 / 3 + 8) / seqs
     parts = [
-        agg_loss(loss[i : i + 1], mask[i : i + 1], "seq-mean-token-mean", global_seqs=seqs)
+        agg_loss(loss[i : i + 1], mask[i : i + 1], Aggregation("seq-mean-token-mean", seqs=seqs))
         for i in range(4)
     ]
     assert float(sum(parts)) == pytest.approx(by_hand_seq)

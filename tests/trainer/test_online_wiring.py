@@ -493,7 +493,8 @@ def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
         ),
         (
             ["algo.policy_loss=ppo2"],
-            r"algo.policy_loss: unknown policy loss 'ppo2'; known policy losses: decoupled_ppo, gspo, ppo",
+            r"algo.policy_loss: unknown policy loss 'ppo2'; known policy losses: cispo, "
+            r"cross_entropy, decoupled_ppo, dro, gspo, importance_sampling, ppo",
         ),
         (
             ["algo.policy_loss=ppo", "algo.ppo.behav_imp_weight_cap=2.0"],
@@ -501,8 +502,11 @@ def test_mini_batches_keep_groups_whole_and_cover_every_row_once_per_epoch():
         ),
         (
             ["algo.policy_loss=gspo", "algo.ppo.c_clip=3.0"],
-            r"'gspo' does not take algo.ppo.c_clip=3.0; .* \(it takes eps_clip, eps_clip_higher, "
-            r"loss_agg_mode\)",
+            r"'gspo' does not take algo.ppo.c_clip=3.0; .* \(it takes eps_clip, eps_clip_higher\)",
+        ),
+        (
+            ["algo.policy_loss=dro"],
+            r"algo.policy_loss='dro' takes beta, which algo.ppo does not have",
         ),
         (
             ["algo.name=online_ppo", "algo.dynamic_sampling=true"],

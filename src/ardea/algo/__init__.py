@@ -8,11 +8,14 @@ rows of a GAE call), ``G`` group, ``R`` response, ``T`` time steps, ``V`` vocab.
 - KL estimators: :func:`kl_penalty`; distillation's :func:`topk_forward_kl`
 - advantage estimators: :func:`register_advantage`, :func:`get_advantage_estimator`
 - the advantage pipeline: :func:`compute_advantages`
-- policy losses: PPO / decoupled PPO / GSPO as :class:`PolicyLoss` entries of
-  :data:`POLICY_LOSSES` reading :class:`PolicyLossInputs`; value, DPO / IPO, SimPO / ORPO,
-  cross-entropy, :func:`agg_loss`
+- policy losses: PPO / decoupled PPO / GSPO, and the Tinker API's cross-entropy,
+  importance sampling, CISPO and DRO, the formulas registered in :data:`POLICY_LOSSES`
+  (:func:`register_policy_loss`) reading :class:`PolicyLossInputs`; value, DPO / IPO,
+  SimPO / ORPO, cross-entropy, each aggregated by :func:`agg_loss` as an
+  :class:`Aggregation` says
 """
 
+from ardea.algo import reinforce_loss  # noqa: F401  (registers its policy losses)
 from ardea.algo._checks import trusted_inputs
 from ardea.algo._ckernel import c_kernel_available
 from ardea.algo.advantages import (
@@ -28,7 +31,7 @@ from ardea.algo.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from ardea.algo.agg import AGG_MODES, agg_counts, agg_loss, masked_mean
+from ardea.algo.agg import AGG_MODES, Aggregation, agg_counts, agg_loss, masked_mean
 from ardea.algo.cross_entropy import masked_cross_entropy
 from ardea.algo.gae import (
     check_turn_ids,
@@ -61,18 +64,14 @@ from ardea.algo.pipeline import (
     next_token_align,
     place_outcome,
 )
-from ardea.algo.policy_loss import (
-    clipped_surrogate,
-    decoupled_ppo_policy_loss,
-    gspo_policy_loss,
-    ppo_policy_loss,
-)
+from ardea.algo.policy_loss import clipped_surrogate, decoupled_ppo, gspo, ppo
 from ardea.algo.policy_loss_registry import (
     POLICY_LOSSES,
     POLICY_OPTIONS,
     PolicyLoss,
     PolicyLossInputs,
     get_policy_loss,
+    register_policy_loss,
 )
 from ardea.algo.preference_loss import dpo_loss, ipo_loss
 from ardea.algo.reference_free_loss import orpo_loss, simpo_loss
@@ -89,6 +88,7 @@ __all__ = [
     "PolicyLoss",
     "PolicyLossInputs",
     "AdvantageInputs",
+    "Aggregation",
     "EstimatorInputs",
     "AdvantageOutputs",
     "agg_counts",
@@ -105,7 +105,7 @@ __all__ = [
     "compute_token_level_gae",
     "compute_turn_level_gae",
     "constant_gae_lambda",
-    "decoupled_ppo_policy_loss",
+    "decoupled_ppo",
     "dpo_loss",
     "dr_grpo_advantages",
     "explained_variance",
@@ -116,7 +116,7 @@ __all__ = [
     "group_stats",
     "groups_with_spread",
     "grpo_advantages",
-    "gspo_policy_loss",
+    "gspo",
     "ipo_loss",
     "kl_penalty",
     "topk_forward_kl",
@@ -133,8 +133,9 @@ __all__ = [
     "next_token_align",
     "normalize_scores",
     "place_outcome",
-    "ppo_policy_loss",
+    "ppo",
     "register_advantage",
+    "register_policy_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "relative_position_gae_lambda",

@@ -1,7 +1,7 @@
 """Masked next-token cross-entropy (supervised fine-tuning, pretraining).
 
 ``l_t = -log softmax(logits_t)[target_t]`` (optionally label-smoothed) on counted
-positions, aggregated by :func:`ardea.algo.agg.agg_loss`. ``logits[:, t]`` must already be
+positions, aggregated by :func:`ardea.algo.agg.agg_loss` as an :class:`~ardea.algo.agg.Aggregation` says. ``logits[:, t]`` must already be
 aligned with ``targets[:, t]`` (for a causal LM: ``targets = input_ids[:, 1:]`` against
 ``logits[:, :-1]``, or the pipeline's ``next_token_align``). Logits are upcast to float32.
 For memory, prefer computing token log-probs in chunks in the model layer and aggregating
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ardea.algo._checks import as_mask, check_float, check_shape, check_tensor
-from ardea.algo.agg import agg_loss
+from ardea.algo.agg import TOKEN_MEAN, Aggregation, agg_loss
 
 
 def masked_cross_entropy(
@@ -24,10 +24,7 @@ def masked_cross_entropy(
     loss_mask: Tensor,
     *,
     label_smoothing: float = 0.0,
-    loss_agg_mode: str = "token-mean",
-    global_tokens: int | Tensor | None = None,
-    global_seqs: int | Tensor | None = None,
-    horizon: int | None = None,
+    agg: Aggregation = TOKEN_MEAN,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Cross-entropy of ``logits (N, S, V)`` against ``targets (N, S)`` on ``loss_mask``.
 
@@ -57,12 +54,5 @@ def masked_cross_entropy(
         reduction="none",
         label_smoothing=label_smoothing,
     ).view(m.shape)  # (N, S)
-    loss = agg_loss(
-        per_token,
-        m,
-        loss_agg_mode,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-        horizon=horizon,
-    )
+    loss = agg_loss(per_token, m, agg)
     return loss, {"loss/ce": loss.detach()}

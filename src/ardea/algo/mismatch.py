@@ -19,8 +19,9 @@ or a sampling distribution the trainer does not apply.
 ``mismatch/seq_ratio_outside``  share of sequences with ``exp(D) ∉ [0.5, 2]``
 ==============================  ===============================================
 
-``tokens`` and ``seqs`` default to this batch's trained tokens and sequences; passing the
-whole step's makes micro-batches' values add up to the step's (``_max`` takes the maximum).
+``tokens`` and ``seqs`` (an :class:`~ardea.algo.agg.Aggregation`'s) default to this batch's
+trained tokens and sequences; passing the whole step's makes micro-batches' values add up
+to the step's (``_max`` takes the maximum).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ardea.algo._checks import as_mask, check_float, check_ndim, check_shape
+from ardea.algo.agg import TOKEN_MEAN, Aggregation
 
 RATIO_RANGE = (0.5, 2.0)
 CORRECTION_MODES = ("token_tis", "seq_tis", "token_mis", "seq_mis")
@@ -39,19 +41,18 @@ def mismatch_metrics(
     logprobs: Tensor,
     behaviour: Tensor,
     mask: Tensor,
-    *,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
+    agg: Aggregation = TOKEN_MEAN,
 ) -> dict[str, Tensor]:
-    """The ``mismatch/*`` metrics (module docstring) as 0-d float64 tensors."""
+    """The ``mismatch/*`` metrics (module docstring) as 0-d float64 tensors, per token over
+    ``agg.tokens`` and per sequence over ``agg.seqs`` (None: this ``mask``'s)."""
     check_ndim("logprobs", check_float("logprobs", logprobs), 2, "(N, S)")
     check_shape("behaviour", check_float("behaviour", behaviour), logprobs.shape, "(N, S)")
     mask = as_mask("mask", mask, logprobs.shape, "(N, S)")
     d = torch.where(mask, logprobs.detach().double() - behaviour.detach().double(), 0.0)
     low, high = RATIO_RANGE
-    tokens = float(mask.sum()) if global_tokens is None else float(global_tokens)
+    tokens = float(mask.sum()) if agg.tokens is None else float(agg.tokens)
     trained = mask.any(dim=-1)  # (N,) rows with a trained token
-    seqs = float(trained.sum()) if global_seqs is None else float(global_seqs)
+    seqs = float(trained.sum()) if agg.seqs is None else float(agg.seqs)
     r = d.exp()
     outside = mask & ((r < low) | (r > high))
     total = d.sum(dim=-1)  # (N,) D per sequence

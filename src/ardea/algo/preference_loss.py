@@ -44,9 +44,15 @@ def pair_count(weight_name: str, weight: float, global_pairs, **logps: Tensor) -
     return torch.as_tensor(count, dtype=first.dtype, device=first.device)
 
 
-def _pair_inputs(beta: float, global_pairs, **logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    count = pair_count("beta", beta, global_pairs, **logps)
-    pc, pr, rc, rr = logps.values()
+PAIR_LOGPS = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps",
+              "ref_rejected_logps")  # fmt: skip
+
+
+def _pair_inputs(beta: float, global_pairs, *logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``(N,)`` implicit log-ratios of the chosen and rejected replies from the four
+    :data:`PAIR_LOGPS` (checked), and the pair count."""
+    count = pair_count("beta", beta, global_pairs, **dict(zip(PAIR_LOGPS, logps, strict=True)))
+    pc, pr, rc, rr = logps
     chosen, rejected = pc - rc.detach(), pr - rr.detach()  # (N,) implicit log-ratios
     return chosen, rejected, count
 
@@ -76,14 +82,9 @@ def dpo_loss(
     Returns:
         ``(loss, metrics)``; ``loss`` is 0-d, 0 for ``N = 0``.
     """
-    chosen, rejected, count = _pair_inputs(
-        beta,
-        global_pairs,
-        policy_chosen_logps=policy_chosen_logps,
-        policy_rejected_logps=policy_rejected_logps,
-        ref_chosen_logps=ref_chosen_logps,
-        ref_rejected_logps=ref_rejected_logps,
-    )
+    chosen, rejected, count = _pair_inputs(beta, global_pairs, policy_chosen_logps,
+                                           policy_rejected_logps, ref_chosen_logps,
+                                           ref_rejected_logps)  # fmt: skip
     per_pair = -F.logsigmoid(beta * (chosen - rejected))  # (N,)
     loss = per_pair.sum() / count
     return loss, _metrics("dpo", loss, chosen, rejected, beta, count)
@@ -103,14 +104,9 @@ def ipo_loss(
     Returns:
         ``(loss, metrics)``.
     """
-    chosen, rejected, count = _pair_inputs(
-        beta,
-        global_pairs,
-        policy_chosen_logps=policy_chosen_logps,
-        policy_rejected_logps=policy_rejected_logps,
-        ref_chosen_logps=ref_chosen_logps,
-        ref_rejected_logps=ref_rejected_logps,
-    )
+    chosen, rejected, count = _pair_inputs(beta, global_pairs, policy_chosen_logps,
+                                           policy_rejected_logps, ref_chosen_logps,
+                                           ref_rejected_logps)  # fmt: skip
     per_pair = (chosen - rejected - 1.0 / (2.0 * beta)).square()
     loss = per_pair.sum() / count
     return loss, _metrics("ipo", loss, chosen, rejected, beta, count)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ardea.algo._checks import as_mask, check_finite, check_float, check_shape
-from ardea.algo.agg import agg_loss, masked_mean
+from ardea.algo.agg import TOKEN_MEAN, Aggregation, agg_loss, masked_mean
 
 
 def value_loss(
@@ -29,12 +29,10 @@ def value_loss(
     loss_mask: Tensor,
     *,
     value_eps_clip: float | None = 0.2,
-    loss_agg_mode: str = "token-mean",
-    global_tokens: int | Tensor | None = None,
-    global_seqs: int | Tensor | None = None,
-    horizon: int | None = None,
+    agg: Aggregation = TOKEN_MEAN,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss (module docstring formula), aggregated by :func:`agg_loss`.
+    """Clipped value loss (module docstring formula), aggregated by :func:`agg_loss` as
+    ``agg`` says.
 
     Args:
         values: ``(N, S)`` critic output (with gradient), next-token aligned.
@@ -45,8 +43,7 @@ def value_loss(
 
     Returns:
         ``(loss, metrics)`` with ``loss/value`` and ``loss/value_clip_frac`` (fraction of
-        tokens where the clipped error is the larger one), token means over
-        ``global_tokens``.
+        tokens where the clipped error is the larger one), token means over ``agg.tokens``.
     """
     for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
         check_float(name, x)
@@ -64,19 +61,10 @@ def value_loss(
         clipped_error = (v_clip - returns).square()
         clip_active = clipped_error > error
         error = torch.maximum(error, clipped_error)
-    loss = agg_loss(
-        0.5 * error,
-        m,
-        loss_agg_mode,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-        horizon=horizon,
-    )
+    loss = agg_loss(0.5 * error, m, agg)
     metrics = {
         "loss/value": loss.detach(),
-        "loss/value_clip_frac": masked_mean(
-            clip_active.to(values.dtype), m, global_tokens=global_tokens
-        ),
+        "loss/value_clip_frac": masked_mean(clip_active.to(values.dtype), m, agg.tokens),
     }
     return loss, metrics
 

@@ -66,10 +66,13 @@ class AlgoConfig:
         None,
         "Online RL and grpo: the policy loss by registered name: ppo (clipped surrogate, "
         "clip-higher and dual-clip through algo.ppo), decoupled_ppo (ratio against the policy "
-        "before the step's updates, behaviour weight capped by algo.ppo.behav_imp_weight_cap) "
-        "or gspo (sequence-level ratio; set algo.ppo.eps_clip=3e-4 eps_clip_higher=4e-4), "
-        "or the dotted path of your own ardea.algo.PolicyLoss or fn(inputs, **options); "
-        "null = decoupled_ppo when rollout.max_staleness > 0, else ppo.",
+        "before the step's updates, behaviour weight capped by algo.ppo.behav_imp_weight_cap), "
+        "gspo (sequence-level ratio; set algo.ppo.eps_clip=3e-4 eps_clip_higher=4e-4), cispo "
+        "(REINFORCE weighted by the ratio clipped to algo.ppo.eps_clip / eps_clip_higher), "
+        "importance_sampling (unclipped ratio), cross_entropy (plain REINFORCE, -A log pi); dro "
+        "serves the Tinker API only (its beta is no algo.ppo option); or the dotted path of "
+        "your own fn(inputs, **options), registered with ardea.algo.register_policy_loss or "
+        "plain; null = decoupled_ppo when rollout.max_staleness > 0, else ppo.",
     )
     dynamic_sampling: bool = option(
         False,
@@ -125,7 +128,7 @@ class AlgoConfig:
         ):
             raise ConfigError(
                 f"algo.policy_loss={self.policy_loss!r} must name a policy loss "
-                "(ppo, decoupled_ppo, gspo) or be null"
+                "(e.g. ppo, decoupled_ppo, gspo) or be null"
             )
         check_range("algo.label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
         if self.beta is not None:

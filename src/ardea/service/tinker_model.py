@@ -1,9 +1,9 @@
 """One model a Tinker training client trains: a LoRA policy, its AdamW, its saved states.
 
-``forward_backward`` adds the gradient of a request's summed loss to what earlier requests
-left (:mod:`ardea.algo.token_sum_losses`); ``optim_step`` takes one AdamW step with the
-request's :class:`AdamParams` (learning rate, betas, eps, decoupled weight decay, global
-norm clip) and clears the gradient. A datum is ``T`` input tokens and per-token inputs of
+``forward_backward`` adds the gradient of a request's summed loss (one of the policy losses
+:mod:`ardea.service.tinker_losses` serves) to what earlier requests left; ``optim_step``
+takes one AdamW step with the request's :class:`AdamParams` (learning rate, betas, eps,
+decoupled weight decay, global norm clip) and clears the gradient. A datum is ``T`` input tokens and per-token inputs of
 shape ``[T]``: ``target_tokens[t]`` is the token that follows ``tokens[: t + 1]``; its
 output ``logprobs[t] = log p(target_tokens[t] | tokens[: t + 1])``.
 
@@ -25,10 +25,11 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-from ardea.algo.token_sum_losses import TOKEN_SUM_LOSSES
+from ardea.algo import get_policy_loss, trusted_inputs
 from ardea.model.logprobs import logprobs_from_logits
 from ardea.model.lora import apply_lora, load_policy_weights, save_policy
 from ardea.service.tinker_fields import Fields
+from ardea.service.tinker_losses import SERVED, check_datum, datum_loss, loss_options
 from ardea.service.tinker_wire import ForwardBackwardCall, WireDatum, WireError
 from ardea.trainer.checkpoint import STATE_FILE, load_trainer_state
 from ardea.trainer.schedule import clip_gradients
@@ -108,17 +109,16 @@ class TrainingModel:
     # -- forward_backward ------------------------------------------------------------
     def checked(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
         """The call's data as tensors, every datum checked (before the call is queued)."""
-        if call.loss_fn not in TOKEN_SUM_LOSSES:
-            raise WireError(
-                f"loss_fn {call.loss_fn!r} is not served; served: {', '.join(TOKEN_SUM_LOSSES)}"
-            )
-        _, needs, config_keys = TOKEN_SUM_LOSSES[call.loss_fn]
+        if call.loss_fn not in SERVED:
+            raise WireError(f"loss_fn {call.loss_fn!r} is not served; served: {', '.join(SERVED)}")
+        needs, config_keys = SERVED[call.loss_fn]
         unknown = sorted(set(call.config) - set(config_keys))
         if unknown:
             raise WireError(f"loss_fn_config keys {unknown} mean nothing to {call.loss_fn!r}")
         for key, value in call.config.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise WireError(f"loss_fn_config[{key!r}]={value} is not finite")
+        loss_options(call.loss_fn, call.config)
         if not call.data:
             raise WireError("forward_backward needs at least one datum")
         rows = []
@@ -136,6 +136,7 @@ class TrainingModel:
                 raise WireError(f"data[{i}].target_tokens has ids outside [0, {self.vocab})")
             for key in needs:
                 row[key] = _tensor(datum, i, key, length, torch.float32)
+            check_datum(call.loss_fn, row, i)
             rows.append(row)
         return rows
 
@@ -166,14 +167,14 @@ class TrainingModel:
             raise
 
     def _forward_backward(self, call: ForwardBackwardCall, rows: list[dict[str, torch.Tensor]]):
-        loss_fn = TOKEN_SUM_LOSSES[call.loss_fn][0]
+        served, options = get_policy_loss(call.loss_fn), loss_options(call.loss_fn, call.config)
         logprobs, losses, total = [], [], 0.0
         for start in range(0, len(rows), MICRO_BATCH):
             chunk = [{k: v.to(self.device) for k, v in r.items()}
                      for r in rows[start : start + MICRO_BATCH]]  # fmt: skip
-            with torch.set_grad_enabled(not call.forward_only):
+            with torch.set_grad_enabled(not call.forward_only), trusted_inputs():
                 lp = self._logprobs(chunk)
-                per_row = [loss_fn(lp[i, : len(r["tokens"])], r, call.config)
+                per_row = [datum_loss(served, options, lp[i, : len(r["tokens"])], r)
                            for i, r in enumerate(chunk)]  # fmt: skip
                 loss = torch.stack([x.sum() for x in per_row]).sum()
                 if not math.isfinite(float(loss.detach())):

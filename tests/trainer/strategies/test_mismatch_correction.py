@@ -6,7 +6,7 @@ import pytest
 import torch
 from strategy_testing import online_strategy, rollout_batch, tiny_policy
 
-from ardea.algo import correction_weights, ppo_policy_loss
+from ardea.algo import PolicyLossInputs, correction_weights, ppo
 from ardea.errors import ConfigError
 from ardea.trainer.step.updates import read_metrics
 
@@ -56,11 +56,11 @@ def test_the_loss_is_ppo_on_corrected_advantages(mode, options):
                                  mode=mode, **settings)  # fmt: skip
     assert not torch.allclose(weights[mask], torch.ones(int(mask.sum()), dtype=weights.dtype))
     logprobs = strategy.policy_logprobs(pinned)  # the policy has not moved: = proximal
-    expected, _ = ppo_policy_loss(logprobs, pinned.proximal_logprobs,
-                                  pinned.advantages * weights, mask, eps_clip=0.2)  # fmt: skip
+    expected, _ = ppo(PolicyLossInputs(logprobs, pinned.proximal_logprobs,
+                                       pinned.advantages * weights, mask), eps_clip=0.2)  # fmt: skip
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-7)
-    ignored, _ = ppo_policy_loss(logprobs, pinned.behaviour_logprobs, pinned.advantages, mask,
-                                 eps_clip=0.2)  # fmt: skip
+    ignored, _ = ppo(PolicyLossInputs(logprobs, pinned.behaviour_logprobs, pinned.advantages,
+                                      mask), eps_clip=0.2)  # fmt: skip
     assert not torch.allclose(loss.detach(), ignored, rtol=1e-3, atol=1e-6)
 
 

@@ -7,9 +7,9 @@ broadcast over its completion tokens; the loss is PPO's clipped surrogate plus
 :mod:`ardea.algo`: advantages from :func:`ardea.algo.compute_advantages` with the registered
 estimator ``algo.ppo.adv_estimator``, the policy loss from the registry
 (``algo.policy_loss``: ``ppo`` with ``eps_clip``, ``eps_clip_higher``, ``c_clip``;
-``decoupled_ppo``; ``gspo``; :mod:`ardea.trainer.strategies.policy_gradient`), aggregated by
-``loss_agg_mode``, the KL from :func:`ardea.algo.kl_penalty` (``kl_estimator``), aggregated
-like the policy loss.
+``decoupled_ppo``; ``gspo``; ``cispo``, ``importance_sampling``, ``cross_entropy``;
+:mod:`ardea.trainer.strategies.policy_gradient`), aggregated by ``loss_agg_mode``, the KL
+from :func:`ardea.algo.kl_penalty` (``kl_estimator``), aggregated like the policy loss.
 
 Three policies (seed 002's roles):
 
@@ -53,21 +53,21 @@ from typing import Any
 from torch import Tensor, nn
 
 from ardea import data
-from ardea.algo import agg_loss, compute_advantages, kl_penalty, masked_mean
+from ardea.algo import Aggregation, agg_loss, compute_advantages, kl_penalty, masked_mean
 from ardea.config.ppo import PPOConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
-from ardea.trainer.strategies.base import Strategy, register_strategy
+from ardea.trainer.strategies.base import OnlineStrategy, Strategy, register_strategy
 from ardea.trainer.strategies.moe import MoETerms
 from ardea.trainer.strategies.policy_gradient import (
     check_mismatch,
-    global_counts,
     policy_forward,
     policy_loss_name,
     policy_objective,
     ratio_reference,
     resolve_policy_loss,
     rl_step_counts,
+    step_aggregation,
 )
 from ardea.trainer.strategies.teacher import forward_kl_term
 
@@ -97,9 +97,11 @@ class GRPOStrategy(Strategy):
         self.ppo = config.algo.ppo
         self.adv_config = advantage_config(self.ppo)
         self.kl_ctl = float(self.ppo.kl_ctl)
-        self.loss_name = policy_loss_name(config, online=self.sample_kind == "prompt")
+        self.loss_name = policy_loss_name(config, online=isinstance(self, OnlineStrategy))
         self.policy_loss = resolve_policy_loss(self.loss_name, self.ppo)
-        check_mismatch(config.algo.mismatch, self.policy_loss, online=self.sample_kind == "prompt")
+        check_mismatch(
+            config.algo.mismatch, self.policy_loss, online=isinstance(self, OnlineStrategy)
+        )
         self.reference = self.frozen_reference() if self.kl_ctl else None
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
 
@@ -122,7 +124,7 @@ class GRPOStrategy(Strategy):
         """The ratio's reference (module docstring): offline the policy's own ``logprobs``
         detached when the batch has no behaviour log-probs or the loss is decoupled, else
         :func:`ratio_reference`."""
-        offline = self.sample_kind == "group"
+        offline = not isinstance(self, OnlineStrategy)
         if offline and (batch.logprobs is None or self.policy_loss.needs_proximal):
             return logprobs.detach()
         return ratio_reference(batch)
@@ -134,31 +136,29 @@ class GRPOStrategy(Strategy):
             batch = self.group_advantages(batch)
         mask = batch.action_mask  # (N, S) bool
         out = policy_forward(self, batch)
-        counts = global_counts(step_counts)
+        agg = step_aggregation(step_counts, self.ppo.loss_agg_mode)
         policy_loss, metrics = policy_objective(
             self.ppo,
             self.policy_loss,
             out.logprobs,
             batch,
-            counts,
+            agg,
             old=self._old_logprobs(batch, out.logprobs),
             mismatch=self.config.algo.mismatch,
             first_update=step_counts.get("update", 0.0) == 0.0,
         )
-        tokens = step_counts["tokens"]
-        metrics["train/entropy"] = masked_mean(out.entropy, mask, global_tokens=tokens).detach()
-        loss = policy_loss + self._kl_term(batch, out.logprobs, counts, metrics)
-        loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, counts, metrics)
+        metrics["train/entropy"] = masked_mean(out.entropy, mask, agg.tokens).detach()
+        loss = policy_loss + self._kl_term(batch, out.logprobs, agg, metrics)
+        loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, agg, metrics)
         metrics |= self._reward_metrics(batch, step_counts)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}
 
     def _kl_term(
-        self, batch: TrajectoryBatch, logprobs: Tensor, counts: dict, metrics: dict
+        self, batch: TrajectoryBatch, logprobs: Tensor, agg: Aggregation, metrics: dict
     ) -> Tensor | float:
-        """``kl_ctl * agg_loss(KL(pi || pi_ref))`` aggregated like the policy loss
-        (``counts``: the global counts of :func:`ardea.algo.agg_loss`); records ``train/kl``.
-        0 without a reference."""
+        """``kl_ctl * agg_loss(KL(pi || pi_ref))`` aggregated like the policy loss (as
+        ``agg`` says); records ``train/kl``. 0 without a reference."""
         if self.reference is None:
             return 0.0
         ref = batch.ref_logprobs  # pinned on an online rollout
@@ -166,9 +166,8 @@ class GRPOStrategy(Strategy):
             ref = self.reference.logprobs(batch)
         mask = batch.action_mask
         kl = kl_penalty(logprobs, ref, self.ppo.kl_estimator)  # (N, S)
-        kl_loss = agg_loss(kl, mask, self.ppo.loss_agg_mode, **counts)
-        tokens = counts["global_tokens"]
-        metrics["train/kl"] = masked_mean(kl, mask, global_tokens=tokens).detach()
+        kl_loss = agg_loss(kl, mask, agg)
+        metrics["train/kl"] = masked_mean(kl, mask, agg.tokens).detach()
         return self.kl_ctl * kl_loss
 
     @staticmethod

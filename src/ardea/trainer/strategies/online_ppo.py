@@ -209,13 +209,13 @@ class OnlinePPOStrategy(OnlineStrategy):
     ) -> tuple[Tensor, dict[str, Tensor | float]]:
         mask = batch.action_mask  # (N, S) bool
         out = policy_gradient.policy_forward(self, batch)
-        counts = policy_gradient.global_counts(step_counts)
+        agg = policy_gradient.step_aggregation(step_counts, self.ppo.loss_agg_mode)
         policy_loss, metrics = policy_gradient.policy_objective(
             self.ppo,
             self.policy_loss,
             out.logprobs,
             batch,
-            counts,
+            agg,
             old=policy_gradient.ratio_reference(batch),
             mismatch=self.config.algo.mismatch,
             first_update=step_counts.get("update", 0.0) == 0.0,
@@ -227,13 +227,11 @@ class OnlinePPOStrategy(OnlineStrategy):
             batch.returns.to(values.dtype),
             mask,
             value_eps_clip=self.ppo.value_eps_clip,
-            loss_agg_mode=self.ppo.loss_agg_mode,
-            **counts,
+            agg=agg,
         )
-        tokens = step_counts["tokens"]
-        metrics["train/entropy"] = masked_mean(out.entropy, mask, global_tokens=tokens).detach()
+        metrics["train/entropy"] = masked_mean(out.entropy, mask, agg.tokens).detach()
         metrics |= {name: value.detach() for name, value in parts.items()}  # loss/value, ...
         loss = policy_loss + self.config.algo.vf_coef * critic_loss
-        loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, counts, metrics)
+        loss = loss + forward_kl_term(self.config, batch, out.logprobs_at, agg, metrics)
         loss, moe_metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": loss.detach(), **metrics, **moe_metrics}

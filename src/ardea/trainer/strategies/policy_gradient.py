@@ -2,12 +2,13 @@
 policy loss chosen by ``algo.policy_loss`` and checked against ``algo.ppo``, the step's
 normalising counts, the policy's forward pass, and the loss with its metrics.
 
-The loss itself lives in :mod:`ardea.algo.policy_loss` as a registry entry (a
-:class:`ardea.algo.PolicyLoss`) that reads one :class:`ardea.algo.PolicyLossInputs`; its
-metrics are logged under the names it gives them (``loss/policy``, ``loss/clip_frac``,
-``loss/dual_clip_frac``, ``loss/approx_kl``, and for decoupled PPO
-``loss/behav_imp_weight`` and ``loss/behav_drop_frac``), token means over the whole step so
-that the micro-batches' values add up to the step's.
+The loss itself is the formula registered in :data:`ardea.algo.POLICY_LOSSES` (e.g.
+:func:`ardea.algo.ppo`), resolved once into an :class:`ardea.algo.PolicyLoss` and called
+with one :class:`ardea.algo.PolicyLossInputs`; its metrics are logged under the names it
+gives them (``loss/policy``, ``loss/clip_frac``, ``loss/dual_clip_frac``,
+``loss/approx_kl``, and for decoupled PPO ``loss/behav_imp_weight`` and
+``loss/behav_drop_frac``), token means over the whole step so that the micro-batches'
+values add up to the step's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from ardea.algo import (
     POLICY_OPTIONS,
+    Aggregation,
     PolicyLoss,
     PolicyLossInputs,
     correction_weights,
@@ -47,11 +49,19 @@ def policy_loss_name(config: Any, *, online: bool) -> str:
 
 def resolve_policy_loss(name: str, ppo: PPOConfig) -> PolicyLoss:
     """The policy loss ``name`` (a :class:`ConfigError` listing the known ones), after
-    checking that no ``algo.ppo`` option it does not take is set away from its default."""
+    checking, once, that ``algo.ppo`` gives every option it takes and sets no option it
+    does not take away from its default."""
     try:
         loss = get_policy_loss(name)
     except ConfigError as error:
         raise ConfigError(f"algo.policy_loss: {error}") from None
+    foreign = [option for option in loss.options if option not in POLICY_OPTIONS]
+    if foreign:
+        raise ConfigError(
+            f"algo.policy_loss={name!r} takes {', '.join(foreign)}, which algo.ppo does not "
+            f"have (a loss for the Tinker API server, whose requests give it); choose one "
+            f"that takes only {', '.join(POLICY_OPTIONS)}"
+        )
     unused = [
         option
         for option in POLICY_OPTIONS
@@ -111,13 +121,11 @@ def rl_step_counts(micro_batches: list[TrajectoryBatch], moe: MoETerms) -> dict[
     return counts | moe.step_counts(micro_batches)
 
 
-def global_counts(step_counts: dict[str, float]) -> dict[str, Any]:
-    """The step's counts as :func:`ardea.algo.agg_loss`'s keyword arguments
-    (``global_tokens``, ``global_seqs``, ``horizon``)."""
-    return dict(
-        global_tokens=step_counts["tokens"],
-        global_seqs=step_counts["seqs"],
-        horizon=int(step_counts["horizon"]),
+def step_aggregation(step_counts: dict[str, float], mode: str) -> Aggregation:
+    """``mode`` (``algo.ppo.loss_agg_mode``) over the step's counts: its tokens, sequences
+    and horizon (:func:`rl_step_counts`)."""
+    return Aggregation(
+        mode, step_counts["tokens"], step_counts["seqs"], int(step_counts["horizon"])
     )
 
 
@@ -126,14 +134,14 @@ def policy_objective(
     loss_fn: PolicyLoss,
     logprobs: Tensor,
     batch: TrajectoryBatch,
-    counts: dict[str, Any],
+    agg: Aggregation,
     *,
     old: Tensor,
     mismatch: MismatchConfig | None = None,
     first_update: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The policy loss and its metrics (module docstring), all ``(N, S)`` next-token
-    aligned. ``old`` is the ratio's denominator: the behaviour policy, or for a loss that
+    aligned, aggregated as ``agg`` says. ``old`` is the ratio's denominator: the behaviour policy, or for a loss that
     ``needs_proximal`` the proximal policy (the behaviour log-probs then give the weight).
     With ``mismatch`` (``algo.mismatch``) set, ``old`` is the proximal policy and each token's
     loss is weighted by :func:`ardea.algo.correction_weights` (the weight multiplies the
@@ -148,11 +156,10 @@ def policy_objective(
             cap=mismatch.cap, low=mismatch.low, high=mismatch.high,
         ).to(logprobs.dtype)  # fmt: skip
         advantages = advantages * weights
-        tokens = counts["global_tokens"]
         corrections = {
-            "mismatch/correction_weight_mean": masked_mean(weights, mask, global_tokens=tokens),
+            "mismatch/correction_weight_mean": masked_mean(weights, mask, agg.tokens),
             "mismatch/correction_masked_frac": masked_mean(
-                (weights == 0).to(weights.dtype), mask, global_tokens=tokens
+                (weights == 0).to(weights.dtype), mask, agg.tokens
             ),
         }
     behaviour = batch.behaviour_logprobs if loss_fn.needs_proximal else None
@@ -162,21 +169,17 @@ def policy_objective(
         advantages=advantages,
         loss_mask=mask,
         behav_logprobs=None if behaviour is None else behaviour.to(logprobs.dtype),
-        **counts,
+        agg=agg,
     )
-    loss, parts = loss_fn(inputs, **{name: getattr(ppo, name) for name in loss_fn.options})
+    loss, parts = loss_fn.fn(inputs, **{name: getattr(ppo, name) for name in loss_fn.options})
     metrics = {name: value.detach() for name, value in parts.items()}
-    tokens = counts["global_tokens"]
     raw = batch.advantages.to(logprobs.dtype)
-    metrics["train/advantage_mean"] = masked_mean(raw, mask, global_tokens=tokens).detach()
+    metrics["train/advantage_mean"] = masked_mean(raw, mask, agg.tokens).detach()
     metrics |= {name: value.detach() for name, value in corrections.items()}
     # the engine's behaviour log-probs against the trainer's: before the step's first
     # optimizer update only (later updates' values are not kept, so not computed)
     if batch.logprobs is not None and first_update:
-        gap = mismatch_metrics(
-            logprobs, batch.behaviour_logprobs, mask,
-            global_tokens=tokens, global_seqs=counts["global_seqs"],
-        )  # fmt: skip
+        gap = mismatch_metrics(logprobs, batch.behaviour_logprobs, mask, agg)
         metrics |= {name: value.detach() for name, value in gap.items()}
     return loss, metrics
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ardea import data
-from ardea.algo import agg_loss, masked_cross_entropy, next_token_align
+from ardea.algo import Aggregation, agg_loss, masked_cross_entropy, next_token_align
 from ardea.data import TrajectoryBatch, action_positions
 from ardea.model import position_ids_from_mask, sequence_logprobs
 from ardea.model.logprobs import sequence_logits
@@ -72,6 +72,7 @@ class NextTokenStrategy(Strategy):
         self, batch: TrajectoryBatch, step_counts: dict[str, float]
     ) -> tuple[Tensor, dict[str, Tensor | float]]:
         mask = self.predicted_mask(batch)  # (N, S)
+        agg = Aggregation("token-mean", step_counts["tokens"])
         inputs = batch.model_inputs()
         if self.label_smoothing > 0:
             out = sequence_logits(self.policy, **inputs)
@@ -80,13 +81,13 @@ class NextTokenStrategy(Strategy):
                 next_token_align(batch.input_ids),
                 mask,
                 label_smoothing=self.label_smoothing,
-                global_tokens=step_counts["tokens"],
+                agg=agg,
             )
         else:
             out = sequence_logprobs(
                 self.policy, **inputs, chunk_size=self.config.model.logprob_chunk_size
             )
-            loss = agg_loss(-out.logprobs, mask, "token-mean", global_tokens=step_counts["tokens"])
+            loss = agg_loss(-out.logprobs, mask, agg)
         loss, metrics = self.moe.add(loss, out, batch, step_counts)
         return loss, {"train/loss": loss.detach(), **metrics}
 

@@ -45,7 +45,7 @@ from typing import Any
 from torch import Tensor
 from transformers import AutoConfig
 
-from ardea.algo import agg_loss, kl_penalty, masked_mean, topk_forward_kl
+from ardea.algo import Aggregation, agg_loss, kl_penalty, masked_mean, topk_forward_kl
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import load_model_and_tokenizer, load_tokenizer
@@ -122,19 +122,22 @@ class Teacher:
 
 
 def forward_kl_term(
-    config: Any, batch: TrajectoryBatch, logprobs_at: Tensor | None, counts: dict, metrics: dict
+    config: Any,
+    batch: TrajectoryBatch,
+    logprobs_at: Tensor | None,
+    agg: Aggregation,
+    metrics: dict,
 ) -> Tensor | float:
     """``algo.teacher.coef * agg(KL_t)`` over the trained tokens of ``batch`` (module
     docstring; ``logprobs_at``: the student's ``(N, S, k)`` log-probs of the pinned teacher
-    tokens, ``counts``: :func:`ardea.algo.agg_loss`'s global counts); records
-    ``train/forward_kl``. 0 when no teacher tokens are pinned."""
+    tokens, ``agg``: the policy loss's aggregation); records ``train/forward_kl``. 0 when no
+    teacher tokens are pinned."""
     if batch.teacher_top_ids is None:
         return 0.0
     mask = batch.action_mask
     kl = topk_forward_kl(logprobs_at, batch.teacher_top_logprobs)  # (N, S)
-    term = agg_loss(kl, mask, config.algo.ppo.loss_agg_mode, **counts)
-    tokens = counts["global_tokens"]
-    metrics["train/forward_kl"] = masked_mean(kl.detach(), mask, global_tokens=tokens)
+    term = agg_loss(kl, mask, agg)
+    metrics["train/forward_kl"] = masked_mean(kl.detach(), mask, agg.tokens)
     return config.algo.teacher.coef * term
 
 
