@@ -40,15 +40,21 @@ def trainer_for(tmp_path, *overrides: str) -> Trainer:
 
 
 def capture_pins(trainer: Trainer) -> list:
-    """Every (rollout before, rollout after) the strategy pins, in order."""
-    pins = []
-    pin = trainer.strategy.pin
+    """Every (rollout before, rollout after, metrics) the RL step pins, in order: the
+    frozen scorers' values, then the strategy's."""
+    pins, before = [], []
+    scorers_pin, strategy_pin = trainer.strategy.scorers.pin, trainer.strategy.pin
+
+    def scored(batch, metrics):
+        before.append(batch)
+        return scorers_pin(batch, metrics)
 
     def recording(batch, metrics):
-        pinned = pin(batch, metrics)
-        pins.append((batch, pinned, dict(metrics)))
+        pinned = strategy_pin(batch, metrics)
+        pins.append((before[-1], pinned, dict(metrics)))
         return pinned
 
+    trainer.strategy.scorers.pin = scored
     trainer.strategy.pin = recording
     return pins
 
@@ -105,7 +111,7 @@ def test_the_reference_and_the_teacher_score_each_rollout_once_per_step(
     assert rows == 2 * 8 * 8  # two steps of 8 prompts x 8 completions
     # 2 epochs x 2 mini-batches would score each row 4 times if the loss scored it
     assert trainer.strategy.reference.rows_scored == rows
-    assert trainer.strategy.teacher.scorer.rows_scored == rows
+    assert trainer.strategy.scorers.teacher.scorer.rows_scored == rows
     assert all(pinned.ref_logprobs is not None for _, pinned, _ in pins)
 
 

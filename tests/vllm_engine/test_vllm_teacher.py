@@ -17,7 +17,7 @@ from ardea.config import load_config
 from ardea.data import Segment, Trajectory, TrajectoryBatch
 from ardea.rollout.engines.vllm.scoring import VLLMPromptScorer
 from ardea.trainer import Trainer
-from ardea.trainer.strategies.token_scorer import ServedTokenScorer, TokenScorer
+from ardea.trainer.scorers.token_scorer import ServedTokenScorer, TokenScorer
 
 pytestmark = pytest.mark.slow  # real vLLM servers
 

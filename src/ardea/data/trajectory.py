@@ -67,7 +67,8 @@ class TrajectoryBatch:
 
     Pinned by strategies, next-token aligned ``(N, S)`` float: ``advantages``,
     ``returns``, ``old_values`` (critic at rollout time), ``proximal_logprobs`` (decoupled
-    PPO), ``ref_logprobs`` (frozen reference); ``(N, S, k)``: ``teacher_top_ids`` (long)
+    PPO), ``ref_logprobs`` (frozen reference), ``process_rewards`` (per-token rewards of the
+    trained tokens, a distillation teacher's); ``(N, S, k)``: ``teacher_top_ids`` (long)
     and ``teacher_top_logprobs`` (float), a distillation teacher's k most likely next
     tokens. Build with :meth:`from_trajectories` or the data layer's ``collate_*``; add
     pinned fields with :meth:`pin`.
@@ -91,6 +92,7 @@ class TrajectoryBatch:
     old_values: Tensor | None = None
     proximal_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    process_rewards: Tensor | None = None
     teacher_top_ids: Tensor | None = None
     teacher_top_logprobs: Tensor | None = None
 
@@ -183,13 +185,11 @@ class TrajectoryBatch:
             raise ValueError("this batch carries no behaviour log-probs (TrajectoryBatch.logprobs)")
         return next_token_align(torch.where(self.loss_mask, self.logprobs, 0.0))
 
-    def advantage_inputs(
-        self, *, values: Tensor | None = None, process_rewards: Tensor | None = None
-    ) -> AdvantageInputs:
+    def advantage_inputs(self, *, values: Tensor | None = None) -> AdvantageInputs:
         """What :func:`ardea.algo.compute_advantages` reads, next-token aligned: the action
         mask, behaviour log-probs (0 when the batch has none), rewards, row lengths, the
-        pinned reference log-probs, the critic's ``values (N, S)`` and per-token
-        ``process_rewards (N, S)`` if given, turn ids, groups."""
+        pinned reference log-probs and per-token ``process_rewards``, the critic's
+        ``values (N, S)`` if given, turn ids, groups."""
         mask = self.action_mask
         if self.logprobs is None:
             logprobs = torch.zeros(mask.shape, device=mask.device)
@@ -205,7 +205,7 @@ class TrajectoryBatch:
             turn_ids=next_token_align(self.turn_ids, -1),
             group_ids=self.group_ids,
             no_eos=self.no_eos,
-            process_rewards=process_rewards,
+            process_rewards=self.process_rewards,
         )
 
     def sampling(self) -> dict[str, float | int]:

@@ -15,6 +15,7 @@ PINNED_FIELDS = (
     "old_values",
     "proximal_logprobs",
     "ref_logprobs",
+    "process_rewards",
     "teacher_top_ids",
     "teacher_top_logprobs",
 )

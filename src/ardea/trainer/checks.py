@@ -19,10 +19,9 @@ from ardea.data import make_task
 from ardea.model import build_char_tokenizer, check_model_dir, load_tokenizer
 from ardea.reward import build_scorer, check_reward_names, get_reward
 from ardea.rollout import engine_factory
+from ardea.trainer.scorers.teacher import check_same_vocabulary, check_teacher
 from ardea.trainer.strategies import OnlineStrategy, strategy_class
-from ardea.trainer.strategies.base import check_teacher
 from ardea.trainer.strategies.policy_gradient import resolve_policy_loss
-from ardea.trainer.strategies.teacher import check_same_vocabulary
 
 
 def check_config(

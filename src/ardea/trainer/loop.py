@@ -57,7 +57,7 @@ from ardea.trainer.setup import (
 from ardea.trainer.step.offline_step import OfflineStep
 from ardea.trainer.step.rl_step import RLStep
 from ardea.trainer.step.updates import Updater
-from ardea.trainer.strategies import OnlineStrategy, strategy_class
+from ardea.trainer.strategies import OnlineStrategy, make_strategy, strategy_class
 from ardea.trainer.trajectory_html import write_trajectories_html
 from ardea.trainer.trajectory_samples import append_token_rows
 from ardea.trainer.watch import judge
@@ -97,12 +97,14 @@ class Trainer:
         self.precision = resolve_precision(config, policy, shapes, self.dist)
         engine = self._build_engine(policy)  # on the owner (rank 0) only
         self.policy = self._wrap(policy, trainable=True)
-        self.strategy = strategy_cls(
+        self.strategy = make_strategy(
+            config.algo.name,
             self.policy,
             config,
             tokenizer=self.tokenizer,
             make_reference=self._make_reference,
             wrap=self._wrap,
+            device=self.device,
         )
         self.updater = Updater(self.policy, self.strategy, config, self.precision, self.dist)
         self.sampler = EpochSampler(
@@ -350,6 +352,7 @@ class Trainer:
                 self.evaluator.agent.runner.close()
             self.service.close()
             self.strategy.close()
+            self.strategy.scorers.close()
             self.dist.close()
             if logger is not None:
                 logger.close()

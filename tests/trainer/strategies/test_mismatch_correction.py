@@ -14,7 +14,7 @@ LENGTHS, PROMPT, REWARDS = [7, 8, 6, 8], 3, [1.0, 0.0, 0.5, 0.25]
 
 
 def loss_of(strategy, batch):
-    pinned = strategy.pin(batch, {})
+    pinned = strategy.pin(strategy.scorers.pin(batch, {}), {})  # as the RL step pins
     loss, metrics = strategy.loss(pinned, strategy.step_counts([pinned]))
     return pinned, (loss, read_metrics(metrics))  # metrics as the trainer reads them
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig
 from ardea.model import sequence_logprobs
 from ardea.model.logprobs import sequence_logits
 from ardea.model.moe import moe_routing
-from ardea.trainer.strategies.moe import router_diagnostics
+from ardea.trainer.moe_terms import router_diagnostics
 
 LAYER_1 = [[0.5, 0.3, 0.15, 0.05], [0.4, 0.35, 0.2, 0.05], [0.1, 0.2, 0.6, 0.1]]
 LAYER_2 = [[0.1, 0.2, 0.3, 0.4], [0.4, 0.1, 0.2, 0.3], [0.3, 0.4, 0.1, 0.2]]

@@ -25,7 +25,7 @@ def ppo(**algo):
 
 def prepared(strategy, batch=None):
     batch = batch if batch is not None else rollout_batch(LENGTHS, PROMPT, REWARDS)
-    return strategy.pin(batch, {})
+    return strategy.pin(strategy.scorers.pin(batch, {}), {})  # as the RL step pins
 
 
 def loss_of(strategy, pinned):
@@ -279,7 +279,7 @@ def test_rollout_metrics_explained_variance_by_hand():
     values = torch.tensor([[0, 0, 0.5, 0.5, 0], [0, 0, 0.25, 0.25, 0]], dtype=torch.float32)
     strategy.critic = fixed_critic(values)
     metrics = {}
-    strategy.pin(batch, metrics)
+    strategy.pin(strategy.scorers.pin(batch, metrics), metrics)
     # gamma = lambda = 1: returns = outcome [1, 1, 0, 0] on the completion tokens, values
     # [0.5, 0.5, 0.25, 0.25]; residuals [0.5, 0.5, -0.25, -0.25] have mean 0.125 and variance
     # 0.140625, the returns variance 0.25: 1 - 0.140625 / 0.25 = 0.4375

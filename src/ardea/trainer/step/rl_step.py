@@ -14,9 +14,10 @@
    :mod:`ardea.rollout.dynamic_sampling`.
 4. the staleness check: a batch from a future version or more than η versions old raises
    :class:`~ardea.rollout.StalenessError` and never reaches a loss (``rollout/staleness``).
-5. **advantages** (``perf/time_advantages``): the strategy pins what its loss needs on the
-   whole batch (:meth:`~ardea.trainer.strategies.OnlineStrategy.pin`) for every pass; every
-   rank pins the whole batch.
+5. **advantages** (``perf/time_advantages``): the frozen scorers' values (the reference's
+   log-probs, a teacher's scores: :class:`~ardea.trainer.scorers.FrozenScorers`), then what
+   the strategy's loss needs (:meth:`~ardea.trainer.strategies.OnlineStrategy.pin`), pinned
+   on the whole batch once for every pass; every rank pins the whole batch.
 6. **updates** (``perf/time_forward_backward``, ``perf/time_optimizer``):
    ``algo.ppo_epochs`` passes over ``algo.ppo_mini_batches`` mini-batches of whole groups,
    shuffled each epoch, each split into ``trainer.grad_accum_steps`` micro-batches
@@ -107,7 +108,8 @@ class RLStep:
         batch = rollout.batch.to(self.device)
         forward = self.updater.precision.forward(self.updater.policy, batch.input_ids.shape[1])
         with timer.phase("advantages"), forward:
-            batch = self.strategy.pin(batch, metrics) if batch.rows else batch
+            if batch.rows:  # the frozen scorers' values, then what the strategy pins
+                batch = self.strategy.pin(self.strategy.scorers.pin(batch, metrics), metrics)
         self.last_rows = token_rows(batch, self.tokenizer)
         updates = self._updates(batch, step)
         metrics |= self.updater.run(updates, timer)

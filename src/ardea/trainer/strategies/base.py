@@ -28,8 +28,7 @@ from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.registry import Registry, subclass_check
 from ardea.trainer.components import TrainedComponent
-from ardea.trainer.strategies.teacher import Teacher
-from ardea.trainer.strategies.token_scorer import TokenScorer
+from ardea.trainer.scorers import FrozenScorers, build_scorers
 
 SAMPLE_KINDS = ("text", "sft", "preference", "labeled", "group", "prompt")
 MODEL_HEADS = ("causal_lm", "scorer")
@@ -49,10 +48,12 @@ class Strategy(ABC):
         config: the run config.
         tokenizer: the policy's tokenizer (pad id for collation).
         make_reference: builds a fresh copy of the *initial* policy (same weights the run
-            started from); strategies that need a frozen reference call it once.
-        wrap: ``wrap(module, trainable=...)`` wraps a module the strategy builds (critic,
-            reference) for data parallelism as the policy is (DDP / FSDP2); by default
-            modules stay as they are.
+            started from), e.g. for a critic warm-started from it.
+        wrap: ``wrap(module, trainable=...)`` wraps a module the strategy builds (a critic)
+            for data parallelism as the policy is (DDP / FSDP2); by default modules stay as
+            they are.
+        scorers: the run's frozen scorers (:mod:`ardea.trainer.scorers`): the reference a
+            strategy ``wants_reference`` for, a teacher; :func:`make_strategy` builds them.
     """
 
     sample_kind: ClassVar[str] = "sft"
@@ -70,12 +71,21 @@ class Strategy(ABC):
         tokenizer: Any,
         make_reference: Callable[[], torch.nn.Module] | None = None,
         wrap: Callable[..., torch.nn.Module] | None = None,
+        scorers: FrozenScorers | None = None,
     ) -> None:
         self.policy = policy
         self.config = config
         self.tokenizer = tokenizer
         self.make_reference = make_reference
         self._wrap = wrap
+        self.scorers = scorers if scorers is not None else FrozenScorers()
+        self.reference = self.scorers.reference  # the frozen initial policy, if wanted
+
+    @classmethod
+    def wants_reference(cls, config: ArdeaConfig) -> bool:
+        """Whether the loss reads a frozen reference under ``config`` (a KL term, a
+        preference loss); :func:`~ardea.trainer.scorers.build_scorers` builds it."""
+        return False
 
     def wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
         """``module`` wrapped for data parallelism like the policy (see ``wrap``)."""
@@ -90,13 +100,6 @@ class Strategy(ABC):
                 "make_reference (a function building it) to make_strategy"
             )
         return self.make_reference()
-
-    def frozen_reference(self) -> TokenScorer:
-        """The frozen initial policy (eval mode, no gradients), wrapped like the policy, as
-        the :class:`~ardea.trainer.strategies.token_scorer.TokenScorer` of the reference."""
-        reference = self.initial_policy().requires_grad_(False).eval()
-        wrapped = self.wrap(reference, trainable=False)
-        return TokenScorer(wrapped, self.config.model.logprob_chunk_size)
 
     @abstractmethod
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
@@ -127,9 +130,10 @@ class OnlineStrategy(Strategy):
     """A strategy trained on fresh rollouts (``sample_kind = "prompt"``).
 
     The RL step (:mod:`ardea.trainer.step.rl_step`) generates and scores the rollout, keeps the
-    groups the step trains on, then calls :meth:`pin` once on the whole rollout: the
-    strategy pins everything its loss needs (advantages, returns, old values, proximal
-    log-probs, preference pairs), so every pass over the rollout reuses the same targets.
+    groups the step trains on, pins the frozen scorers' values (reference log-probs, a
+    teacher's), then calls :meth:`pin` once on the whole rollout: the strategy pins
+    everything else its loss needs (advantages, returns, old values, proximal log-probs,
+    preference pairs), so every pass over the rollout reuses the same targets.
     """
 
     sample_kind = "prompt"
@@ -138,27 +142,6 @@ class OnlineStrategy(Strategy):
     #: whether a distillation teacher (``algo.teacher``) enters its advantages (per-token
     #: rewards) or its loss (forward KL)
     supports_teacher: ClassVar[bool] = False
-
-    def __init__(self, policy: torch.nn.Module, config: ArdeaConfig, **kwargs: Any) -> None:
-        super().__init__(policy, config, **kwargs)
-        self.teacher: Teacher | None = None
-        if config.algo.teacher.path is not None:
-            check_teacher(type(self), config)
-            self.teacher = Teacher.from_config(self)
-
-    def close(self) -> None:
-        """Release what the strategy started (a teacher's vLLM server)."""
-        if self.teacher is not None:
-            self.teacher.close()
-
-    def pin_teacher(
-        self, batch: TrajectoryBatch, metrics: dict[str, float]
-    ) -> tuple[TrajectoryBatch, torch.Tensor | None]:
-        """The rollout scored by the teacher, once: ``(batch, process_rewards)``, the batch
-        with the teacher's top tokens pinned (forward KL) and the ``(N, S)`` per-token
-        rewards (reverse KL), or None (:meth:`Teacher.pin`); without a teacher
-        ``(batch, None)``."""
-        return (batch, None) if self.teacher is None else self.teacher.pin(batch, metrics)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
         raise TypeError(f"{type(self).__name__} trains on rollouts, not collated samples")
@@ -177,17 +160,6 @@ class OnlineStrategy(Strategy):
             chunk_size=self.config.model.logprob_chunk_size,
             **batch.sampling(),
         ).logprobs
-
-
-def check_teacher(cls: type[Strategy], config: ArdeaConfig) -> None:
-    """A :class:`ConfigError` when ``algo.teacher`` is set for a strategy that takes no
-    per-token rewards."""
-    if config.algo.teacher.path is not None and not getattr(cls, "supports_teacher", False):
-        raise ConfigError(
-            f"algo.teacher is set but algo.name={config.algo.name} does not learn from a "
-            "teacher (per-token rewards or a forward-KL term); distil with online_grpo or "
-            "online_ppo"
-        )
 
 
 def _check_strategy(name: str, cls: object) -> None:
@@ -221,6 +193,24 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def make_strategy(
-    name: str, policy: torch.nn.Module, config: ArdeaConfig, **kwargs: Any
+    name: str,
+    policy: torch.nn.Module,
+    config: ArdeaConfig,
+    *,
+    tokenizer: Any,
+    make_reference: Callable[[], torch.nn.Module] | None = None,
+    wrap: Callable[..., torch.nn.Module] | None = None,
+    device: torch.device | None = None,
 ) -> Strategy:
-    return strategy_class(name)(policy, config, **kwargs)
+    """The strategy ``name`` on ``policy``, with the frozen scorers it needs built first
+    (:func:`~ardea.trainer.scorers.build_scorers`: a reference, a teacher)."""
+    cls = strategy_class(name)
+    wrap = wrap or (lambda module, trainable: module)
+    device = device if device is not None else next(policy.parameters()).device
+    scorers = build_scorers(
+        config, cls, tokenizer=tokenizer, device=device, make_reference=make_reference, wrap=wrap
+    )
+    return cls(
+        policy, config, tokenizer=tokenizer, make_reference=make_reference, wrap=wrap,
+        scorers=scorers,
+    )  # fmt: skip

@@ -8,8 +8,8 @@ For each pair the sequence log-prob of a response under a model is
 ``log pi(y) = sum_t m[t] * logprobs[t]`` (``algo.dpo_reduction = sum``) or that sum divided
 by ``sum_t m[t]`` (``mean``), with ``m`` the batch's action mask (response tokens, next-token
 aligned). The policy scores chosen and rejected in one ``[2P, S]`` forward; a frozen
-reference (``make_reference()``, built once, eval mode, no gradients) scores the same rows
-once per step (:class:`~ardea.trainer.strategies.token_scorer.TokenScorer`). The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
+reference (built once for the run, :mod:`ardea.trainer.scorers`; eval mode, no gradients) scores the same rows
+once per step (:class:`~ardea.trainer.scorers.token_scorer.TokenScorer`). The loss is ``sum_pairs l / P_step`` with ``P_step`` the pairs of the
 whole optimizer step, ``l = -log sigmoid(beta * h)`` (DPO) or ``(h - 1 / (2 beta))^2`` (IPO),
 ``h = (log pi(y_w) - log pi(y_l)) - (log pi_ref(y_w) - log pi_ref(y_l))``.
 
@@ -36,8 +36,8 @@ from ardea import data
 from ardea.algo import dpo_loss, ipo_loss
 from ardea.data import TrajectoryBatch, preference_pairs
 from ardea.model import sequence_logprobs
+from ardea.trainer.moe_terms import MoETerms
 from ardea.trainer.strategies.base import Strategy, register_strategy
-from ardea.trainer.strategies.moe import MoETerms
 
 PREFERENCE_LOSSES = {"sigmoid": (dpo_loss, "dpo"), "ipo": (ipo_loss, "ipo")}
 
@@ -69,13 +69,16 @@ class PreferencePairs(Strategy):
 class DPOStrategy(PreferencePairs):
     """DPO / IPO against a frozen reference (module docstring)."""
 
+    @classmethod
+    def wants_reference(cls, config: Any) -> bool:
+        return True
+
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
         algo = config.algo
         self.loss_fn, self.loss_name = PREFERENCE_LOSSES[algo.dpo_loss]
         self.beta = 0.1 if algo.beta is None else float(algo.beta)
         self.reduction = algo.dpo_reduction
-        self.reference = self.frozen_reference()
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
 
     def loss(

@@ -57,8 +57,9 @@ from ardea.algo import Aggregation, agg_loss, compute_advantages, kl_penalty, ma
 from ardea.config.ppo import PPOConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
+from ardea.trainer.moe_terms import MoETerms
+from ardea.trainer.scorers.teacher import forward_kl_term
 from ardea.trainer.strategies.base import OnlineStrategy, Strategy, register_strategy
-from ardea.trainer.strategies.moe import MoETerms
 from ardea.trainer.strategies.policy_gradient import (
     check_mismatch,
     policy_forward,
@@ -69,7 +70,6 @@ from ardea.trainer.strategies.policy_gradient import (
     rl_step_counts,
     step_aggregation,
 )
-from ardea.trainer.strategies.teacher import forward_kl_term
 
 CRITIC_ESTIMATORS = ("gae",)  # estimators that need a critic
 
@@ -92,6 +92,11 @@ class GRPOStrategy(Strategy):
 
     sample_kind = "group"
 
+    @classmethod
+    def wants_reference(cls, config: Any) -> bool:
+        """A frozen reference only for the KL term (``algo.ppo.kl_ctl > 0``)."""
+        return bool(config.algo.ppo.kl_ctl)
+
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
         self.ppo = config.algo.ppo
@@ -102,7 +107,6 @@ class GRPOStrategy(Strategy):
         check_mismatch(
             config.algo.mismatch, self.policy_loss, online=isinstance(self, OnlineStrategy)
         )
-        self.reference = self.frozen_reference() if self.kl_ctl else None
         self.moe = MoETerms(policy, config.algo.moe_aux_loss_coef)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:
@@ -111,12 +115,11 @@ class GRPOStrategy(Strategy):
     def step_counts(self, micro_batches: list[TrajectoryBatch]) -> dict[str, float]:
         return rl_step_counts(micro_batches, self.moe)
 
-    def group_advantages(
-        self, batch: TrajectoryBatch, process_rewards: Tensor | None = None
-    ) -> TrajectoryBatch:
-        """``batch`` with the estimator's advantages pinned (next-token aligned); per-token
-        ``process_rewards (N, S)`` join them as :class:`ardea.algo.EstimatorInputs` says."""
-        inputs = batch.advantage_inputs(process_rewards=process_rewards)
+    def group_advantages(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch`` with the estimator's advantages pinned (next-token aligned); its pinned
+        per-token ``process_rewards (N, S)`` join them as :class:`ardea.algo.EstimatorInputs`
+        says."""
+        inputs = batch.advantage_inputs()
         advantages = compute_advantages(inputs, self.adv_config).advantages
         return batch.pin(advantages=advantages)
 

@@ -6,7 +6,7 @@ Batch: :func:`ardea.data.collate_labeled`, ``B`` labeled rows then their ``B`` m
 rows (each prompt with another sample's completion). Per row the sequence log-prob is
 ``log pi(y|x) = sum_t m[t] * logprobs[t]`` (``m`` the action mask, next-token aligned). The
 policy scores the labeled rows with gradients and the mismatched rows without; the frozen
-reference (built once, :meth:`~ardea.trainer.strategies.base.Strategy.frozen_reference`)
+reference (built once for the run, :mod:`ardea.trainer.scorers`)
 scores all ``2B``. The reference point ``z`` (:func:`ardea.algo.kto_kl_estimate`) is the
 mean log-ratio on the mismatched rows of the whole optimizer step (every micro-batch, every
 rank: summed with the step's counts before the first loss, :meth:`KTOStrategy.step_counts`),
@@ -36,9 +36,9 @@ from ardea import data
 from ardea.algo import kto_kl_estimate, kto_logratio_sum, kto_loss
 from ardea.data import TrajectoryBatch, labeled_rows
 from ardea.model import sequence_logprobs
+from ardea.trainer.moe_terms import MoETerms
 from ardea.trainer.strategies.base import Strategy, register_strategy
 from ardea.trainer.strategies.dpo import sequence_logps
-from ardea.trainer.strategies.moe import MoETerms
 
 
 @register_strategy("kto")
@@ -48,6 +48,10 @@ class KTOStrategy(Strategy):
     sample_kind = "labeled"
     eval_metrics = ("rewards_margins",)
 
+    @classmethod
+    def wants_reference(cls, config: Any) -> bool:
+        return True
+
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
         algo = config.algo
@@ -56,7 +60,6 @@ class KTOStrategy(Strategy):
             "desirable_weight": algo.kto_desirable_weight,
             "undesirable_weight": algo.kto_undesirable_weight,
         }
-        self.reference = self.frozen_reference()
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
 
     def collate(self, samples: Sequence[Any]) -> TrajectoryBatch:

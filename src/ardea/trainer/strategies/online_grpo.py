@@ -10,7 +10,7 @@ Pinned on the whole rollout before any update (:meth:`OnlineGRPOStrategy.pin`): 
 advantages of ``algo.ppo.adv_estimator`` (``grpo`` by default; ``dr_grpo``, ``rloo``,
 ``reinforce_pp``, ``reinforce_pp_baseline`` or a dotted path), computed over all the step's
 groups at once (plus each token's own reward from a distillation teacher, ``algo.teacher``:
-:mod:`ardea.trainer.strategies.teacher`), the reference's log-probs when the loss has a KL
+:mod:`ardea.trainer.scorers.teacher`), the reference's log-probs when the loss has a KL
 term (``algo.ppo.kl_ctl > 0``; scored once per step, whatever ``algo.ppo_epochs`` and
 ``algo.ppo_mini_batches``), and for a decoupled policy loss (``algo.policy_loss=decoupled_ppo``, the
 default when ``rollout.max_staleness > 0``) the proximal log-probs of the policy before the
@@ -38,13 +38,9 @@ class OnlineGRPOStrategy(OnlineStrategy, GRPOStrategy):
     supports_teacher = True
 
     def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
-        """The reference's log-probs (with a KL term), group advantages over the whole
-        rollout (with a teacher's per-token rewards), and the proximal log-probs of a
-        decoupled loss."""
-        if self.reference is not None:  # once per step, not per epoch and mini-batch
-            batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
-        batch, process_rewards = self.pin_teacher(batch, metrics)
-        batch = self.group_advantages(batch, process_rewards)
+        """Group advantages over the whole rollout (with a teacher's per-token rewards, the
+        RL step pinned them), and the proximal log-probs of a decoupled loss."""
+        batch = self.group_advantages(batch)
         if needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))
         return batch

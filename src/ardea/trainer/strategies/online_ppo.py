@@ -80,10 +80,10 @@ from ardea.model import ValueModel
 from ardea.model.lora import lora_critic, merged_critic
 from ardea.trainer.components import TrainedComponent
 from ardea.trainer.distributed import load_full_state_dict, unwrap
+from ardea.trainer.moe_terms import MoETerms
+from ardea.trainer.scorers.teacher import forward_kl_term
 from ardea.trainer.strategies import policy_gradient
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
-from ardea.trainer.strategies.moe import MoETerms
-from ardea.trainer.strategies.teacher import forward_kl_term
 
 CRITIC_DIR = "critic"
 CRITIC_TRAINED = "trainable.safetensors"  # a LoRA critic's adapters and value head
@@ -94,6 +94,11 @@ class OnlinePPOStrategy(OnlineStrategy):
     """PPO with a learned critic on fresh rollouts (module docstring)."""
 
     supports_teacher = True
+
+    @classmethod
+    def wants_reference(cls, config: Any) -> bool:
+        """A frozen reference only for the KL term (``algo.ppo.kl_ctl > 0``)."""
+        return bool(config.algo.ppo.kl_ctl)
 
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
@@ -115,8 +120,6 @@ class OnlinePPOStrategy(OnlineStrategy):
             save=self._save_critic,
             load=self._load_critic,
         )
-        kl = float(self.ppo.kl_ctl)
-        self.reference = self.frozen_reference() if kl else None
         self.moe = MoETerms(policy, algo.moe_aux_loss_coef)
 
     def _build_critic(self, path: str | None) -> nn.Module:
@@ -169,16 +172,12 @@ class OnlinePPOStrategy(OnlineStrategy):
     # --------------------------------------------------------------- rollout
     @torch.no_grad()
     def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
-        """Critic values, reference log-probs and GAE, pinned on the rollout."""
+        """Critic values and GAE (with the reference's KL and a teacher's per-token
+        rewards, which the RL step pinned), pinned on the rollout."""
         self.critic.eval()
         values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S): V after 0..t
         self.critic.train()
-        if self.reference is not None:
-            batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
-        batch, process = self.pin_teacher(batch, metrics)  # a teacher's: GAE per token
-        out = compute_advantages(
-            batch.advantage_inputs(values=values, process_rewards=process), self.ppo
-        )
+        out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
         batch = batch.pin(advantages=out.advantages, returns=out.returns, old_values=values)
         if policy_gradient.needs_proximal(self):
             batch = batch.pin(proximal_logprobs=self.policy_logprobs(batch))

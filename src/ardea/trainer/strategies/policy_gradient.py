@@ -33,8 +33,8 @@ from ardea.config.ppo import PPOConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
 from ardea.model import LogprobOutput, sequence_logprobs
+from ardea.trainer.moe_terms import MoETerms
 from ardea.trainer.strategies.base import Strategy
-from ardea.trainer.strategies.moe import MoETerms
 
 PPO_DEFAULTS = PPOConfig()
 

@@ -29,9 +29,9 @@ from torch import Tensor, nn
 from ardea.algo import orpo_loss, simpo_loss
 from ardea.data import TrajectoryBatch, preference_pairs
 from ardea.model import sequence_logprobs
+from ardea.trainer.moe_terms import MoETerms
 from ardea.trainer.strategies.base import register_strategy
 from ardea.trainer.strategies.dpo import PreferencePairs, sequence_logps
-from ardea.trainer.strategies.moe import MoETerms
 
 
 class ReferenceFreePreference(PreferencePairs):

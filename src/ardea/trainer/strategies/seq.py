@@ -11,7 +11,7 @@ it in the document predicts it).
 Without label smoothing the loss comes from the chunked log-probs of
 :func:`ardea.model.sequence_logprobs` (no full float32 ``[N, S, V]`` logits); with it, the
 full logits go through :func:`ardea.algo.masked_cross_entropy`. MoE policies add their
-load-balancing loss (:mod:`ardea.trainer.strategies.moe`).
+load-balancing loss (:mod:`ardea.trainer.moe_terms`).
 
 Batches (from ``ardea.data``): ``collate_sft`` and ``collate_packed`` give
 :class:`~ardea.data.TrajectoryBatch`es; packed rows carry ``position_ids`` (restarting at 0
@@ -33,8 +33,8 @@ from ardea.algo import Aggregation, agg_loss, masked_cross_entropy, next_token_a
 from ardea.data import TrajectoryBatch, action_positions
 from ardea.model import position_ids_from_mask, sequence_logprobs
 from ardea.model.logprobs import sequence_logits
+from ardea.trainer.moe_terms import MoETerms
 from ardea.trainer.strategies.base import Strategy, register_strategy
-from ardea.trainer.strategies.moe import MoETerms
 
 
 class NextTokenStrategy(Strategy):

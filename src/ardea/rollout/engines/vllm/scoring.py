@@ -10,7 +10,7 @@ requests at a time), vLLM batching them.
 vLLM computes prompt log-probs from the model's logits as they are: temperature 1, no top-k
 or top-p (its sampling processors do not run on prompt tokens, whatever
 ``--logprobs-mode``). A caller whose distribution differs must not use them; the trainer
-refuses such a run (:mod:`ardea.trainer.strategies.teacher`).
+refuses such a run (:mod:`ardea.trainer.scorers.teacher`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ teaches the tokens the student did not sample too (verl's top-k distillation los
 The teacher is a Hugging Face causal LM from ``algo.teacher.path`` (loaded in
 ``model.dtype`` on the policy's device, frozen, wrapped like the policy) with the policy's
 tokenizer: the same token ids must mean the same text, so a different vocabulary is a
-:class:`~ardea.errors.ConfigError`. It scores each rollout once, when the strategy pins it.
+:class:`~ardea.errors.ConfigError`. It scores each rollout once, when the RL step pins the frozen scorers
+(:class:`~ardea.trainer.scorers.FrozenScorers`).
 
 Metrics: ``teacher/reverse_kl`` (mean k1 estimate ``log p - log q`` over the trained
 tokens, whichever ``kl`` is chosen: the distance left to the teacher),
@@ -51,7 +52,7 @@ from ardea.errors import ConfigError
 from ardea.model import load_model_and_tokenizer, load_tokenizer
 from ardea.rollout.engines.vllm.scoring import VLLMPromptScorer
 from ardea.rollout.engines.vllm.server import LaunchedServer
-from ardea.trainer.strategies.token_scorer import ServedTokenScorer, TokenScorer
+from ardea.trainer.scorers.token_scorer import ServedTokenScorer, TokenScorer
 
 ESTIMATORS = {"reverse_k1": "k1", "reverse_k3": "k3"}
 STARTUP_TIMEOUT_S = 600.0  # a teacher's vLLM server may take this long to answer /health
@@ -74,21 +75,20 @@ class Teacher:
         self.top_k = int(top_k)
 
     @classmethod
-    def from_config(cls, strategy: Any) -> Teacher:
-        """The teacher of ``strategy``'s ``algo.teacher``: its path loaded and wrapped, or
-        served by vLLM (``engine: vllm``)."""
-        config = strategy.config
+    def from_config(cls, config: Any, *, tokenizer: Any, wrap: Any, device: Any) -> Teacher:
+        """The teacher of ``config.algo.teacher``: its path loaded on ``device`` and
+        ``wrap``-ped like the policy, or served by vLLM (``engine: vllm``); ``tokenizer``:
+        the policy's, which the teacher must share."""
         section = config.algo.teacher
         if section.engine == "vllm":
-            scorer = served_scorer(config, strategy.tokenizer)
+            scorer = served_scorer(config, tokenizer)
             return cls(scorer, kl=section.kl, coef=section.coef, top_k=section.top_k)
-        device = next(strategy.policy.parameters()).device
-        model, tokenizer = load_model_and_tokenizer(
+        model, teacher_tokenizer = load_model_and_tokenizer(
             section.path, dtype=config.model.dtype, device=str(device)
         )
-        check_same_vocabulary(section.path, tokenizer, strategy.tokenizer)
+        check_same_vocabulary(section.path, teacher_tokenizer, tokenizer)
         check_top_k(section, model.get_output_embeddings().weight.shape[0])
-        wrapped = strategy.wrap(model.requires_grad_(False).eval(), trainable=False)
+        wrapped = wrap(model.requires_grad_(False).eval(), trainable=False)
         scorer = TokenScorer(wrapped, config.model.logprob_chunk_size)
         return cls(scorer, kl=section.kl, coef=section.coef, top_k=section.top_k)
 
@@ -96,12 +96,10 @@ class Teacher:
         """Stop the teacher's vLLM server if ardea started it."""
         self.scorer.close()
 
-    def pin(
-        self, batch: TrajectoryBatch, metrics: dict[str, float]
-    ) -> tuple[TrajectoryBatch, Tensor | None]:
-        """Score the rollout once: returns ``batch`` (with the teacher's top tokens pinned
-        under ``forward_topk``) and the ``(N, S)`` next-token aligned process rewards
-        ``-coef * KL_t`` on the trained tokens (0 elsewhere; None under ``forward_topk``);
+    def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
+        """Score the rollout once: ``batch`` with the teacher's top tokens pinned under
+        ``forward_topk``, else with the ``(N, S)`` next-token aligned process rewards
+        ``-coef * KL_t`` on the trained tokens (0 elsewhere) pinned as ``process_rewards``;
         adds the ``teacher/*`` metrics."""
         mask = batch.action_mask
         student = batch.behaviour_logprobs  # (N, S), the sampled tokens' log p
@@ -111,14 +109,24 @@ class Teacher:
         gap = (student - teacher).where(mask, 0.0)  # behaviour log-probs may be NaN off mask
         metrics["teacher/reverse_kl"] = float(masked_mean(gap, mask))
         if forward:
-            pinned = batch.pin(
+            return batch.pin(
                 teacher_top_ids=scores.top_ids, teacher_top_logprobs=scores.top_logprobs
             )
-            return pinned, None
         rewards = -self.coef * kl_penalty(student, teacher, ESTIMATORS[self.kl])
         rewards = rewards.where(mask, 0.0)
         metrics["teacher/reward_mean"] = float(masked_mean(rewards, mask))
-        return batch, rewards
+        return batch.pin(process_rewards=rewards)
+
+
+def check_teacher(strategy: type, config: Any) -> None:
+    """A :class:`ConfigError` when ``algo.teacher`` is set for a strategy that takes no
+    per-token rewards (its class's ``supports_teacher``)."""
+    if config.algo.teacher.path is not None and not getattr(strategy, "supports_teacher", False):
+        raise ConfigError(
+            f"algo.teacher is set but algo.name={config.algo.name} does not learn from a "
+            "teacher (per-token rewards or a forward-KL term); distil with online_grpo or "
+            "online_ppo"
+        )
 
 
 def forward_kl_term(
