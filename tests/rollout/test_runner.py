@@ -118,6 +118,32 @@ def test_prompt_records_reach_the_reward_functions_with_their_columns():
         assert not batch.loss_mask[row, :width].any() and batch.loss_mask[row, width]
 
 
+def test_reward_functions_that_ask_for_token_ids_get_the_rollouts_own():
+    """A function declaring ``token_ids`` gets each completion's prompt ids and its ids as
+    sampled (stop token included), with the policy tokenizer's vocabulary fingerprint; in the
+    trainer's score() and in generate(score=True) alike."""
+    from ardea.reward import vocab_id
+
+    seen = []
+
+    def ids_reward(prompts, completions, rows, *, token_ids=None):
+        seen.append(token_ids)
+        return [float(len(c)) for c in token_ids.completions]
+
+    runner, _ = make_runner(reward=ids_reward, max_new_tokens=12)
+    generation = runner.generate(EXAMPLES, seed_index=0)
+    out = runner.score(generation)
+    ahead = runner.generate(EXAMPLES, seed_index=0, score=True)
+    completions = generation.completions
+    assert any(c.finish_reason == "stop" for c in completions)  # some end on a stop token
+    for got in seen:
+        assert got.prompts == [c.prompt_ids for c in completions]
+        assert got.completions == [c.token_ids for c in completions]
+        assert got.vocab == vocab_id(TOKENIZER)
+    assert len(seen) == 2 and ahead.scored.rewards == [len(c.token_ids) for c in completions]
+    assert out.batch.rewards.tolist() == [len(c.token_ids) for c in completions]
+
+
 def test_a_rollout_split_by_first_prompt_samples_what_one_call_does():
     """Ranks generate their shares of the step's prompts with ``first_prompt``: the shares'
     completions are the whole call's, row for row."""

@@ -4,7 +4,9 @@ A reward function maps a batch to one value per completion::
 
     fn(prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]
 
-Built-ins (:mod:`ardea.reward.builtins`): ``exact_match``, ``numeric_match``,
+and one that declares a keyword-only ``token_ids`` is also given the batch's prompt and
+completion token ids (a :class:`TokenIds`, or None where the caller has text only;
+:mod:`ardea.reward.registry`). Built-ins (:mod:`ardea.reward.builtins`): ``exact_match``, ``numeric_match``,
 ``math_verify``, ``format_boxed``, ``format_regex`` and ``task``; ``reward_model``, a
 learned reward model from a local directory (:mod:`ardea.reward.reward_model`); and
 ``llm_judge``, a model behind an OpenAI-compatible API grading each completion
@@ -23,11 +25,13 @@ from ardea.reward.registry import (
     make_reward,
     register_reward,
     reward_names,
+    takes_token_ids,
 )
 from ardea.reward.reward_model import reward_model
 from ardea.reward.scored import ScoredValues
 from ardea.reward.scorer import COUNT_KEYS, RewardError, RewardScorer, ScoreResult
 from ardea.reward.shaping import overlong_penalty
+from ardea.reward.token_ids import TokenIds, vocab_id
 
 __all__ = [
     "COUNT_KEYS",
@@ -36,6 +40,7 @@ __all__ = [
     "RewardScorer",
     "ScoreResult",
     "ScoredValues",
+    "TokenIds",
     "build_scorer",
     "check_reward_names",
     "example_row",
@@ -47,5 +52,7 @@ __all__ = [
     "register_reward",
     "reward_model",
     "reward_names",
+    "takes_token_ids",
     "task_reward",
+    "vocab_id",
 ]

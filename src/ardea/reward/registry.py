@@ -13,6 +13,17 @@ number per completion, or ``None`` where it cannot score one (a failed sample:
 Options are explicit keyword-only arguments after the three lists; :func:`make_reward`
 binds them and rejects unknown or missing ones.
 
+A function that scores token ids rather than text asks for them with one more keyword-only
+parameter, ``token_ids`` (:func:`takes_token_ids`)::
+
+    fn(prompts, completions, rows, *, token_ids: TokenIds | None = None, **options)
+
+The scorer passes each sample's prompt and completion ids there
+(:class:`~ardea.reward.token_ids.TokenIds`, the completion exactly as sampled) when its caller
+has them (the rollout runner), and ``None`` when it has only text (evaluation, agent reward
+terms): such a function falls back to the text then. ``token_ids`` is never an option a
+config sets; a function without it is called with the three lists as before.
+
 An entry is named by its registered name or by a dotted path ``package.module.function``
 to user code.
 """
@@ -32,6 +43,7 @@ REWARDS: Registry[Callable[..., list]] = Registry(
     "reward function", "reward functions", check=callable_check
 )
 _CHECKS: dict[str, Callable[..., None]] = {}
+TOKEN_IDS = "token_ids"  # the keyword a function declares to be given the batch's token ids
 
 
 def register_reward(
@@ -61,6 +73,20 @@ def get_reward(name: str) -> Callable[..., list]:
     return REWARDS.get(name)
 
 
+def takes_token_ids(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` declares the ``token_ids`` keyword (module docstring); False when its
+    signature cannot be read. ``**kwargs`` alone does not ask for them."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(  # keyword-only, or positional after (prompts, completions, rows)
+        p.name == TOKEN_IDS
+        and (p.kind is p.KEYWORD_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and i >= 3))
+        for i, p in enumerate(params)
+    )
+
+
 def _options(name: str, fn: Callable[..., list]) -> tuple[list[str], list[str], bool] | None:
     """(allowed, required) keyword names and whether any keyword is accepted; None when
     the signature cannot be read. Raises if ``fn`` cannot take the three lists."""
@@ -75,6 +101,7 @@ def _options(name: str, fn: Callable[..., list]) -> tuple[list[str], list[str], 
             f"its signature is {inspect.signature(fn)}"
         )
     extra = positional[3:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
+    extra = [p for p in extra if p.name != TOKEN_IDS]  # given by the scorer, not configured
     allowed = [p.name for p in extra]
     required = [p.name for p in extra if p.default is p.empty]
     return allowed, required, any(p.kind is p.VAR_KEYWORD for p in params)
@@ -83,14 +110,21 @@ def _options(name: str, fn: Callable[..., list]) -> tuple[list[str], list[str], 
 def make_reward(name: str, **kwargs: Any) -> RewardFn:
     """``name`` (registered or dotted path) with its keyword arguments bound.
 
-    The result takes ``(prompts, completions, rows)`` and is named ``name`` (the last
-    component of a dotted path), which is how the scorer reports it.
+    The result takes ``(prompts, completions, rows)`` (and ``token_ids=`` when ``fn``
+    declares it, :func:`takes_token_ids`) and is named ``name`` (the last component of a
+    dotted path), which is how the scorer reports it.
 
     Raises:
         ConfigError: unknown name, a path that does not import, an unknown or missing
-            keyword argument, or a value the function's check rejects.
+            keyword argument (``token_ids`` is the scorer's, never one), or a value the
+            function's check rejects.
     """
     fn = get_reward(name)
+    if TOKEN_IDS in kwargs:
+        raise ConfigError(
+            f"reward function {name!r}: {TOKEN_IDS} is passed by the scorer (the rollout's "
+            "token ids), not set in reward.functions[].kwargs"
+        )
     options = _options(name, fn)
     if options is not None:
         allowed, required, any_keyword = options
@@ -109,8 +143,17 @@ def make_reward(name: str, **kwargs: Any) -> RewardFn:
     if name in _CHECKS:
         _CHECKS[name](**kwargs)
 
-    def bound(prompts: list[str], completions: list[str], rows: list[dict]) -> list:
-        return fn(prompts, completions, rows, **kwargs)
+    if takes_token_ids(fn):
+
+        def bound(
+            prompts: list[str], completions: list[str], rows: list[dict], *, token_ids=None
+        ) -> list:
+            return fn(prompts, completions, rows, token_ids=token_ids, **kwargs)
+
+    else:
+
+        def bound(prompts: list[str], completions: list[str], rows: list[dict]) -> list:
+            return fn(prompts, completions, rows, **kwargs)
 
     bound.__name__ = bound.__qualname__ = name.rpartition(".")[2]
     bound.__doc__ = fn.__doc__

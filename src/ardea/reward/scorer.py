@@ -28,6 +28,11 @@ that hangs every time would otherwise pile up threads. ``executor="process"`` tr
 microseconds for a fork per call (:mod:`ardea.reward.isolation`): the call is killed at the
 timeout and nothing is abandoned. Functions run concurrently, so
 they must not share unsynchronized state with each other.
+
+Token ids: ``score(..., token_ids=TokenIds(...))`` hands the batch's prompt and completion ids
+to the functions that declare a ``token_ids`` keyword (:func:`ardea.reward.takes_token_ids`);
+a caller with text only leaves it out and they get ``token_ids=None`` (they score the text).
+The other functions are called with the three lists alone.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from ardea.config.fields import check_choice
 from ardea.config.reward import EXECUTORS, ON_ERROR
 from ardea.errors import ArdeaError, ConfigError
 from ardea.reward.isolation import KILL_WAIT_S, call_in_process
-from ardea.reward.registry import RewardFn
+from ardea.reward.registry import RewardFn, takes_token_ids
+from ardea.reward.token_ids import TokenIds
 
 COUNT_KEYS = ("reward/errors", "reward/timeouts", "reward/nonfinite", "reward/skipped")
 
@@ -89,28 +95,30 @@ class _Call:
     """One reward-function call running in a daemon thread (with ``timeout_s``: the thread
     waits for the call in a child process, killed at the timeout)."""
 
-    def __init__(self, name: str, fn: RewardFn, args: tuple, timeout_s: float | None) -> None:
+    def __init__(
+        self, name: str, fn: RewardFn, args: tuple, kwargs: dict, timeout_s: float | None
+    ) -> None:
         self.value: object = None
         self.error: BaseException | None = None
         self.killed = False  # process executor: killed at its timeout
         self.done = threading.Event()
         run = self._run if timeout_s is None else self._run_in_process
         self.thread = threading.Thread(
-            target=run, args=(fn, args, timeout_s), name=f"ardea-reward-{name}", daemon=True
+            target=run, args=(fn, args, kwargs, timeout_s), name=f"ardea-reward-{name}", daemon=True
         )
         self.thread.start()
 
-    def _run(self, fn: RewardFn, args: tuple, _: None) -> None:
+    def _run(self, fn: RewardFn, args: tuple, kwargs: dict, _: None) -> None:
         try:
-            self.value = fn(*args)
+            self.value = fn(*args, **kwargs)
         except BaseException as err:  # reported to the caller, never lost in the thread
             self.error = err
         finally:
             self.done.set()
 
-    def _run_in_process(self, fn: RewardFn, args: tuple, timeout_s: float) -> None:
+    def _run_in_process(self, fn: RewardFn, args: tuple, kwargs: dict, timeout_s: float) -> None:
         try:
-            outcome = call_in_process(fn, args, timeout_s=timeout_s)
+            outcome = call_in_process(fn, args, kwargs, timeout_s=timeout_s)
             self.value = outcome.value
             self.killed = outcome.status == "timeout"
             if outcome.status in ("error", "died"):
@@ -183,6 +191,22 @@ def _values(
     return values, problems
 
 
+def _check_batch(prompts: list, completions: list, rows: list, token_ids: TokenIds | None) -> int:
+    """The batch size ``n``; ValueError unless every list (and ``token_ids``'s) has ``n``."""
+    n = len(completions)
+    if len(prompts) != n or len(rows) != n:
+        raise ValueError(
+            f"score() needs one prompt and one row per completion; got {len(prompts)} "
+            f"prompts, {n} completions, {len(rows)} rows"
+        )
+    if token_ids is not None and not len(token_ids.prompts) == len(token_ids.completions) == n:
+        raise ValueError(
+            f"score() needs the ids of each of the {n} completions and their prompts; got "
+            f"{len(token_ids.completions)} completions' and {len(token_ids.prompts)} prompts'"
+        )
+    return n
+
+
 class RewardScorer:
     """Weighted sum of reward functions with per-call timeouts (see the module docstring).
 
@@ -229,6 +253,7 @@ class RewardScorer:
             raise ConfigError(f"max_abandoned={max_abandoned!r} must be an integer >= 0")
         self.functions = [(fn, float(w)) for fn, w in functions]
         self.names = _unique_names(functions)
+        self.takes_ids = [takes_token_ids(fn) for fn, _ in self.functions]
         self.timeout_s = float(timeout_s)
         self.on_error = on_error
         self.max_abandoned = max_abandoned
@@ -256,21 +281,31 @@ class RewardScorer:
             "0; both count them)"
         )
 
-    def score(self, prompts: list[str], completions: list[str], rows: list[dict]) -> ScoreResult:
-        """Score a batch; see the class and module docstrings for problems and counts."""
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        rows: list[dict],
+        *,
+        token_ids: TokenIds | None = None,
+    ) -> ScoreResult:
+        """Score a batch; see the class and module docstrings for problems and counts.
+        ``token_ids``: the batch's ids, for the functions that ask for them (None: the
+        caller has text only)."""
         start = time.monotonic()
         with self._one_batch:
-            result = self._score(prompts, completions, rows)
+            result = self._score(prompts, completions, rows, token_ids)
         result.seconds = time.monotonic() - start
         return result
 
-    def _score(self, prompts: list[str], completions: list[str], rows: list[dict]) -> ScoreResult:
-        n = len(completions)
-        if len(prompts) != n or len(rows) != n:
-            raise ValueError(
-                f"score() needs one prompt and one row per completion; got {len(prompts)} "
-                f"prompts, {n} completions, {len(rows)} rows"
-            )
+    def _score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        rows: list[dict],
+        token_ids: TokenIds | None,
+    ) -> ScoreResult:
+        n = _check_batch(prompts, completions, rows, token_ids)
         counts = dict.fromkeys(COUNT_KEYS, 0)
         if n == 0:
             return ScoreResult([], {name: [] for name in self.names}, counts, [],
@@ -278,9 +313,11 @@ class RewardScorer:
         self._check_abandoned()
         in_process = self.timeout_s if self.executor == "process" else None
         calls = [  # each call gets its own lists: one function cannot reorder another's
-            _Call(name, fn, (list(prompts), list(completions), list(rows)), in_process)
-            for name, (fn, _) in zip(self.names, self.functions)
-        ]
+            _Call(name, fn, (list(prompts), list(completions), list(rows)),
+                  {"token_ids": token_ids.copy() if token_ids else None} if ids else {},
+                  in_process)
+            for name, (fn, _), ids in zip(self.names, self.functions, self.takes_ids)
+        ]  # fmt: skip
         # a child process is killed at the timeout: wait for the kill too (never abandoned)
         grace = KILL_WAIT_S + 1.0 if in_process else 0.0
         deadline = time.monotonic() + self.timeout_s + grace

@@ -34,7 +34,15 @@ import torch
 
 from ardea.data import RolloutPrompt, Segment, Task, Trajectory, TrajectoryBatch, rollout_prompt_ids
 from ardea.errors import ArdeaError, ConfigError
-from ardea.reward import RewardError, RewardScorer, ScoreResult, example_row, overlong_penalty
+from ardea.reward import (
+    RewardError,
+    RewardScorer,
+    ScoreResult,
+    TokenIds,
+    example_row,
+    overlong_penalty,
+    vocab_id,
+)
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 SAMPLES_KEPT = 4  # prompts per rollout whose first completion is kept for samples.jsonl
@@ -176,6 +184,7 @@ class RolloutRunner:
         self.task = task
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty = overlong_penalty
+        self._vocab: str | None = None  # vocab_id(tokenizer), read when first scoring ids
 
     def encode(self, examples: Sequence[RolloutPrompt]) -> list[list[int]]:
         """The prompt token ids of ``examples`` (task examples or prompt records)."""
@@ -226,10 +235,20 @@ class RolloutRunner:
         return [decode(c.token_ids, skip_special_tokens=True) for c in generation.completions]
 
     def _score_texts(self, generation: Generation, texts: list[str]) -> ScoreResult:
-        """The reward functions' scores of ``texts``, the completions of ``generation``."""
+        """The reward functions' scores of ``texts``, the completions of ``generation``;
+        the functions that ask for token ids get the prompt's and completion's ids as the
+        engine was given and sampled them."""
         groups = [e for e in generation.examples for _ in range(self.group_size)]
+        token_ids = None
+        if any(self.scorer.takes_ids):
+            if self._vocab is None:
+                self._vocab = vocab_id(self.tokenizer)
+            completions = generation.completions
+            token_ids = TokenIds(
+                [c.prompt_ids for c in completions], [c.token_ids for c in completions], self._vocab
+            )
         return self.scorer.score(
-            [e.prompt for e in groups], texts, [example_row(e) for e in groups]
+            [e.prompt for e in groups], texts, [example_row(e) for e in groups], token_ids=token_ids
         )
 
     def score(self, generation: Generation) -> Rollout:
