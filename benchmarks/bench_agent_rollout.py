@@ -24,6 +24,7 @@ import torch
 
 from ardea.agent import env_class
 from ardea.agent.episodes import EpisodeRunner
+from ardea.config import AgentConfig
 from ardea.model import build_char_tokenizer, build_tiny_model
 from ardea.rollout import EngineSpec, SamplingParams, make_engine
 
@@ -35,11 +36,9 @@ def runner(smoke: bool, group: int) -> EpisodeRunner:
     return EpisodeRunner(
         make_engine("in_process", EngineSpec.of(model, tokenizer), module=model),
         tokenizer,
-        env="guess_number",
-        env_args={"high": 16},
+        AgentConfig(env="guess_number", env_args={"high": 16}, max_turns=4),
         group_size=group,
         params=SamplingParams(temperature=1.0, max_new_tokens=4),
-        max_turns=4,
     )
 
 

@@ -3,7 +3,8 @@ enters, and the call depth from ``ardea train`` to the policy loss's formula.
 
 Each walk runs the real ``ardea train`` in this process (a shipped config, its stages cut to
 one or two steps, written under a temporary directory) with a profile hook on every thread,
-and counts what the second training step of the last stage calls: the distinct files of
+and counts what the second training step of the last stage calls (from the loop's
+``train_step`` call to its return, in every thread): the distinct files of
 ``src/ardea`` it enters, the distinct functions (file, qualified name) and the threads that
 run ardea code. ``--loss`` also prints the stack of ardea frames at the first call of the
 policy loss's formula, from ``ardea.cli.main.main`` down.
@@ -57,16 +58,19 @@ class Walk:
         self.loss_stack: list[str] | None = None
 
     def hook(self, frame, event, arg):  # noqa: ANN001 - sys.setprofile's signature
-        if event != "call":
+        if event not in ("call", "return"):
             return
         code = frame.f_code
         name = code.co_filename
         if not name.startswith(PACKAGE):
             return
-        if code.co_name == "train_step" and name.endswith("trainer/loop.py"):
+        step = code.co_name == "train_step" and name.endswith("trainer/loop.py")
+        if step and event == "return":
+            self.active = False
+        if step and event == "call":
             self.steps += 1
             self.active = self.steps % 2 == 0  # the second step of each stage
-        if not self.active:
+        if not self.active or event == "return":
             return
         relative = name[len(PACKAGE) - len("ardea/") :]
         self.files.add(relative)

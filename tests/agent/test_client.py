@@ -11,7 +11,7 @@ import torch
 
 from ardea.agent import HistoryRewriteError, RecordingClient
 from ardea.algo import compute_advantages
-from ardea.config import PPOConfig
+from ardea.config import AgentConfig, PPOConfig
 from ardea.data import TrajectoryBatch
 
 from .agent_testing import ScriptedEngine, recomputed_logprobs
@@ -233,9 +233,12 @@ def test_conversations_with_equal_histories_stay_apart(tokenizer):
 
     engine = ScriptedEngine(tokenizer, ["4", "4", "2", "2", "3"])
     runner = EpisodeRunner(
-        engine, tokenizer, env="guess_number", group_size=1,
-        params=SamplingParams(max_new_tokens=4), max_turns=3,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="guess_number", max_turns=3),
+        group_size=1,
+        params=SamplingParams(max_new_tokens=4),
+    )
     rollout = runner.score(runner.generate([{"target": 2}, {"target": 3}], seed_index=0))
     b = rollout.batch
     assert b.rows == 2 and b.rewards.tolist() == [1.0, 1.0]

@@ -15,6 +15,7 @@ import torch
 from ardea.agent import RecordingClient, ToolCall, make_env
 from ardea.agent.episodes import EpisodeRunner
 from ardea.agent.server import ChatServer
+from ardea.config import AgentConfig
 from ardea.data import TrajectoryBatch
 from ardea.rollout import SamplingParams
 
@@ -75,10 +76,9 @@ def test_episodes_in_process(model, tokenizer):
     runner = EpisodeRunner(
         engine,
         tokenizer,
-        env="calculator",
+        AgentConfig(env="calculator", max_turns=3),
         group_size=2,
         params=SamplingParams(max_new_tokens=80),
-        max_turns=3,
     )
     played = runner.generate(ROWS, seed_index=0)
     assert engine.calls == 2  # two turns, every waiting episode in one engine call

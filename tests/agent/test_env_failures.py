@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ardea.agent.episodes import EnvironmentFailure, EpisodeRunner
+from ardea.config import AgentConfig
 from ardea.errors import ConfigError
 from ardea.reward import RewardScorer
 from ardea.rollout import SamplingParams
@@ -20,9 +21,14 @@ ROWS = [{"turns": 3}, {"turns": 3, "crash": "step"}, {"turns": 2, "crash": "rese
 
 def runner(engine, tokenizer, on_error="mask"):
     return EpisodeRunner(
-        engine, tokenizer, env="tests.agent.agent_testing.CrashingEnv", group_size=2,
-        params=PARAMS, max_turns=4, seed=1, on_error=on_error,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="tests.agent.agent_testing.CrashingEnv", max_turns=4),
+        group_size=2,
+        params=PARAMS,
+        seed=1,
+        on_error=on_error,
+    )
 
 
 def test_crashed_episodes_are_counted_and_not_trained(engine, tokenizer):
@@ -57,9 +63,13 @@ def test_a_dead_tool_sandbox_fails_its_episode_not_the_model(tokenizer):
     # turn 0: row 0 calls double, row 1 calls exit; turn 1: row 0 answers
     engine = ScriptedEngine(tokenizer, [call.format("double"), call.format("exit"), "4"])
     sandboxed = EpisodeRunner(
-        engine, tokenizer, env="tests.agent.agent_testing.SandboxEnv", group_size=1,
-        params=PARAMS, max_turns=3, seed=1, executor="process",
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="tests.agent.agent_testing.SandboxEnv", max_turns=3, executor="process"),
+        group_size=1,
+        params=PARAMS,
+        seed=1,
+    )
     played = sandboxed.generate([{"question": "a"}, {"question": "b"}], seed_index=0)
     good, dead = played.episodes
     assert good.error is None and good.reward == 1.0 and good.tool_errors == 0
@@ -82,9 +92,14 @@ def test_reward_functions_add_terms_and_their_failures_mask_episodes(tokenizer):
     scorer = RewardScorer([(length, 0.5)], timeout_s=30.0, on_error="mask")
     engine = ScriptedEngine(tokenizer, ["abc", "oops"])
     scored = EpisodeRunner(
-        engine, tokenizer, env="tests.agent.agent_testing.SandboxEnv", group_size=1,
-        params=PARAMS, max_turns=2, seed=1, scorer=scorer,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="tests.agent.agent_testing.SandboxEnv", max_turns=2),
+        group_size=1,
+        params=PARAMS,
+        seed=1,
+        scorer=scorer,
+    )
     rows = [{"question": "a"}, {"question": "b"}]
     played = scored.generate(rows, seed_index=0)
     assert seen == [(["a", "b"], ["abc", "oops"], rows)]

@@ -3,6 +3,7 @@ episode samples with its own row of every turn's random numbers (its global row 
 with its place among the episodes still playing."""
 
 from ardea.agent.episodes import EpisodeRunner
+from ardea.config import AgentConfig
 from ardea.rollout import SamplingParams
 
 ROWS = [{"turns": t} for t in (3, 1, 2, 3, 1, 2)]
@@ -19,9 +20,12 @@ def played_tokens(runner, rows, first_prompt):
 
 def test_a_split_rollout_samples_what_one_process_would(engine, tokenizer):
     runner = EpisodeRunner(
-        engine, tokenizer, env="tests.agent.agent_testing.TurnsEnv", group_size=2,
-        params=SamplingParams(temperature=1.0, max_new_tokens=5), max_turns=3,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="tests.agent.agent_testing.TurnsEnv", max_turns=3),
+        group_size=2,
+        params=SamplingParams(temperature=1.0, max_new_tokens=5),
+    )
     whole = played_tokens(runner, ROWS, 0)
     assert [len(calls) for calls in whole] == [3, 3, 1, 1, 2, 2, 3, 3, 1, 1, 2, 2]
     split = played_tokens(runner, ROWS[:1], 0) + played_tokens(runner, ROWS[1:4], 1)

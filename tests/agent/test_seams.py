@@ -14,6 +14,7 @@ import pytest
 from ardea.agent import RecordingClient
 from ardea.agent.episodes import EpisodeRunner
 from ardea.agent.server import ChatServer
+from ardea.config import AgentConfig
 from ardea.data import TrajectoryBatch
 from ardea.rollout import SamplingParams
 
@@ -89,9 +90,12 @@ def test_one_parse_a_non_hermes_parser_drives_a_built_in_environment(tokenizer):
     call = '{"name": "calculator", "arguments": {"expression": "2+3"}}'
     engine = ScriptedEngine(tokenizer, [call, "5"])
     runner = EpisodeRunner(
-        engine, tokenizer, env="calculator", group_size=1, tool_parser="llama3_json",
-        params=SamplingParams(max_new_tokens=64), max_turns=3,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="calculator", tool_parser="llama3_json", max_turns=3),
+        group_size=1,
+        params=SamplingParams(max_new_tokens=64),
+    )
     played = runner.generate([{"question": "what is 2 plus 3?", "answer": 5}], seed_index=0)
     (episode,) = played.episodes
     assert episode.tool_calls == 1 and episode.tool_errors == 0
@@ -111,9 +115,12 @@ def test_one_rendering_per_turn(tokenizer):
     assert [c.parent for c in client.interactions[1:]] == client.interactions[:-1]
     engine = ScriptedEngine(tokenizer, ["1", "2", "3"])
     runner = EpisodeRunner(
-        engine, tokenizer, env="guess_number", group_size=1,
-        params=SamplingParams(max_new_tokens=4), max_turns=3,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="guess_number", max_turns=3),
+        group_size=1,
+        params=SamplingParams(max_new_tokens=4),
+    )
     played = runner.generate([{"target": 8}], seed_index=0)
     assert len(played.calls) == 3 and runner.template.renders == 3
     (row,) = runner.score(played).batch.input_ids  # still one row: each turn extends the last

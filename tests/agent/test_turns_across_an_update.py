@@ -8,6 +8,7 @@ import torch
 from tiny_models import small_model
 
 from ardea.agent.episodes import EpisodeRunner
+from ardea.config import AgentConfig
 from ardea.rollout import EngineSpec, SamplingParams, make_engine, own_copy
 from tests.agent.agent_testing import UpdatingEnv
 
@@ -19,9 +20,12 @@ def test_turns_after_an_update_carry_the_new_version_and_its_logprobs(model, tok
     UpdatingEnv.UPDATE = lambda: engine.update_weights(new.state_dict(), 1)
     try:
         runner = EpisodeRunner(
-            engine, tokenizer, env="tests.agent.agent_testing.UpdatingEnv", group_size=1,
-            params=SamplingParams(temperature=1.0, max_new_tokens=5), max_turns=3,
-        )  # fmt: skip
+            engine,
+            tokenizer,
+            AgentConfig(env="tests.agent.agent_testing.UpdatingEnv", max_turns=3),
+            group_size=1,
+            params=SamplingParams(temperature=1.0, max_new_tokens=5),
+        )
         batch = runner.score(runner.generate([{"turns": 3}], seed_index=0)).batch
     finally:
         UpdatingEnv.UPDATE = None

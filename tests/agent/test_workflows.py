@@ -16,6 +16,7 @@ import torch
 from ardea.agent.builtin_envs import GuessNumber
 from ardea.agent.episodes import EpisodeRunner
 from ardea.agent.workflows import GRACE_S, WorkflowError, WorkflowRunner, load_workflow
+from ardea.config import AgentConfig
 from ardea.errors import ConfigError
 from ardea.rollout import SamplingParams
 
@@ -27,10 +28,16 @@ HERE = "tests.agent.workflows_for_tests"
 EXAMPLE = str(Path(__file__).parents[2] / "examples/agents/guess_number_openai.py") + ":run"
 
 
+RUNNER_OPTIONS = ("group_size", "params", "seed", "on_error", "locked")
+
+
 def runner(engine, tokenizer, name, **options):
-    options = {"group_size": 2, "params": PARAMS, "seed": 3, **options}
+    """The workflow ``name``'s runner; ``options``: the runner's own and ``agent.*`` fields."""
+    own = {"group_size": 2, "params": PARAMS, "seed": 3}
+    own |= {k: v for k, v in options.items() if k in RUNNER_OPTIONS}
     workflow = EXAMPLE if name == "guess_number" else f"{HERE}.{name}"
-    return WorkflowRunner(engine, tokenizer, workflow=workflow, **options)
+    agent = {k: v for k, v in options.items() if k not in RUNNER_OPTIONS}
+    return WorkflowRunner(engine, tokenizer, AgentConfig(workflow=workflow, **agent), **own)
 
 
 def by_episode(calls):
@@ -48,9 +55,13 @@ def test_a_workflow_samples_what_the_environment_runner_samples(engine, tokenize
     log-prob (each episode's k-th call has turn k's seed and the episode's row of random
     numbers)."""
     env = EpisodeRunner(
-        engine, tokenizer, env="guess_number", env_args={"high": 8}, group_size=2,
-        params=PARAMS, max_turns=4, seed=3,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        AgentConfig(env="guess_number", env_args={"high": 8}, max_turns=4),
+        group_size=2,
+        params=PARAMS,
+        seed=3,
+    )
     workflow = runner(engine, tokenizer, "guess_number", transport=transport)
     played, expected = workflow.generate(ROWS, seed_index=4), env.generate(ROWS, seed_index=4)
     got, want = workflow.score(played).batch, env.score(expected).batch
@@ -129,7 +140,7 @@ def test_on_error_fail_stops_with_the_row_and_the_error(engine, tokenizer):
 def test_a_workflow_past_its_timeout_is_cancelled(engine, tokenizer):
     """Target 1's episodes sleep for an hour after their call: cancelled at 1 s, counted as
     timeouts; the others are trained."""
-    slow = runner(engine, tokenizer, "sleeps_forever_on_target_1", timeout_s=1.0)
+    slow = runner(engine, tokenizer, "sleeps_forever_on_target_1", workflow_timeout_s=1.0)
     start = time.perf_counter()
     played = slow.generate(ROWS, seed_index=0)
     assert time.perf_counter() - start < 10
@@ -143,7 +154,7 @@ def test_a_blocked_event_loop_is_given_up(engine, tokenizer, monkeypatch):
     the episodes' time plus a grace period and says why."""
     monkeypatch.setattr("ardea.agent.workflows.GRACE_S", 1.0)
     assert GRACE_S > 1.0  # the real grace is longer than the test's
-    blocked = runner(engine, tokenizer, "blocks_the_loop", timeout_s=0.5)
+    blocked = runner(engine, tokenizer, "blocks_the_loop", workflow_timeout_s=0.5)
     start = time.perf_counter()
     with pytest.raises(WorkflowError, match="every episode failed.*event loop was blocked"):
         blocked.generate(ROWS[:1], seed_index=0)
@@ -236,10 +247,15 @@ def test_an_agents_sdk_agent_with_a_function_tool_trains_what_the_environment_wo
     game won."""
     engine = ForcedEngine(model, tokenizer, bisect_with_the_tool)
     env = EpisodeRunner(
-        engine, tokenizer, env="guess_number", env_args={"high": 8, "tool": True},
-        group_size=2, params=PARAMS, max_turns=4,
-    )  # fmt: skip
-    sdk = WorkflowRunner(engine, tokenizer, workflow=AGENTS_SDK, group_size=2, params=PARAMS)
+        engine,
+        tokenizer,
+        AgentConfig(env="guess_number", env_args={"high": 8, "tool": True}, max_turns=4),
+        group_size=2,
+        params=PARAMS,
+    )
+    sdk = WorkflowRunner(
+        engine, tokenizer, AgentConfig(workflow=AGENTS_SDK), group_size=2, params=PARAMS
+    )
     played, expected = sdk.generate(ROWS, seed_index=0), env.generate(ROWS, seed_index=0)
     got, want = sdk.score(played).batch, env.score(expected).batch
     for field in ("input_ids", "loss_mask", "turn_ids", "logprobs", "rewards"):

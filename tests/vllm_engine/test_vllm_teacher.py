@@ -85,7 +85,7 @@ def test_a_run_starts_its_teachers_server_scores_there_and_stops_it(tmp_path):
         f"trainer.output_dir={tmp_path / 'run'}",
     ]
     trainer = Trainer(load_config(None, overrides))
-    served = trainer.strategy.teacher.scorer
+    served = trainer.strategy.scorers.teacher.scorer
     assert served.server is not None and served.server.alive
     pins = []
     pin = trainer.strategy.pin

@@ -38,6 +38,7 @@ from ardea.agent.lockstep import Lockstep
 from ardea.agent.reply import Reply
 from ardea.agent.reward_terms import add_reward_terms
 from ardea.agent.tool_parsers import make_tool_parser
+from ardea.config.agent import AgentConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
 from ardea.reward import RewardScorer
@@ -83,8 +84,41 @@ class Episodes:
 
 
 class StoredEpisodes:
-    """What the runners of episodes (an environment's, a workflow's) share: their rows
-    identify a call, and played episodes are checkpointed as plain lists and dicts."""
+    """What the runners of episodes (an environment's, a workflow's) share: the engine, the
+    run's ``agent`` section, G, the sampling options, the seed and ``reward.on_error``; the
+    lockstep a call's episodes sample in; their rows identify a call, and played episodes
+    are checkpointed as plain lists and dicts."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer: Any,
+        agent: AgentConfig,
+        *,
+        group_size: int,
+        params: SamplingParams,
+        seed: int = 0,
+        on_error: str = "mask",
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.agent = agent
+        self.group_size = group_size
+        self.params = params
+        self.seed = seed
+        self.on_error = on_error
+
+    def _lockstep(
+        self, seed_index: Sequence[int] | int, episodes: dict[int, Episode], *, locked: bool
+    ) -> Lockstep:
+        """The lockstep of one call's ``episodes`` (by episode number), seeded by the run
+        seed, the call's ``seed_index`` and each episode's global row."""
+        index = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
+        return Lockstep(
+            seed=self.seed, index=index, sampling=self.params, locked=locked,
+            rows={n: e.row_id for n, e in episodes.items()},
+            groups={n: e.group for n, e in episodes.items()},
+        )  # fmt: skip
 
     def encode(self, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """What identifies a call's rows (for checkpoints): the rows themselves."""
@@ -120,17 +154,12 @@ class EpisodeRunner(StoredEpisodes):
     Args:
         engine: the live policy's engine.
         tokenizer: its chat template renders the conversations.
-        env: the environment's registered name or dotted path; ``env_args`` its options.
-        group_size: G episodes per row.
-        params: sampling parameters of every call (``max_new_tokens`` per reply).
-        max_turns: most replies per episode.
-        export: see ``AgentConfig``.
-        history: see ``AgentConfig``.
-        tool_parser: see ``AgentConfig``.
-        executor: see ``AgentConfig``.
-        reward_discount: see ``AgentConfig``.
-        seed: the run seed.
-        on_error: an environment whose ``reset`` or ``step`` raises (an infrastructure
+        agent: the run's ``agent`` section: ``env`` (registered name or dotted path) and
+            ``env_args``, ``max_turns``, ``export``, ``history``, ``tool_parser``,
+            ``executor``, ``reward_discount`` (:class:`~ardea.config.AgentConfig`).
+        options: :class:`StoredEpisodes`'s: ``group_size`` (G episodes per row), ``params``
+            (sampling parameters of every call, ``max_new_tokens`` per reply), ``seed`` (the
+            run seed) and ``on_error``: an environment whose ``reset`` or ``step`` raises (an infrastructure
             failure, not a mistake of the model): ``mask`` ends the episode, counts it
             (``agent/env_failures``) and leaves its calls out of training; ``fail`` raises
             :class:`EnvironmentFailure`.
@@ -142,41 +171,20 @@ class EpisodeRunner(StoredEpisodes):
         self,
         engine: GenerationEngine,
         tokenizer: Any,
+        agent: AgentConfig,
         *,
-        env: str,
-        env_args: dict[str, Any] | None = None,
-        group_size: int,
-        params: SamplingParams,
-        max_turns: int,
-        export: str = "conversation",
-        history: str = "error",
-        tool_parser: str = "hermes",
-        executor: str = "thread",
-        reward_discount: float = 1.0,
-        seed: int = 0,
-        on_error: str = "mask",
         scorer: RewardScorer | None = None,
+        **options: Any,
     ) -> None:
-        if on_error not in ("mask", "fail"):
-            raise ConfigError(f"reward.on_error={on_error!r} with an agent environment: a crashed "
-                              "episode's calls are never trained; choose mask or fail")  # fmt: skip
-        self.on_error = on_error
+        if options.get("on_error", "mask") not in ("mask", "fail"):
+            raise ConfigError(f"reward.on_error={options['on_error']!r} with an agent environment: "
+                              "a crashed episode's calls are never trained; choose mask or fail")  # fmt: skip
+        super().__init__(engine, tokenizer, agent, **options)
         self.scorer = scorer  # reward.functions' terms (:mod:`ardea.agent.reward_terms`)
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.env = env
-        self.env_args = dict(env_args or {})
-        make_env(env, max_turns=max_turns, **self.env_args)  # checks the name and options
-        self.group_size = group_size
-        self.params = params
-        self.max_turns = max_turns
-        self.export = export
-        self.history = history
-        self.tool_parser = make_tool_parser(tool_parser, tokenizer)
+        self.env_args = dict(agent.env_args)
+        make_env(agent.env, max_turns=agent.max_turns, **self.env_args)  # checks the options
+        self.tool_parser = make_tool_parser(agent.tool_parser, tokenizer)
         self.template = ChatTemplate(tokenizer, engine.stop_token_ids)  # renders = its cost
-        self.executor = executor
-        self.reward_discount = reward_discount
-        self.seed = seed
 
     def generate(
         self,
@@ -191,7 +199,6 @@ class EpisodeRunner(StoredEpisodes):
         the index of ``examples[0]`` in a rollout split over processes. Reward terms are
         scored here always (``score`` is :class:`Runner`'s)."""
         start = time.perf_counter()
-        indices = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         engine = engine or self.engine
         template = self.template
         if set(engine.stop_token_ids) != template.stop_ids:  # another engine's stop tokens
@@ -199,9 +206,9 @@ class EpisodeRunner(StoredEpisodes):
         episodes, calls = [], []
         for group, row in enumerate(examples):
             for _ in range(self.group_size):
-                env = make_env(self.env, max_turns=self.max_turns, **self.env_args)
+                env = make_env(self.agent.env, max_turns=self.agent.max_turns, **self.env_args)
                 if env.toolbox is not None:
-                    env.toolbox.executor = self.executor
+                    env.toolbox.executor = self.agent.executor
                 row_id = first_prompt * self.group_size + len(episodes)
                 try:
                     first = env.reset(row)
@@ -210,21 +217,17 @@ class EpisodeRunner(StoredEpisodes):
                     self._env_failed(episodes[-1], row, "reset", exc)
                     continue
                 conversation = Conversation(
-                    template, first, env.tools, history=self.history,
+                    template, first, env.tools, history=self.agent.history,
                     group_id=group, tool_parser=self.tool_parser,
                 )  # fmt: skip
                 messages = conversation.messages
                 episodes.append(Episode(env, group, conversation, messages, row_id=row_id))
-        lockstep = Lockstep(
-            seed=self.seed, index=indices, sampling=self.params, locked=False,
-            rows={i: e.row_id for i, e in enumerate(episodes)},
-            groups={i: e.group for i, e in enumerate(episodes)},
-        )  # fmt: skip
+        lockstep = self._lockstep(seed_index, dict(enumerate(episodes)), locked=False)
         lockstep.attach(engine)
         for i in range(len(episodes)):
             lockstep.start(i)
         try:
-            for turn in range(self.max_turns):
+            for turn in range(self.agent.max_turns):
                 calls += self._turn(episodes, turn, engine, lockstep, examples)
         finally:
             lockstep.close()
@@ -232,7 +235,7 @@ class EpisodeRunner(StoredEpisodes):
             episode.truncated |= not episode.done and episode.error is None
         if all(e.error is not None for e in episodes):
             raise EnvironmentFailure(
-                f"the environment {self.env} failed in every episode of the rollout; the "
+                f"the environment {self.agent.env} failed in every episode of the rollout; the "
                 f"first: {episodes[0].error}"
             )
         metrics = {} if self.scorer is None else add_reward_terms(self.scorer, calls, examples)
@@ -244,7 +247,7 @@ class EpisodeRunner(StoredEpisodes):
         message = f"{where} raised {type(error).__name__}: {error}"
         if self.on_error == "fail":
             raise EnvironmentFailure(
-                f"the environment {self.env} failed on row {row!r:.200} (reward.on_error=fail): "
+                f"the environment {self.agent.env} failed on row {row!r:.200} (reward.on_error=fail): "
                 f"{message}"
             ) from error
         episode.error, episode.done = message, True
@@ -311,9 +314,9 @@ class EpisodeRunner(StoredEpisodes):
     def score(self, played: Episodes) -> Rollout:
         """The episodes' trajectories and metrics (module docstring)."""
         calls = played.calls
-        if self.export == "call" and self.reward_discount < 1.0:
-            discount_rewards(calls, self.reward_discount)
-        rows = export_trajectories(calls, style=self.export, history=self.history)
+        if self.agent.export == "call" and self.agent.reward_discount < 1.0:
+            discount_rewards(calls, self.agent.reward_discount)
+        rows = export_trajectories(calls, style=self.agent.export, history=self.agent.history)
         batch = TrajectoryBatch.from_trajectories(
             rows,
             pad_token_id=self.tokenizer.pad_token_id,

@@ -117,41 +117,12 @@ def episode_runner(
     from ardea.agent.episodes import EpisodeRunner
     from ardea.agent.workflows import WorkflowRunner
 
-    if agent.workflow is not None:
-        return WorkflowRunner(
-            engine,
-            tokenizer,
-            workflow=agent.workflow,
-            group_size=group,
-            params=params,
-            transport=agent.transport,
-            max_concurrency=agent.max_concurrency,
-            timeout_s=agent.workflow_timeout_s,
-            on_error=config.reward.on_error,
-            export=agent.export,
-            history=agent.history,
-            tool_parser=agent.tool_parser,
-            reward_discount=agent.reward_discount,
-            seed=config.trainer.seed,
-            locked=not evaluation,  # evaluation: a workflow may choose its own sampling
-        )
-    return EpisodeRunner(
-        engine,
-        tokenizer,
-        env=agent.env,
-        env_args=agent.env_args,
-        group_size=group,
-        params=params,
-        max_turns=agent.max_turns,
-        export=agent.export,
-        history=agent.history,
-        tool_parser=agent.tool_parser,
-        executor=agent.executor,
-        reward_discount=agent.reward_discount,
-        seed=config.trainer.seed,
-        on_error=config.reward.on_error,
-        scorer=reward_terms_scorer(config),
-    )
+    common = dict(group_size=group, params=params, seed=config.trainer.seed,
+                  on_error=config.reward.on_error)  # fmt: skip
+    if agent.workflow is not None:  # evaluation: a workflow may choose its own sampling
+        return WorkflowRunner(engine, tokenizer, agent, **common, locked=not evaluation)
+    scorer = reward_terms_scorer(config)
+    return EpisodeRunner(engine, tokenizer, agent, **common, scorer=scorer)
 
 
 def reward_terms_scorer(config: ArdeaConfig) -> RewardScorer | None:

@@ -51,13 +51,14 @@ from ardea.agent.episode_metrics import episode_metrics
 from ardea.agent.episodes import Episode, Episodes, StoredEpisodes
 from ardea.agent.http_guard import Guard, ServerLimits
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
-from ardea.agent.lockstep import EPISODE_HEADER, Lockstep
+from ardea.agent.lockstep import EPISODE_HEADER
 from ardea.agent.server import ChatServer, build_app, openai_error
 from ardea.agent.workflow_transport import NumberedTransport, Sessions
+from ardea.config.agent import AgentConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
 from ardea.registry import import_dotted
-from ardea.rollout import GenerationEngine, Rollout, SamplingParams
+from ardea.rollout import GenerationEngine, Rollout
 
 TRANSPORTS = ("in_process", "http")
 IN_PROCESS_HOST = "ardea.in-process"
@@ -119,70 +120,48 @@ class WorkflowRunner(StoredEpisodes):
 
     Args:
         engine: the live policy's engine; ``tokenizer``: its chat template renders requests.
-        workflow: ``package.module.function`` or ``path/to/file.py:function``.
-        group_size: G episodes per row; ``params``: the run's sampling options (a request's
-            defaults; ``locked``: a request may not change temperature or top_p).
-        transport: ``in_process`` or ``http``; ``max_concurrency``: episodes running at once;
-        timeout_s: seconds one episode may take; ``on_error``: ``mask`` counts a failed
-            episode and leaves its calls out of training, ``fail`` raises
+        agent: the run's ``agent`` section (:class:`~ardea.config.AgentConfig`):
+            ``workflow`` (``package.module.function`` or ``path/to/file.py:function``),
+            ``transport`` (``in_process`` or ``http``), ``max_concurrency`` (episodes running
+            at once), ``workflow_timeout_s`` (seconds one episode may take), ``export``,
+            ``history``, ``tool_parser``, ``reward_discount``.
+        locked: a request may not change temperature or top_p (the run's sampling options,
+            ``params``, are a request's defaults).
+        options: :class:`~ardea.agent.episodes.StoredEpisodes`'s: ``group_size`` (G
+            episodes per row), ``params``, ``seed`` (the run seed) and ``on_error``: ``mask``
+            counts a failed episode and leaves its calls out of training, ``fail`` raises
             :class:`WorkflowError` (``zero`` is refused: a failed episode may stop
             mid-conversation, so its calls are never trained).
-        export: see ``AgentConfig``.
-        history: see ``AgentConfig``.
-        tool_parser: see ``AgentConfig``.
-        reward_discount: see ``AgentConfig``.
-        seed: the run seed.
     """
 
     def __init__(
         self,
         engine: GenerationEngine,
         tokenizer: Any,
+        agent: AgentConfig,
         *,
-        workflow: str,
-        group_size: int,
-        params: SamplingParams,
-        transport: str = "in_process",
-        max_concurrency: int = 256,
-        timeout_s: float = 300.0,
-        on_error: str = "mask",
-        export: str = "conversation",
-        history: str = "error",
-        tool_parser: str = "hermes",
-        reward_discount: float = 1.0,
-        seed: int = 0,
         locked: bool = True,
+        **options: Any,
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ConfigError(f"agent.transport={transport!r}: choose {' or '.join(TRANSPORTS)}")
-        if on_error not in ("mask", "fail"):
+        if agent.transport not in TRANSPORTS:
             raise ConfigError(
-                f"reward.on_error={on_error!r} with an agent workflow: a failed episode may stop "
-                "mid-conversation, so its calls are never trained; choose mask (count it and "
-                "go on) or fail (stop)"
+                f"agent.transport={agent.transport!r}: choose {' or '.join(TRANSPORTS)}"
             )
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.name = workflow
-        self.workflow = load_workflow(workflow)
-        self.group_size = group_size
-        self.params = params
-        self.transport = transport
-        self.max_concurrency = max_concurrency
-        self.timeout_s = timeout_s
-        self.on_error = on_error
-        self.export = export
-        self.history = history
-        self.tool_parser = tool_parser
-        self.reward_discount = reward_discount
-        self.seed = seed
+        if options.get("on_error", "mask") not in ("mask", "fail"):
+            raise ConfigError(
+                f"reward.on_error={options['on_error']!r} with an agent workflow: a failed "
+                "episode may stop mid-conversation, so its calls are never trained; choose mask "
+                "(count it and go on) or fail (stop)"
+            )
+        super().__init__(engine, tokenizer, agent, **options)
+        self.workflow = load_workflow(agent.workflow)
         self.locked = locked
         self._reported: set[str] = set()  # failure messages already written to stderr
         self._episode_ids = itertools.count()
         self._sessions = Sessions()
         # every running episode's calls must reach the server at once (the lockstep waits
         # for them): room for four concurrent calls per episode
-        self._limits = ServerLimits(max_in_flight=max(256, 4 * max_concurrency))
+        self._limits = ServerLimits(max_in_flight=max(256, 4 * agent.max_concurrency))
         self._app = Guard(build_app(self._sessions), self._limits, IN_PROCESS_HOST, openai_error)
         self._server: ChatServer | None = None  # transport http: started by the first call
 
@@ -200,10 +179,9 @@ class WorkflowRunner(StoredEpisodes):
         the index of ``examples[0]`` in a rollout split over processes. The workflow's
         return is the reward (``score`` is :class:`Runner`'s: always true)."""
         start = time.perf_counter()
-        index = (seed_index,) if isinstance(seed_index, int) else tuple(seed_index)
         client = RecordingClient(
-            engine or self.engine, self.tokenizer, history=self.history,
-            tool_parser=self.tool_parser,
+            engine or self.engine, self.tokenizer, history=self.agent.history,
+            tool_parser=self.agent.tool_parser,
         )  # fmt: skip
         client.defaults = dataclasses.replace(self.params, seed=None, row_ids=None)
         groups = [g for g in range(len(examples)) for _ in range(self.group_size)]
@@ -213,19 +191,15 @@ class WorkflowRunner(StoredEpisodes):
             )
             for i, group in enumerate(groups)
         }
-        lockstep = Lockstep(
-            seed=self.seed, index=index, sampling=self.params, locked=self.locked,
-            rows={n: e.row_id for n, e in episodes.items()},
-            groups={n: e.group for n, e in episodes.items()},
-        )  # fmt: skip
+        lockstep = self._lockstep(seed_index, episodes, locked=self.locked)
         client.lockstep = lockstep
         lockstep.attach(client.engine)
         self._sessions.open(client, list(episodes))
         try:
-            url = self._serving().url if self.transport == "http" else IN_PROCESS_URL
-            rounds = math.ceil(len(episodes) / self.max_concurrency)
+            url = self._serving().url if self.agent.transport == "http" else IN_PROCESS_URL
+            rounds = math.ceil(len(episodes) / self.agent.max_concurrency)
             drive = self._drive(list(examples), episodes, lockstep, url)
-            if not _run_in_thread(drive, rounds * self.timeout_s + GRACE_S):
+            if not _run_in_thread(drive, rounds * self.agent.workflow_timeout_s + GRACE_S):
                 lockstep.close()
                 for e in episodes.values():
                     if not e.done:
@@ -253,12 +227,12 @@ class WorkflowRunner(StoredEpisodes):
 
     async def _drive(self, rows, episodes: dict[int, Episode], lockstep, url) -> None:
         """Run every episode, ``max_concurrency`` at a time (in order, as slots free)."""
-        if self.transport == "in_process":
+        if self.agent.transport == "in_process":
             inner = httpx.ASGITransport(app=self._app)
         else:  # no pool limit: every running episode's call must reach the server at once
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
             inner = httpx.AsyncHTTPTransport(limits=limits)
-        slots = asyncio.Semaphore(self.max_concurrency)
+        slots = asyncio.Semaphore(self.agent.max_concurrency)
         transport = NumberedTransport(inner, lockstep)
         async with httpx.AsyncClient(transport=transport, timeout=None) as http:
 
@@ -271,10 +245,12 @@ class WorkflowRunner(StoredEpisodes):
                     row = copy.deepcopy(rows[episode.group])
                     lockstep.start(number)
                     try:
-                        result = await asyncio.wait_for(self.workflow(client, row), self.timeout_s)
+                        result = await asyncio.wait_for(
+                            self.workflow(client, row), self.agent.workflow_timeout_s
+                        )
                         episode.reward, episode.info = workflow_outcome(result)
                     except TimeoutError:
-                        episode.error = f"timed out after {self.timeout_s:g} s"
+                        episode.error = f"timed out after {self.agent.workflow_timeout_s:g} s"
                         episode.error += " (agent.workflow_timeout_s)"
                         episode.truncated = True
                     except (Exception, SystemExit) as exc:  # the user's code: counted
@@ -314,7 +290,7 @@ class WorkflowRunner(StoredEpisodes):
         if not failed:
             return
         first = failed[0]
-        where = f"agent workflow {self.name} failed on row {rows[first.group]!r:.200}"
+        where = f"agent workflow {self.agent.workflow} failed on row {rows[first.group]!r:.200}"
         if self.on_error == "fail" or len(failed) == len(episodes):
             why = "every episode failed" if len(failed) == len(episodes) else "reward.on_error=fail"
             raise WorkflowError(
@@ -330,12 +306,12 @@ class WorkflowRunner(StoredEpisodes):
     def score(self, played: Episodes) -> Rollout:
         """The kept calls' trajectories and the ``agent/*`` metrics (module docstring)."""
         calls = played.calls
-        if self.export == "call":
-            discount_rewards(calls, self.reward_discount)
-        rows = export_trajectories(calls, style=self.export, history=self.history)
+        if self.agent.export == "call":
+            discount_rewards(calls, self.agent.reward_discount)
+        rows = export_trajectories(calls, style=self.agent.export, history=self.agent.history)
         if not rows:
             raise WorkflowError(
-                f"agent workflow {self.name} made no model call that produced tokens in "
+                f"agent workflow {self.agent.workflow} made no model call that produced tokens in "
                 f"{len(played.episodes)} episodes: nothing to train"
             )
         batch = TrajectoryBatch.from_trajectories(

@@ -62,6 +62,8 @@ class Strategy(ABC):
     model_head: ClassVar[str] = "causal_lm"
     #: loss metrics (``train/<name>``) also reported on held-out samples as ``eval/<name>``
     eval_metrics: ClassVar[tuple[str, ...]] = ()
+    #: whether the loss always reads a frozen reference (:meth:`wants_reference`)
+    uses_reference: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -84,8 +86,9 @@ class Strategy(ABC):
     @classmethod
     def wants_reference(cls, config: ArdeaConfig) -> bool:
         """Whether the loss reads a frozen reference under ``config`` (a KL term, a
-        preference loss); :func:`~ardea.trainer.scorers.build_scorers` builds it."""
-        return False
+        preference loss); :func:`~ardea.trainer.scorers.build_scorers` builds it. By default
+        the class's ``uses_reference``."""
+        return cls.uses_reference
 
     def wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
         """``module`` wrapped for data parallelism like the policy (see ``wrap``)."""

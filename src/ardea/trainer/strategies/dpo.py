@@ -69,9 +69,7 @@ class PreferencePairs(Strategy):
 class DPOStrategy(PreferencePairs):
     """DPO / IPO against a frozen reference (module docstring)."""
 
-    @classmethod
-    def wants_reference(cls, config: Any) -> bool:
-        return True
+    uses_reference = True
 
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)

@@ -48,9 +48,7 @@ class KTOStrategy(Strategy):
     sample_kind = "labeled"
     eval_metrics = ("rewards_margins",)
 
-    @classmethod
-    def wants_reference(cls, config: Any) -> bool:
-        return True
+    uses_reference = True
 
     def __init__(self, policy: nn.Module, config: Any, **kwargs: Any) -> None:
         super().__init__(policy, config, **kwargs)
