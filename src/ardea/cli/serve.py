@@ -35,7 +35,8 @@ def add_serve_parser(sub) -> None:
         "Ctrl-C write the recorded trajectories to --out.",
     )
     serve.add_argument("path", help="run, checkpoint or Hugging Face model directory")
-    serve.add_argument("args", nargs="*", help="config overrides, e.g. rollout.engine=vllm")
+    serve.add_argument("args", nargs="*", help="config overrides, e.g. rollout.engine=vllm "
+                       "(with --tinker: rollout.vllm.* only)")  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     serve.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
     serve.add_argument("--out", default="trajectories.jsonl", help="where trajectories go on exit")
@@ -73,6 +74,8 @@ def _add_safety(serve) -> None:
 
 
 def _add_tinker(serve) -> None:
+    from ardea.config.schema import COMPUTE_DTYPES, DTYPES
+
     tinker = serve.add_argument_group("the Tinker API (--tinker)")
     tinker.add_argument("--tinker", action="store_true",
                         help="serve the Tinker training API (tinker SDK, tinker-cookbook) "
@@ -86,6 +89,18 @@ def _add_tinker(serve) -> None:
     tinker.add_argument("--device", default="auto",
                         help="where LoRA training and sampling run: auto (cuda when there "
                         "is one), cpu, cuda, cuda:N")  # fmt: skip
+    tinker.add_argument("--engine", default="in_process",
+                        help="the rollout.engine samplers decode on: in_process (an engine "
+                        "per set of sampler weights, in this process) or vllm (a vLLM "
+                        "server the samplers share, LoRA adapters synced alone; "
+                        "rollout.vllm.* overrides as in ardea train, a server launched "
+                        "unless rollout.vllm.urls names yours)")  # fmt: skip
+    tinker.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="parameter dtype (model.dtype; default: the run's, else "
+                        "float32)")  # fmt: skip
+    tinker.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES,
+                        help="the dtype forwards compute in (model.compute_dtype; default: "
+                        "the run's, else auto: measured at start)")  # fmt: skip
     tinker.add_argument("--samplers", type=int, default=3,
                         help="sampler weights kept loaded at once (oldest unloaded first)")  # fmt: skip
     tinker.add_argument(
@@ -151,11 +166,10 @@ def serve_tinker(args: argparse.Namespace) -> int:
     """``ardea serve --tinker``: the Tinker API on the model directory of ``args.path``."""
     from ardea.cli.commands import quiet_transformers, resolve_model_dir
 
-    if args.args:
-        raise ArdeaError(f"ardea serve --tinker takes no config overrides, got {args.args}")
     if args.samplers < 1:
         raise ArdeaError(f"--samplers {args.samplers}: must be >= 1")
-    model_dir, _ = resolve_model_dir(args.path)
+    model_dir, run_config = resolve_model_dir(args.path)
+    engine_options, dtype, compute_dtype = tinker_config(args, run_config)
     name = args.name or Path(model_dir).name
     from ardea.trainer.setup import resolve_device
 
@@ -172,10 +186,37 @@ def serve_tinker(args: argparse.Namespace) -> int:
     limits = _limits(args, 64)
     server = TinkerServer({name: model_dir}, state_dir=args.state_dir, host=args.host,
                           port=args.port, samplers=args.samplers, device=args.device,
-                          limits=limits, work=work)  # fmt: skip
+                          limits=limits, work=work, engine=args.engine,
+                          engine_options=engine_options, dtype=dtype,
+                          compute_dtype=compute_dtype)  # fmt: skip
     serve_until_stopped(server, f"ardea serve --tinker: {model_dir} as base_model {name!r} at "
-                        f"{server.url} (states in {args.state_dir}); Ctrl-C to stop")  # fmt: skip
+                        f"{server.url} (states in {args.state_dir}, sampling on "
+                        f"{args.engine}); Ctrl-C to stop")  # fmt: skip
     return 0
+
+
+def tinker_config(args: argparse.Namespace, run_config) -> tuple[dict[str, Any], str, str]:
+    """The engine's options (``rollout.vllm`` with the command line's overrides: a launched
+    server unless ``rollout.vllm.urls`` names one), parameter and compute dtypes (the
+    flags', else the run's, else ardea's defaults)."""
+    import dataclasses
+
+    wrong = [o for o in args.args if not o.startswith("rollout.vllm.")]
+    if wrong or (args.args and args.engine != "vllm"):
+        raise ArdeaError(f"ardea serve --tinker takes rollout.vllm.* overrides (with --engine "
+                         f"vllm) and no others, got {args.args}")  # fmt: skip
+    from ardea.config import load_config
+    from ardea.rollout import engine_factory
+
+    engine_factory(args.engine)  # an unknown engine lists the known ones
+    model = load_config(run_config, []).model
+    options: dict[str, Any] = {}
+    if args.engine == "vllm":
+        overrides = ["rollout.engine=vllm", *args.args]
+        if not any(o.startswith(("rollout.vllm.urls=", "rollout.vllm.launch=")) for o in args.args):
+            overrides.append("rollout.vllm.launch=true")
+        options = dataclasses.asdict(load_config(None, overrides).rollout.vllm)
+    return options, args.dtype or model.dtype, args.compute_dtype or model.compute_dtype
 
 
 def serve_until_stopped(server, banner: str) -> None:

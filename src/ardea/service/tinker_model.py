@@ -1,11 +1,14 @@
 """One model a Tinker training client trains: a LoRA policy, its AdamW, its saved states.
 
-``forward_backward`` adds the gradient of a request's summed loss (one of the policy losses
+The parts are the trainer's: the base loaded by ``build_policy`` in the server's parameter
+dtype, forwards under its :class:`~ardea.model.Precision` (compute dtype, attention kernel),
+the AdamW of ``build_adamw`` (fused where torch has the kernel). ``forward_backward`` adds
+the gradient of a request's summed loss (one of the policy losses
 :mod:`ardea.service.tinker_losses` serves) to what earlier requests left; ``optim_step``
 takes one AdamW step with the request's :class:`AdamParams` (learning rate, betas, eps,
-decoupled weight decay, global norm clip) and clears the gradient. A datum is ``T`` input tokens and per-token inputs of
-shape ``[T]``: ``target_tokens[t]`` is the token that follows ``tokens[: t + 1]``; its
-output ``logprobs[t] = log p(target_tokens[t] | tokens[: t + 1])``.
+decoupled weight decay, global norm clip) and clears the gradient. A datum is ``T`` input
+tokens and per-token inputs of shape ``[T]``: ``target_tokens[t]`` is the token that follows
+``tokens[: t + 1]``; its output ``logprobs[t] = log p(target_tokens[t] | tokens[: t + 1])``.
 
 The LoRA layout: rank ``r`` adapters with ``alpha = 32`` (scale ``32 / r``), no dropout, on
 the attention projections (``train_attn``), the MLP projections (``train_mlp``) and the LM
@@ -19,26 +22,33 @@ import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
 from ardea.algo import get_policy_loss, trusted_inputs
+from ardea.config import ModelConfig
+from ardea.model import Precision
 from ardea.model.logprobs import logprobs_from_logits
 from ardea.model.lora import apply_lora, load_policy_weights, save_policy
 from ardea.service.tinker_fields import Fields
 from ardea.service.tinker_losses import SERVED, check_datum, datum_loss, loss_options
 from ardea.service.tinker_wire import ForwardBackwardCall, WireDatum, WireError
 from ardea.trainer.checkpoint import STATE_FILE, load_trainer_state
-from ardea.trainer.schedule import clip_gradients
+from ardea.trainer.schedule import build_adamw, clip_gradients
+from ardea.trainer.setup import build_policy
 
 LORA_ALPHA = 32.0
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")
 UNEMBED = ("lm_head",)
 MICRO_BATCH = 16  # datums per forward: bounds the [N, T, V] logits held at once
+#: the trainer's AdamW (``build_adamw``: fused where torch has the kernel) at the SDK's
+#: defaults; every ``optim_step`` sets its own rate, betas, eps and weight decay
+ADAM = SimpleNamespace(adam_betas=(0.9, 0.95), weight_decay=0.0, lr_schedule="constant",
+                       max_steps=1, min_lr_ratio=1.0)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,26 +93,30 @@ class TrainingModel:
     """A LoRA policy on ``base_dir`` with AdamW; see the module docstring."""
 
     def __init__(
-        self, base_dir: Path, spec: LoraSpec, *, tokenizer: Any, device: torch.device | str = "cpu"
-    ) -> None:
+        self, base_dir: Path, spec: LoraSpec, *, tokenizer: Any, precision: Precision | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:  # fmt: skip
         self.base_dir = Path(base_dir)
         self.device = torch.device(device)
+        self.precision = precision or Precision(self.device, torch.float32, torch.float32)
         self.spec = spec
         self.tokenizer = tokenizer
-        base = AutoModelForCausalLM.from_pretrained(
-            self.base_dir, dtype=torch.float32, local_files_only=True
-        )
-        targets = spec.target_modules(base)
+        dtype = str(self.precision.params).removeprefix("torch.")
+        base, _ = build_policy(ModelConfig(path=str(self.base_dir), dtype=dtype), seed=0,
+                               device=torch.device("cpu"))  # fmt: skip
+        self.targets = spec.target_modules(base)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0 if spec.seed is None else spec.seed)
             self.policy = apply_lora(
-                base, r=spec.rank, alpha=LORA_ALPHA, dropout=0.0, target_modules=targets
+                base, r=spec.rank, alpha=LORA_ALPHA, dropout=0.0, target_modules=self.targets
             )
         self.policy.to(self.device).train()
         self.vocab = int(base.get_input_embeddings().num_embeddings)
         self.context = int(getattr(base.config, "max_position_embeddings", 2048))
         self.parameters = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
+        self.optimizer, _ = build_adamw(self.parameters, ADAM, lr=1e-4, warmup_steps=0)
+        for group in self.optimizer.param_groups:
+            group["eps"] = 1e-12
         self.steps = 0
         self.loss_since_step = 0.0  # summed loss of the forward_backward calls since the step
 
@@ -150,7 +164,8 @@ class TrainingModel:
             n = len(r["tokens"])
             ids[i, :n], mask[i, :n], targets[i, :n] = r["tokens"], 1, r["target_tokens"]
         ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
-        logits = self.policy(input_ids=ids, attention_mask=mask).logits
+        with self.precision.forward(self.policy, width):
+            logits = self.policy(input_ids=ids, attention_mask=mask).logits
         return logprobs_from_logits(logits, targets)
 
     def forward_backward(self, call: ForwardBackwardCall, rows: list[dict[str, torch.Tensor]]):
@@ -213,8 +228,9 @@ class TrainingModel:
         """A copy of the trained tensors (the adapters), by parameter name."""
         return {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
 
-    def merged_copy(self, adapters: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-        """A frozen plain model: the base with ``adapters`` (default: the current) merged."""
+    def twin(self, adapters: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """A frozen copy of the LoRA policy (adapters not merged) holding ``adapters``
+        (default: the current ones)."""
         grads = [p.grad for p in self.parameters]
         for p in self.parameters:  # deepcopy would copy the gradients too
             p.grad = None
@@ -225,7 +241,16 @@ class TrainingModel:
                 p.grad = g
         if adapters is not None:
             twin.load_state_dict(adapters, strict=False)
-        return twin.merge_and_unload().requires_grad_(False).eval()
+        return twin.requires_grad_(False).eval()
+
+    def merged_copy(self, adapters: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """A frozen plain model: the base with ``adapters`` (default: the current) merged."""
+        return self.twin(adapters).merge_and_unload().requires_grad_(False).eval()
+
+    @property
+    def layout(self) -> tuple[int, tuple[str, ...]]:
+        """What shapes its adapters: the rank and the adapted modules."""
+        return self.spec.rank, tuple(sorted(self.targets))
 
     def save_state(self, directory: Path, *, optimizer: bool = True) -> None:
         """Write ``policy/`` (merged), ``adapter/`` and ``trainer_state.pt`` (AdamW state and

@@ -1,8 +1,10 @@
-"""Sampling for the Tinker API: one in-process engine per set of sampler weights.
+"""Sampling for the Tinker API: a sampler per set of sampler weights, on an engine.
 
-A sampler holds a frozen plain model (the base with one snapshot of the adapters merged)
-and ardea's :class:`~ardea.rollout.engines.inprocess.engine.InProcessEngine` on it, so concurrent
-``asample`` requests are decoded together. ``sample`` maps the SDK's ``SamplingParams``:
+A sampler decodes on an engine of the server's ``rollout.engine`` registry
+(:mod:`tinker_slot`: an in-process engine of its own on the weights merged, or a turn on an
+engine in other processes that the samplers of its base model share), so concurrent
+``asample`` requests are decoded together; prompts are scored by a module of the same
+weights in this process. ``sample`` maps the SDK's ``SamplingParams``:
 ``max_tokens`` (None: up to the model's context), ``temperature`` (0: greedy), ``top_k``
 (-1: off), ``top_p``, ``seed`` (each of the ``num_samples`` rows gets its own random
 numbers of that seed) and ``stop`` (None: the model's end-of-sequence tokens; strings or
@@ -14,6 +16,7 @@ log-prob of the distribution it was drawn from (``temperature``, ``top_k``, ``to
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections import OrderedDict
@@ -22,35 +25,57 @@ from typing import Any
 
 import torch
 
+from ardea.model import Precision
 from ardea.model.logprobs import logprobs_from_logits
-from ardea.rollout.engine import Completion, Request, stop_token_ids
-from ardea.rollout.engines.inprocess.engine import InProcessEngine
+from ardea.rollout.engine import Completion, EngineSpec, Request, Weights, make_engine
 from ardea.rollout.sampling_params import SamplingParams
 from ardea.service.tinker_fields import MAX_INT32, Fields
+from ardea.service.tinker_slot import Direct, Lease
 from ardea.service.tinker_wire import WireError
 
 MAX_ROWS = 64  # rows decoded together: bounds the engine's KV cache whatever is queued
 MAX_STOPS = 16
+_nothing = contextlib.nullcontext
 UNSUPPORTED_SAMPLING = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k",
                         "target_prompt_logprobs", "prompt_logprobs_last_n")  # fmt: skip
 
 
 class Sampler:
-    """An engine on ``module`` (a frozen plain causal LM) and its prompt scorer."""
+    """One set of weights, decoded on an engine and scored in this process.
 
-    def __init__(self, module: torch.nn.Module, tokenizer: Any) -> None:
-        self.module = module
+    ``module``: those weights as a frozen plain causal LM, or a callable that makes it when
+    first needed; it scores prompts and, without a ``lease``, an engine of the sampler's own
+    decodes on it (``make_engine(engine, ...)``, at most :data:`MAX_ROWS` rows together).
+    ``lease``: a turn on an engine shared with other samplers
+    (:class:`~ardea.service.tinker_slot.Lease`) instead. ``config``: the model's Hugging
+    Face config (context, vocabulary; default the module's); ``precision``: what forwards
+    compute under (None: the parameters' dtype)."""
+
+    def __init__(self, module: torch.nn.Module | Callable[[], torch.nn.Module], tokenizer: Any,
+                 *, engine: str = "in_process", precision: Precision | None = None,
+                 lease: Lease | None = None, config: Any = None) -> None:  # fmt: skip
         self.tokenizer = tokenizer
-        self.eos = stop_token_ids(module, tokenizer)
-        self.context = int(getattr(module.config, "max_position_embeddings", 2048))
-        self.vocab = int(module.get_input_embeddings().num_embeddings)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
-        self.engine = InProcessEngine(module, pad_token_id=pad, eos_token_ids=self.eos,
-                                      tokenizer=tokenizer, max_batch_size=MAX_ROWS)  # fmt: skip
+        self.precision = precision
+        made = isinstance(module, torch.nn.Module)
+        self._scorer, self._module = (None, module) if made else (module, None)
+        config = config if config is not None else self._module.config
+        self.context = int(getattr(config, "max_position_embeddings", 2048))
+        self.vocab = int(config.vocab_size)
+        self.runner = lease
+        if lease is None:
+            spec = EngineSpec.of(self._module, tokenizer, precision=precision,
+                                 options={"max_batch_size": MAX_ROWS})  # fmt: skip
+            self.runner = Direct(make_engine(engine, spec, module=self._module))
         self._score_lock = threading.Lock()
         self._state = threading.Lock()
         self._in_flight = 0  # submitted calls not finished yet
         self._retired = False  # evicted: close once the calls in flight are done
+        self._published = 0  # inflight weights published since the sampler was made
+
+    @property
+    def engine(self) -> Any:
+        """The sampler's own engine (None on a shared one)."""
+        return getattr(self.runner, "engine", None)
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt or len(prompt) >= self.context:
@@ -103,51 +128,86 @@ class Sampler:
         fail: Callable[[BaseException], None],
     ) -> None:  # fmt: skip
         """Start ``params.n`` completions of ``prompt``; ``done(completions)`` (or ``fail``)
-        is called from the engine's thread when the last one ends."""
+        is called from the engine's (or the slot's) thread when the last one ends."""
         self.check_prompt(prompt)
         with self._state:
             self._in_flight += 1
-        handles = self.engine.submit_all([Request(prompt, params, r) for r in range(params.n)])
-        left = [len(handles)]
-        lock = threading.Lock()
 
-        def finished(_handle) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            try:
-                done([h.result() for h in handles])
-            except BaseException as exc:  # noqa: BLE001 - reported through the future
-                fail(exc)
-            with self._state:
-                self._in_flight -= 1
-                last = self._retired and self._in_flight == 0
-            if last:  # not on this thread: it is the engine's own, inside its step
-                threading.Thread(target=self.engine.close, daemon=True).start()
+        def started(handles) -> None:
+            left, lock = [len(handles)], threading.Lock()
 
-        for handle in handles:
-            handle.add_done_callback(finished)
+            def finished(_handle) -> None:
+                with lock:
+                    left[0] -= 1
+                    if left[0]:
+                        return
+                try:
+                    done([h.result() for h in handles])
+                except BaseException as exc:  # noqa: BLE001 - reported through the future
+                    fail(exc)
+                self._end()
+
+            for handle in handles:
+                handle.add_done_callback(finished)
+
+        def failed(exc: BaseException) -> None:
+            fail(exc)
+            self._end()
+
+        try:
+            self.runner.start([Request(prompt, params, r) for r in range(params.n)],
+                              started, failed)  # fmt: skip
+        except BaseException:
+            self._end()
+            raise
+
+    def _end(self) -> None:
+        """A call finished: the last one of a retired sampler closes its runner (not on the
+        engine's own thread, inside its step)."""
+        with self._state:
+            self._in_flight -= 1
+            last = self._retired and self._in_flight == 0
+        if last:
+            threading.Thread(target=self.runner.close, daemon=True).start()
+
+    def publish(self, weights: Weights | None = None) -> None:
+        """Newer weights of an inflight set: ``weights`` for the sampler's own engine (which
+        loads them into the module it scores with); without, the scorer is made again."""
+        if weights is not None:
+            with self._score_lock:
+                self.runner.publish(weights)
+            return
+        with self._state:  # not the score lock: a scorer being made may wait on this thread
+            self._published += 1
+            self._module = None if self._scorer is not None else self._module
 
     @torch.no_grad()
     def prompt_logprobs(self, prompt: list[int]) -> list[float]:
         """``[NaN, log p(x_1 | x_0), ...]``: one value per prompt token."""
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.module.device)
         with self._score_lock:
-            logits = self.module(input_ids=ids).logits[:, :-1]
+            with self._state:
+                module, published = self._module, self._published
+            if module is None:
+                module = self._scorer()
+                with self._state:  # kept unless newer weights came meanwhile
+                    self._module = module if published == self._published else None
+            ids = torch.tensor([prompt], dtype=torch.long, device=module.device)
+            # autocast alone: an own engine decodes on this module meanwhile (no kernel switch)
+            with self.precision.autocast() if self.precision else _nothing():
+                logits = module(input_ids=ids).logits[:, :-1]
         scores = logprobs_from_logits(logits, ids[:, 1:])[0].cpu().tolist()
         return [math.nan, *scores]
 
     def retire(self) -> None:
-        """Close the engine now, or when the calls in flight have finished."""
+        """Close the runner now, or when the calls in flight have finished."""
         with self._state:
             self._retired = True
             idle = self._in_flight == 0
         if idle:
-            self.engine.close()
+            self.runner.close()
 
     def close(self) -> None:
-        self.engine.close()
+        self.runner.close()
 
 
 class SamplerCache:
@@ -171,6 +231,11 @@ class SamplerCache:
                 _, old = self._samplers.popitem(last=False)
                 old.retire()  # an evicted sampler finishes what it was asked first
         return sampler
+
+    def peek(self, key: str) -> Sampler | None:
+        """The sampler of ``key`` when one is loaded (its use does not count)."""
+        with self._lock:
+            return self._samplers.get(key)
 
     def drop(self, key: str) -> None:
         """Forget the sampler of ``key`` (its weights were replaced), retiring it."""

@@ -1,11 +1,13 @@
 """The Tinker API's sampling side: sampling sessions and ``asample``.
 
 A sampling session ``<session>:sample:<k>`` names a set of weights: a base model, sampler
-weights saved under ``--state-dir`` (``tinker://...``), or an in-memory snapshot of a training
-model's adapters. ``asample`` checks the whole request (prompt token ids within the
-vocabulary, ``num_samples × max_tokens`` within :class:`TinkerLimits`) before any work, then
-decodes on that weights' in-process engine (:mod:`tinker_sampler`). A retried call (same
-session and ``seq_id``) gets the first answer.
+weights saved under ``--state-dir`` (``tinker://...``), an in-memory snapshot of a training
+model's adapters, or a training model's inflight weights (one set its inflight sessions
+share, replaced by each inflight save). ``asample`` checks the whole request (prompt token
+ids within the vocabulary, ``num_samples × max_tokens`` within :class:`TinkerLimits`) before
+any work, then decodes on that weights' sampler (:mod:`tinker_sampler`, on the server's
+engine: :mod:`tinker_engines`). A retried call (same session and ``seq_id``) gets the first
+answer.
 """
 
 from __future__ import annotations

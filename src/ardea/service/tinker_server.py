@@ -6,7 +6,14 @@
 Base models are local directories, each served under a name (and under its own path, so
 ``base_model="/models/tiny"`` works too). Saved states and sampler weights go to
 ``state_dir`` (see :mod:`ardea.service.tinker_store`) and outlive the server. ``device``:
-where training and sampling run (``cpu``, ``cuda``, ``cuda:1``, ``auto``). ``limits``: the
+where training and sampling run (``cpu``, ``cuda``, ``cuda:1``, ``auto``); ``dtype`` and
+``compute_dtype``: the parameters' dtype and the one forwards compute in (ardea's
+``model.dtype`` and ``model.compute_dtype``; ``auto``, the default of ``ardea serve
+--tinker``, measures, so float32 is the default here: what a script computes does not
+depend on the machine or its load). ``engine``: the
+``rollout.engine`` samplers decode on (``in_process``, ``vllm``), ``engine_options`` its
+options (``rollout.vllm``'s fields for vllm; see :mod:`ardea.service.tinker_engines`).
+``limits``: the
 shared HTTP layer's (:class:`~ardea.agent.http_guard.ServerLimits`: API key, body size —
 64 MiB by default here —, requests in flight); ``work``: what requests may ask
 (:class:`~ardea.service.tinker_fields.TinkerLimits`).
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ardea.agent.http_guard import ServerLimits
 from ardea.agent.server import AppServer
@@ -48,10 +56,16 @@ class TinkerServer(AppServer):
         device: str = "cpu",
         limits: ServerLimits | None = None,
         work: TinkerLimits | None = None,
+        engine: str = "in_process",
+        engine_options: dict[str, Any] | None = None,
+        dtype: str = "float32",
+        compute_dtype: str = "float32",
     ) -> None:
         bases = {name: Path(path) for name, path in bases.items()}
-        self.service = TinkerService(bases, Path(state_dir), samplers=samplers, device=device,
-                                     limits=work)  # fmt: skip
+        self.service = TinkerService(
+            bases, Path(state_dir), samplers=samplers, device=device, limits=work,
+            engine=engine, engine_options=engine_options, dtype=dtype, compute_dtype=compute_dtype,
+        )  # fmt: skip
         super().__init__(build_app(self.service), host=host, port=port, name="Tinker server",
                          limits=replace(limits or tinker_limits(), body_types=BODY_TYPES),
                          error_body=error_body)  # fmt: skip

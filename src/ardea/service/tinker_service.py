@@ -3,9 +3,10 @@
 Sessions and ids follow the SDK: a session ``s-<n>``, models ``<session>:train:<k>``,
 sampling sessions ``<session>:sample:<k>``. Training operations (create, forward_backward,
 optim_step, saves, loads) run on one worker thread, each model's in ``seq_id`` order
-(:mod:`tinker_futures`); sampling is decoded by in-process engines, one per set of sampler
-weights (:mod:`tinker_sampling`). Base models are local directories served under the names
-given at start (and their paths).
+(:mod:`tinker_futures`), in the server's precision (``dtype``, ``compute_dtype``: ardea's
+``model.dtype`` and ``model.compute_dtype``); sampling is decoded by engines of the
+``rollout.engine`` registry (:mod:`tinker_sampling`, :mod:`tinker_engines`). Base models are
+local directories served under the names given at start (and their paths).
 
 Every request is checked whole before anything is queued (:mod:`tinker_fields`); a training
 request refused that way still takes its ``seq_id``'s place, so the model's later requests
@@ -23,11 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-
-from ardea.model.loading import check_model_dir, load_tokenizer
+from ardea.model.loading import check_model_dir
 from ardea.model.lora import save_policy
+from ardea.service.tinker_engines import Published, SamplerEngines, serve_base
 from ardea.service.tinker_fields import (
     MAX_ID_NUMBER,
     MAX_INT32,
@@ -52,31 +51,32 @@ from ardea.service.tinker_wire import (
 from ardea.trainer.setup import resolve_device
 
 
-def _plain_model(directory: Path, device: torch.device):
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
-    return model.to(device).requires_grad_(False).eval()
-
-
 class TinkerService:
     """The server's state: base models, sessions, trained models, samplers, futures."""
 
     def __init__(
         self, bases: dict[str, Path], state_dir: Path, *, samplers: int = 3, device: str = "cpu",
-        limits: TinkerLimits | None = None,
+        limits: TinkerLimits | None = None, engine: str = "in_process",
+        engine_options: dict[str, Any] | None = None, dtype: str = "float32",
+        compute_dtype: str = "float32",
     ) -> None:  # fmt: skip
         if not bases:
             raise WireError("the Tinker server needs at least one base model directory")
         self.limits = limits or TinkerLimits()
         self.bases = {name: check_model_dir(path).resolve() for name, path in bases.items()}
-        self.tokenizers = {path: load_tokenizer(path) for path in set(self.bases.values())}
-        self.configs = {path: AutoConfig.from_pretrained(path, local_files_only=True)
-                        for path in self.tokenizers}  # fmt: skip
         self.device = resolve_device(device)
+        self.served = {path: serve_base(path, self.device, dtype, compute_dtype)
+                       for path in set(self.bases.values())}  # fmt: skip
+        self.tokenizers = {path: base.tokenizer for path, base in self.served.items()}
+        self.configs = {path: base.config for path, base in self.served.items()}
         self.store = Store(state_dir)
         self.futures = Futures()
         self.worker = Worker(self.futures, self.limits.max_queued)
+        self.engines = SamplerEngines(engine, engine_options, work_dir=self.store.root / "engines",
+                                      on_worker=self.worker.call, device=self.device)  # fmt: skip
         self.sampling = Sampling(self.store, self.futures, self.limits, samplers, self._sampler)
         self.models: dict[str, tuple[str, TrainingModel]] = {}  # id -> (base name, model)
+        self.published: dict[str, Published] = {}  # model id -> its inflight weights
         self._sessions = itertools.count(1)
         self._created: dict[str, dict[str, Any]] = {}  # create retries
         self._lock = threading.Lock()
@@ -159,7 +159,7 @@ class TinkerService:
     def _register(self, model_id: str, base: str, spec: LoraSpec, metadata: dict) -> TrainingModel:
         directory = self.base_dir(base)
         model = TrainingModel(directory, spec, tokenizer=self.tokenizers[directory],
-                              device=self.device)  # fmt: skip
+                              precision=self.served[directory].precision, device=self.device)  # fmt: skip
         with self._lock:
             self.models[model_id] = (base, model)
         record = {"base_model": base, "lora": spec.__dict__, "user_metadata": metadata,
@@ -254,17 +254,24 @@ class TinkerService:
     def save_for_sampler(self, body: dict[str, Any]) -> dict[str, Any]:
         def prepare(model: TrainingModel):
             fields = Fields(body, "save_weights_for_sampler")
-            base = self.models[body["model_id"]][0]
+            base, model_id = self.models[body["model_id"]][0], body["model_id"]
+            kind = fields.text("kind", "snapshot")
+            if kind not in ("snapshot", "inflight"):
+                raise fields.fail("kind", kind, "snapshot or inflight")
             if body.get("path") is None:  # save_weights_and_get_sampling_client: in memory
                 seq = fields.integer("sampling_session_seq_id", high=MAX_ID_NUMBER)
-                session = f"{body['model_id'].split(':')[0]}:sample:{seq}"
-                return lambda: self._snapshot(model, body["model_id"], base, session)
-            path = self.store.new_path(body["model_id"], "sampler_weights", body["path"])
+                session = f"{model_id.split(':')[0]}:sample:{seq}"
+                publish = self._inflight if kind == "inflight" else self._snapshot
+                return lambda: publish(model, model_id, base, session)
+            if kind == "inflight":
+                raise WireError("an inflight save_weights_for_sampler takes no path")
+            path = self.store.new_path(model_id, "sampler_weights", body["path"])
 
             def save() -> dict[str, Any]:
                 self.store.save(path, lambda tmp: save_policy(model.policy, model.tokenizer, tmp))
                 source = ("adapters", model, model.adapter_state())
                 self.sampling.replace(str(path), (base, str(path), source))
+                self.engines.forget(self.served[self.base_dir(base)], str(path))
                 return {"type": "save_weights_for_sampler", "path": str(path)}
 
             return save
@@ -274,6 +281,23 @@ class TinkerService:
     def _snapshot(self, model: TrainingModel, model_id: str, base: str, session: str):
         key = f"{model_id}@{model.steps}#{session}"
         self.sampling.open(session, (base, key, ("adapters", model, model.adapter_state())))
+        return {"type": "save_weights_for_sampler", "sampling_session_id": session}
+
+    def _inflight(self, model: TrainingModel, model_id: str, base: str, session: str):
+        """The SDK's ``kind="inflight"``: every inflight session of ``model_id`` samples one
+        set of weights, which this save replaces with the current ones (on the worker
+        thread: no training step is running)."""
+        key, state = f"{model_id}@inflight", model.adapter_state()
+        with self._lock:
+            published = self.published.get(model_id)
+            if fresh := published is None:
+                published = self.published[model_id] = Published(state)
+        published.adapters = state
+        source = ("inflight", model, published)
+        self.sampling.open(session, (base, key, source))
+        if not fresh:
+            served = self.served[self.base_dir(base)]
+            self.engines.publish(self.sampling.cache.peek(key), served, key, source)
         return {"type": "save_weights_for_sampler", "sampling_session_id": session}
 
     def load_state(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -331,14 +355,9 @@ class TinkerService:
         return {"sampler_id": session, "base_model": str(self.base_dir(base)), "model_path": path}
 
     def _sampler(self, entry: tuple[str, str, Any]) -> Sampler:
-        """The engine of a sampling session's weights (merged on the worker thread)."""
-        base, _, source = entry
-        tokenizer = self.tokenizers[self.base_dir(base)]
-        if source[0] == "adapters":
-            module = self.worker.call(lambda: source[1].merged_copy(source[2]))
-        else:
-            module = _plain_model(source[1], self.device)
-        return Sampler(module, tokenizer)
+        """The sampler of a sampling session's weights (:mod:`tinker_engines`)."""
+        base, key, source = entry
+        return self.engines.sampler(self.served[self.base_dir(base)], key, source)
 
     def asample(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.sampling.asample(body)
@@ -367,3 +386,4 @@ class TinkerService:
     def close(self) -> None:
         self.worker.close()
         self.sampling.close()
+        self.engines.close()

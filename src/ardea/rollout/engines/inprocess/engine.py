@@ -335,7 +335,11 @@ def in_process_engine(
     spec: EngineSpec, *, module: torch.nn.Module | None = None, version: int = 0
 ) -> InProcessEngine:
     """The in-process engine generating with ``module`` (shared, not copied), or with the
-    model loaded from ``spec.model_dir`` when no module is given."""
+    model loaded from ``spec.model_dir`` when no module is given; ``spec.options`` may hold
+    ``max_batch_size`` (rows decoded together per kind of sampling; None: no limit)."""
+    unknown = sorted(set(spec.options) - {"max_batch_size"})
+    if unknown:
+        raise ValueError(f"the in_process engine has no options {unknown} (max_batch_size)")
     if module is None:
         if spec.model_dir is None:
             raise ValueError(
@@ -346,6 +350,7 @@ def in_process_engine(
         module,
         pad_token_id=spec.tokenizer.pad_token_id,
         eos_token_ids=list(spec.stop_token_ids),
+        max_batch_size=spec.options.get("max_batch_size"),
         version=version,
         precision=spec.precision,
         tokenizer=spec.tokenizer,
