@@ -434,7 +434,21 @@ def test_a_shown_value_becomes_a_check():
 @pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[name for name, _ in SNIPPETS])
 def test_python_snippet_runs(where, code, workdir):
     code = checked(CHECKPOINT.sub(lambda m: final_policy(workdir, m.group(1)), code))
+    from ardea.registry import Registry
+
+    added = []  # what the snippet registers (a page's own loss, say): unregistered after,
+    register = Registry.register  # so no other test of this process sees it
+
+    def recording(registry, name):
+        added.append((registry, name))
+        return register(registry, name)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         patch.setattr("sys.argv", [where])
-        exec(compile(code, where, "exec"), {"__name__": "__main__"})
+        patch.setattr(Registry, "register", recording)
+        try:
+            exec(compile(code, where, "exec"), {"__name__": "__main__"})
+        finally:
+            for registry, name in added:
+                registry.unregister(name)
