@@ -24,18 +24,24 @@ staleness check sees a version per span.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ardea.agent.calls import EngineRequest, wait_calls
 from ardea.agent.conversation import ChatTemplate, Conversation, normalize
-from ardea.agent.env import Environment, make_env
+from ardea.agent.env import make_env
 from ardea.agent.episode_metrics import episode_metrics, message_text
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.agent.lockstep import Lockstep
-from ardea.agent.reply import Reply
+from ardea.agent.played import (
+    Episode,
+    Episodes,
+    Played,
+    Rows,
+    episodes_state,
+    restore_episodes,
+)
 from ardea.agent.reward_terms import add_reward_terms
 from ardea.agent.tool_parsers import make_tool_parser
 from ardea.config.agent import AgentConfig
@@ -49,38 +55,6 @@ SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
 
 class EnvironmentFailure(ArdeaError):
     """An agent environment raised (under ``reward.on_error=fail``, or in every episode)."""
-
-
-@dataclasses.dataclass
-class Episode:
-    """One episode in progress: its environment, conversation and counts."""
-
-    env: Environment | None  # None once restored from a checkpoint (the episode is over)
-    group: int
-    conversation: Conversation | None  # None once restored (only its calls are kept)
-    messages: list[dict[str, Any]]  # the conversation's messages (the same list)
-    reward: float = 0.0
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    success: bool = False
-    done: bool = False
-    truncated: bool = False
-    row_id: int = 0  # its row of each turn's random numbers (module docstring)
-    error: str | None = None  # an agent workflow that failed: why (its calls are not trained)
-    rewritten_turns: int = 0  # a workflow's turns whose text its code replaced (keep_tokens)
-    info: dict[str, float] = dataclasses.field(default_factory=dict)  # a workflow's numbers
-
-
-@dataclasses.dataclass
-class Episodes:
-    """The played episodes of one call, before scoring (``examples``: the rows)."""
-
-    examples: list[dict[str, Any]]
-    episodes: list[Episode]
-    calls: list[Interaction]  # every episode's calls, in the order they were made
-    seconds: float
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # reward terms'
 
 
 class StoredEpisodes:
@@ -123,6 +97,31 @@ class StoredEpisodes:
     def encode(self, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """What identifies a call's rows (for checkpoints): the rows themselves."""
         return [dict(e) for e in examples]
+
+    def generate(
+        self,
+        examples: Sequence[dict[str, Any]],
+        *,
+        seed_index: Sequence[int] | int,
+        engine: GenerationEngine | None = None,
+        first_prompt: int = 0,
+        score: bool = True,
+    ) -> Episodes:
+        """Play ``group_size`` episodes of every row with ``engine`` (default: the runner's);
+        ``first_prompt``: the index of ``examples[0]`` in a rollout split over processes.
+        Episodes are always scored as they are played (``score`` is the runners' protocol's:
+        reward terms, a workflow's return)."""
+        start = time.perf_counter()
+        played, calls, metrics = self._play(
+            examples, seed_index, engine or self.engine, first_prompt
+        )
+        return Episodes(list(examples), played, calls, time.perf_counter() - start, metrics)
+
+    def _play(
+        self, examples: Rows, seed_index: Sequence[int] | int, engine: GenerationEngine, first: int
+    ) -> Played:
+        """The played episodes of ``examples``, their kept calls and the call's metrics."""
+        raise NotImplementedError
 
     def generation_state(self, played: Episodes) -> dict[str, Any]:
         """For checkpoints of runs with background rollouts (:func:`episodes_state`)."""
@@ -186,20 +185,11 @@ class EpisodeRunner(StoredEpisodes):
         self.tool_parser = make_tool_parser(agent.tool_parser, tokenizer)
         self.template = ChatTemplate(tokenizer, engine.stop_token_ids)  # renders = its cost
 
-    def generate(
-        self,
-        examples: Sequence[dict[str, Any]],
-        *,
-        seed_index: Sequence[int] | int,
-        engine: GenerationEngine | None = None,
-        first_prompt: int = 0,
-        score: bool = True,
-    ) -> Episodes:
-        """Play ``group_size`` episodes of every row (module docstring); ``first_prompt``:
-        the index of ``examples[0]`` in a rollout split over processes. Reward terms are
-        scored here always (``score`` is :class:`Runner`'s)."""
-        start = time.perf_counter()
-        engine = engine or self.engine
+    def _play(
+        self, examples: Rows, seed_index: Sequence[int] | int, engine: GenerationEngine, first: int
+    ) -> Played:
+        """Play ``group_size`` episodes of every row (module docstring); the reward terms
+        are scored here."""
         template = self.template
         if set(engine.stop_token_ids) != template.stop_ids:  # another engine's stop tokens
             template = ChatTemplate(self.tokenizer, engine.stop_token_ids)
@@ -209,15 +199,15 @@ class EpisodeRunner(StoredEpisodes):
                 env = make_env(self.agent.env, max_turns=self.agent.max_turns, **self.env_args)
                 if env.toolbox is not None:
                     env.toolbox.executor = self.agent.executor
-                row_id = first_prompt * self.group_size + len(episodes)
+                row_id = first * self.group_size + len(episodes)
                 try:
-                    first = env.reset(row)
+                    opening = env.reset(row)
                 except Exception as exc:  # noqa: BLE001 - the environment's failure, not ours
                     episodes.append(Episode(env, group, None, [], row_id=row_id, done=True))
                     self._env_failed(episodes[-1], row, "reset", exc)
                     continue
                 conversation = Conversation(
-                    template, first, env.tools, history=self.agent.history,
+                    template, opening, env.tools, history=self.agent.history,
                     group_id=group, tool_parser=self.tool_parser,
                 )  # fmt: skip
                 messages = conversation.messages
@@ -240,7 +230,7 @@ class EpisodeRunner(StoredEpisodes):
             )
         metrics = {} if self.scorer is None else add_reward_terms(self.scorer, calls, examples)
         kept = [call for episode, call in calls if episode.error is None]
-        return Episodes(list(examples), episodes, kept, time.perf_counter() - start, metrics)
+        return episodes, kept, metrics
 
     def _env_failed(self, episode: Episode, row: Any, where: str, error: Exception) -> None:
         """``episode``'s environment raised in ``where``: it ends, failed (class docstring)."""
@@ -330,56 +320,3 @@ class EpisodeRunner(StoredEpisodes):
         generated = float(batch.loss_mask.sum())
         metrics["perf/generate_tokens_per_s"] = generated / max(played.seconds, 1e-9)
         return Rollout(batch, metrics, self._samples(played))
-
-
-_CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
-_EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
-                   "success", "done", "truncated", "row_id", "error", "rewritten_turns", "info")  # fmt: skip
-
-
-def episodes_state(played: Episodes) -> dict[str, Any]:
-    """Played episodes as plain lists and dicts (checkpoints load with ``weights_only``):
-    the rows, every recorded call (its parent by index) and the episodes' counts."""
-    calls = played.calls
-    index = {id(c): i for i, c in enumerate(calls)}
-    return {
-        "rows": played.examples,
-        "seconds": played.seconds,
-        "calls": [
-            {
-                **{f: getattr(c, f) for f in _CALL_FIELDS},
-                "group_id": c.group_id,
-                "episode": c.episode,
-                "parent": index[id(c.parent)] if c.parent is not None else -1,
-                "messages": c.messages,
-                "reply": c.reply.state(),
-                "flags": [c.continued, c.orphan, c.rewritten],
-            }
-            for c in calls
-        ],
-        "episodes": [{f: getattr(e, f) for f in _EPISODE_FIELDS} for e in played.episodes],
-        "metrics": played.metrics,
-    }
-
-
-def restore_episodes(state: dict[str, Any], examples: list[Any]) -> Episodes:
-    """Episodes stored by :func:`episodes_state`, for the same rows (a ConfigError when the
-    run's data give that step other rows)."""
-    if [dict(e) for e in examples] != state["rows"]:
-        raise ConfigError(
-            "the checkpoint's pending episodes were played on other rows than this run's "
-            "data give those steps; resume with the run's own data and config"
-        )
-    calls: list[Interaction] = []
-    for stored in state["calls"]:
-        fields = {f: stored[f] for f in _CALL_FIELDS}
-        parent = calls[stored["parent"]] if stored["parent"] >= 0 else None
-        call = Interaction(
-            **fields, parent=parent, group_id=stored["group_id"], episode=stored["episode"],
-            messages=stored["messages"], reply=Reply.from_state(stored["reply"]),
-        )  # fmt: skip
-        call.continued, call.orphan, call.rewritten = stored["flags"]
-        calls.append(call)
-    episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
-    seconds = float(state["seconds"])
-    return Episodes(list(examples), episodes, calls, seconds, dict(state["metrics"]))

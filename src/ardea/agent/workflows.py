@@ -37,7 +37,6 @@ import itertools
 import math
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,10 +47,11 @@ import openai
 
 from ardea.agent.client import RecordingClient
 from ardea.agent.episode_metrics import episode_metrics
-from ardea.agent.episodes import Episode, Episodes, StoredEpisodes
+from ardea.agent.episodes import StoredEpisodes
 from ardea.agent.http_guard import Guard, ServerLimits
 from ardea.agent.interaction import Interaction, discount_rewards, export_trajectories
 from ardea.agent.lockstep import EPISODE_HEADER
+from ardea.agent.played import Episode, Episodes, Played, Rows
 from ardea.agent.server import ChatServer, build_app, openai_error
 from ardea.agent.workflow_transport import NumberedTransport, Sessions
 from ardea.config.agent import AgentConfig
@@ -166,28 +166,20 @@ class WorkflowRunner(StoredEpisodes):
         self._server: ChatServer | None = None  # transport http: started by the first call
 
     # ------------------------------------------------------------------ generate
-    def generate(
-        self,
-        examples: Sequence[dict[str, Any]],
-        *,
-        seed_index: Sequence[int] | int,
-        engine: GenerationEngine | None = None,
-        first_prompt: int = 0,
-        score: bool = True,
-    ) -> Episodes:
-        """Play ``group_size`` episodes of every row (module docstring); ``first_prompt``:
-        the index of ``examples[0]`` in a rollout split over processes. The workflow's
-        return is the reward (``score`` is :class:`Runner`'s: always true)."""
-        start = time.perf_counter()
+    def _play(
+        self, examples: Rows, seed_index: Sequence[int] | int, engine: GenerationEngine, first: int
+    ) -> Played:
+        """Play ``group_size`` episodes of every row (module docstring); the workflow's
+        return is the reward."""
         client = RecordingClient(
-            engine or self.engine, self.tokenizer, history=self.agent.history,
+            engine, self.tokenizer, history=self.agent.history,
             tool_parser=self.agent.tool_parser,
         )  # fmt: skip
         client.defaults = dataclasses.replace(self.params, seed=None, row_ids=None)
         groups = [g for g in range(len(examples)) for _ in range(self.group_size)]
         episodes = {  # by episode id, unique over the runner's calls (they may overlap)
             next(self._episode_ids): Episode(
-                None, group, None, [], row_id=first_prompt * self.group_size + i
+                None, group, None, [], row_id=first * self.group_size + i
             )
             for i, group in enumerate(groups)
         }
@@ -211,7 +203,7 @@ class WorkflowRunner(StoredEpisodes):
         calls = self._kept_calls(client.interactions, episodes)
         played = list(episodes.values())
         self._check_failures(list(examples), played)
-        return Episodes(list(examples), played, calls, time.perf_counter() - start)
+        return played, calls, {}
 
     def _serving(self) -> ChatServer:
         """The runner's HTTP server (``transport: http``), started by its first call."""

@@ -73,7 +73,7 @@ from ardea.algo.policy_loss_registry import (
     get_policy_loss,
     register_policy_loss,
 )
-from ardea.algo.preference_loss import dpo_loss, ipo_loss
+from ardea.algo.preference_loss import PairLogps, dpo_loss, ipo_loss
 from ardea.algo.reference_free_loss import orpo_loss, simpo_loss
 from ardea.algo.reward_model_loss import bradley_terry_loss
 from ardea.algo.value_loss import explained_variance, value_loss
@@ -87,6 +87,7 @@ __all__ = [
     "POLICY_OPTIONS",
     "PolicyLoss",
     "PolicyLossInputs",
+    "PairLogps",
     "AdvantageInputs",
     "Aggregation",
     "EstimatorInputs",

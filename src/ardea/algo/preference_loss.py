@@ -7,7 +7,8 @@ With ``h = (log pi(y_w) - log pi(y_l)) - (log pi_ref(y_w) - log pi_ref(y_l))`` p
 - IPO (Azar et al. 2023, eq. 17 with tau = beta): ``l = (h - 1 / (2 beta))^2`` -- the
   paper (and TRL) feed length-averaged log-probs here; the caller chooses.
 
-Losses are means over pairs, normalized by ``global_pairs`` when given (the pair count
+A loss reads :class:`PairLogps` (the four sequence log-probs of N pairs). Losses
+are means over pairs, normalized by ``global_pairs`` when given (the pair count
 of the whole batch, so that micro-batch losses add up). Metrics (detached, ``loss/``):
 ``loss/dpo`` or ``loss/ipo``; ``loss/reward_chosen`` and ``loss/reward_rejected``
 (``beta * (log pi - log pi_ref)``), ``loss/reward_margin`` and ``loss/reward_accuracy``
@@ -17,6 +18,7 @@ of the whole batch, so that micro-batch losses add up). Metrics (detached, ``los
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -44,22 +46,38 @@ def pair_count(weight_name: str, weight: float, global_pairs, **logps: Tensor) -
     return torch.as_tensor(count, dtype=first.dtype, device=first.device)
 
 
-PAIR_LOGPS = ("policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps",
-              "ref_rejected_logps")  # fmt: skip
+@dataclass(frozen=True)
+class PairLogps:
+    """``N`` preference pairs as a pair loss reads them: the ``(N,)`` sequence log-probs of
+    the chosen and the rejected reply under the trained policy (with gradient) and under the
+    frozen reference, and ``global_pairs``, the whole step's pair count the per-pair sum is
+    divided by (None: ``N``; micro-batch losses then add up to the step's)."""
+
+    policy_chosen_logps: Tensor
+    policy_rejected_logps: Tensor
+    ref_chosen_logps: Tensor
+    ref_rejected_logps: Tensor
+    global_pairs: int | None = None
+
+    def logratios(self, beta: float) -> tuple[Tensor, Tensor, Tensor]:
+        """The ``(N,)`` implicit log-ratios ``log pi - log pi_ref`` of the chosen and of the
+        rejected replies (the reference's detached), and the 0-d pair count; ValueError for
+        a non-positive ``beta`` or log-probs of other shapes, dtypes or non-finite values."""
+        logps = {name: getattr(self, name) for name in _LOGPS}
+        count = pair_count("beta", beta, self.global_pairs, **logps)
+        chosen = self.policy_chosen_logps - self.ref_chosen_logps.detach()
+        rejected = self.policy_rejected_logps - self.ref_rejected_logps.detach()
+        return chosen, rejected, count
 
 
-def _pair_inputs(beta: float, global_pairs, *logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The ``(N,)`` implicit log-ratios of the chosen and rejected replies from the four
-    :data:`PAIR_LOGPS` (checked), and the pair count."""
-    count = pair_count("beta", beta, global_pairs, **dict(zip(PAIR_LOGPS, logps, strict=True)))
-    pc, pr, rc, rr = logps
-    chosen, rejected = pc - rc.detach(), pr - rr.detach()  # (N,) implicit log-ratios
-    return chosen, rejected, count
+_LOGPS = tuple(f.name for f in fields(PairLogps) if f.name.endswith("_logps"))
 
 
-def _metrics(name: str, loss: Tensor, chosen: Tensor, rejected: Tensor, beta: float, count):
+def _reduce(name: str, per_pair: Tensor, chosen: Tensor, rejected: Tensor, beta: float, count):
+    """The loss ``sum(per_pair) / count`` and its metrics (module docstring)."""
+    loss = per_pair.sum() / count
     rw, rl = beta * chosen.detach(), beta * rejected.detach()
-    return {
+    return loss, {
         f"loss/{name}": loss.detach(),
         "loss/reward_chosen": rw.sum() / count,
         "loss/reward_rejected": rl.sum() / count,
@@ -68,45 +86,16 @@ def _metrics(name: str, loss: Tensor, chosen: Tensor, rejected: Tensor, beta: fl
     }
 
 
-def dpo_loss(
-    policy_chosen_logps: Tensor,
-    policy_rejected_logps: Tensor,
-    ref_chosen_logps: Tensor,
-    ref_rejected_logps: Tensor,
-    *,
-    beta: float = 0.1,
-    global_pairs: int | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """DPO: ``sum_i -log sigmoid(beta * h_i) / P`` over ``(N,)`` sequence log-probs.
-
-    Returns:
-        ``(loss, metrics)``; ``loss`` is 0-d, 0 for ``N = 0``.
-    """
-    chosen, rejected, count = _pair_inputs(beta, global_pairs, policy_chosen_logps,
-                                           policy_rejected_logps, ref_chosen_logps,
-                                           ref_rejected_logps)  # fmt: skip
+def dpo_loss(pairs: PairLogps, *, beta: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPO: ``sum_i -log sigmoid(beta * h_i) / P``; ``(loss, metrics)``, the loss 0-d (0 for
+    no pairs)."""
+    chosen, rejected, count = pairs.logratios(beta)
     per_pair = -F.logsigmoid(beta * (chosen - rejected))  # (N,)
-    loss = per_pair.sum() / count
-    return loss, _metrics("dpo", loss, chosen, rejected, beta, count)
+    return _reduce("dpo", per_pair, chosen, rejected, beta, count)
 
 
-def ipo_loss(
-    policy_chosen_logps: Tensor,
-    policy_rejected_logps: Tensor,
-    ref_chosen_logps: Tensor,
-    ref_rejected_logps: Tensor,
-    *,
-    beta: float = 0.1,
-    global_pairs: int | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """IPO: ``sum_i (h_i - 1 / (2 beta))^2 / P`` over ``(N,)`` sequence log-probs.
-
-    Returns:
-        ``(loss, metrics)``.
-    """
-    chosen, rejected, count = _pair_inputs(beta, global_pairs, policy_chosen_logps,
-                                           policy_rejected_logps, ref_chosen_logps,
-                                           ref_rejected_logps)  # fmt: skip
-    per_pair = (chosen - rejected - 1.0 / (2.0 * beta)).square()
-    loss = per_pair.sum() / count
-    return loss, _metrics("ipo", loss, chosen, rejected, beta, count)
+def ipo_loss(pairs: PairLogps, *, beta: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+    """IPO: ``sum_i (h_i - 1 / (2 beta))^2 / P``; ``(loss, metrics)``."""
+    chosen, rejected, count = pairs.logratios(beta)
+    per_pair = (chosen - rejected - 1.0 / (2.0 * beta)).square()  # (N,)
+    return _reduce("ipo", per_pair, chosen, rejected, beta, count)

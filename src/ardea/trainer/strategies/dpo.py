@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ardea import data
-from ardea.algo import dpo_loss, ipo_loss
+from ardea.algo import PairLogps, dpo_loss, ipo_loss
 from ardea.data import TrajectoryBatch, preference_pairs
 from ardea.model import sequence_logprobs
 from ardea.trainer.moe_terms import MoETerms
@@ -90,13 +90,10 @@ class DPOStrategy(PreferencePairs):
         ref_logps = sequence_logps(self.reference.logprobs(batch), mask, self.reduction)  # (2P,)
         pairs = step_counts["pairs"]
         loss, parts = self.loss_fn(
-            logps[chosen],
-            logps[rejected],
-            ref_logps[chosen],
-            ref_logps[rejected],
+            PairLogps(logps[chosen], logps[rejected], ref_logps[chosen], ref_logps[rejected],
+                            global_pairs=pairs),
             beta=self.beta,
-            global_pairs=pairs,
-        )
+        )  # fmt: skip
         metrics = {f"train/{self.loss_name}_loss": parts[f"loss/{self.loss_name}"].detach()}
         for name in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy"):
             metrics[f"train/{name}"] = parts[f"loss/{name}"].detach()
