@@ -8,7 +8,10 @@ Workloads (the default recipe's model and arithmetic task, float32):
 - ``sft``: ``configs/sft_arithmetic.yaml``, batch 64 — each rank trains on half the batch;
 - ``online_grpo``: ``configs/online_grpo.yaml``, batch 32 prompts x 8 — rank 0, the rollout
   service's owner, generates the whole step while the other rank waits, then both train
-  on half of it.
+  on half of it;
+- ``online_grpo_kl``: the same with a KL penalty (``algo.ppo.kl_ctl=0.05``), so every step
+  pins the frozen reference's log-probs (the ``advantages`` phase): each rank scores half
+  of the rows.
 
 Seconds per step are the run's own profile (``results.json``: training time over steps,
 start-up and evaluation excluded), best of ``--repeats``; the phases say where the time
@@ -34,7 +37,9 @@ ARDEA = str(Path(sys.executable).parent / "ardea")
 WORKLOADS = {
     "sft": ["configs/sft_arithmetic.yaml", "trainer.batch_size=64"],
     "online_grpo": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8"],
-}
+    "online_grpo_kl": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8",
+                       "algo.ppo.kl_ctl=0.05"],
+}  # fmt: skip
 COMMON = [
     "model.compute_dtype=float32",
     "trainer.eval_every=0",
@@ -87,13 +92,17 @@ def main() -> None:
             row["two_over_one"] = best[2]["seconds_per_step"] / best[1]["seconds_per_step"]
             print(json.dumps(row))
             rows.append(row)
-    print("| workload | 1 process s/step | 2 processes s/step | 2 / 1 | 2 processes: generate s |")
-    print("|---|---|---|---|---|")
+    print(
+        "| workload | 1 process s/step | 2 processes s/step | 2 / 1 | 2 processes: generate s "
+        "| pinning (advantages) s: 1 process | 2 processes |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        generate = r["two"]["phases"].get("generate", 0.0)
+        one, two = r["one"]["phases"], r["two"]["phases"]
         print(f"| {r['workload']} | {r['one']['seconds_per_step']:.3f} | "
               f"{r['two']['seconds_per_step']:.3f} | {r['two_over_one']:.2f}x | "
-              f"{generate:.3f} |")  # fmt: skip
+              f"{two.get('generate', 0.0):.3f} | {one.get('advantages', 0.0):.3f} | "
+              f"{two.get('advantages', 0.0):.3f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -235,12 +235,12 @@ def test_mismatch_smoke(tmp_path):
 
 
 def test_torchrun_smoke(tmp_path):
-    out = smoke("bench_torchrun.py", cwd=tmp_path)
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert [r["workload"] for r in rows] == ["sft", "online_grpo"]
-    for r in rows:
-        assert r["two_over_one"] == r["two"]["seconds_per_step"] / r["one"]["seconds_per_step"]
-    assert rows[1]["two"]["phases"]["generate"] > 0
+    # one workload (a torchrun launch costs ~20 s here): the one with the most phases
+    out = smoke("bench_torchrun.py", "--workloads", "online_grpo_kl", cwd=tmp_path)
+    [row] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["workload"] == "online_grpo_kl"
+    assert row["two_over_one"] == row["two"]["seconds_per_step"] / row["one"]["seconds_per_step"]
+    assert row["two"]["phases"]["generate"] > 0 and row["two"]["phases"]["advantages"] > 0
 
 
 def test_partial_smoke(tmp_path):

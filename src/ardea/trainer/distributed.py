@@ -41,6 +41,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ardea.errors import ArdeaError, ConfigError
+from ardea.trainer.row_shards import RowShards
 from ardea.trainer.watchdog import Heartbeat, describe_failure, is_collective_failure
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -93,6 +94,11 @@ class Distributed:
     @property
     def active(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def rows(self) -> RowShards:
+        """How this rank shares a rollout's rows with the others (pinning)."""
+        return RowShards(self.rank, self.world_size)
 
     @property
     def is_main(self) -> bool:

@@ -105,6 +105,7 @@ class Trainer:
             make_reference=self._make_reference,
             wrap=self._wrap,
             device=self.device,
+            rows=self.dist.rows,
         )
         self.updater = Updater(self.policy, self.strategy, config, self.precision, self.dist)
         self.sampler = EpochSampler(

@@ -20,6 +20,7 @@ import torch
 
 from ardea.data import TrajectoryBatch
 from ardea.errors import ConfigError
+from ardea.trainer.row_shards import ONE_PROCESS, RowShards
 from ardea.trainer.scorers.teacher import Teacher, check_teacher
 from ardea.trainer.scorers.token_scorer import TokenScorer
 
@@ -30,15 +31,17 @@ class FrozenScorers:
 
     reference: TokenScorer | None = None
     teacher: Teacher | None = None
+    rows: RowShards = ONE_PROCESS  # this rank's share of a rollout's rows
 
     def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
         """The rollout with the reference's ``ref_logprobs`` and the teacher's scores
-        pinned, once per step (every epoch and mini-batch reuses them); ``teacher/*``
-        metrics into ``metrics``."""
+        pinned, once per step (every epoch and mini-batch reuses them; under torchrun each
+        rank scores its share of the rows, :class:`~ardea.trainer.row_shards.RowShards`);
+        ``teacher/*`` metrics into ``metrics``."""
         if self.reference is not None:
-            batch = batch.pin(ref_logprobs=self.reference.logprobs(batch))
+            batch = batch.pin(ref_logprobs=self.rows.map(batch, self.reference.logprobs))
         if self.teacher is not None:
-            batch = self.teacher.pin(batch, metrics)
+            batch = self.teacher.pin(batch, metrics, self.rows)
         return batch
 
     def close(self) -> None:
@@ -55,6 +58,7 @@ def build_scorers(
     device: torch.device,
     make_reference: Callable[[], torch.nn.Module] | None,
     wrap: Callable[..., torch.nn.Module],
+    rows: RowShards = ONE_PROCESS,
 ) -> FrozenScorers:
     """The frozen scorers ``strategy`` (a class) needs under ``config`` (module docstring).
 
@@ -76,4 +80,4 @@ def build_scorers(
     if config.algo.teacher.path is not None:
         check_teacher(strategy, config)
         teacher = Teacher.from_config(config, tokenizer=tokenizer, wrap=wrap, device=device)
-    return FrozenScorers(reference, teacher)
+    return FrozenScorers(reference, teacher, rows)

@@ -52,6 +52,7 @@ from ardea.errors import ConfigError
 from ardea.model import load_model_and_tokenizer, load_tokenizer
 from ardea.rollout.engines.vllm.scoring import VLLMPromptScorer
 from ardea.rollout.engines.vllm.server import LaunchedServer
+from ardea.trainer.row_shards import ONE_PROCESS, RowShards
 from ardea.trainer.scorers.token_scorer import ServedTokenScorer, TokenScorer
 
 ESTIMATORS = {"reverse_k1": "k1", "reverse_k3": "k3"}
@@ -96,15 +97,18 @@ class Teacher:
         """Stop the teacher's vLLM server if ardea started it."""
         self.scorer.close()
 
-    def pin(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> TrajectoryBatch:
+    def pin(
+        self, batch: TrajectoryBatch, metrics: dict[str, float], rows: RowShards = ONE_PROCESS
+    ) -> TrajectoryBatch:
         """Score the rollout once: ``batch`` with the teacher's top tokens pinned under
         ``forward_topk``, else with the ``(N, S)`` next-token aligned process rewards
         ``-coef * KL_t`` on the trained tokens (0 elsewhere) pinned as ``process_rewards``;
-        adds the ``teacher/*`` metrics."""
+        adds the ``teacher/*`` metrics. ``rows``: this rank's share of the rows to score."""
         mask = batch.action_mask
         student = batch.behaviour_logprobs  # (N, S), the sampled tokens' log p
         forward = self.kl == "forward_topk"
-        scores = self.scorer.scores(batch, top=self.top_k if forward else 0)
+        top = self.top_k if forward else 0
+        scores = rows.map(batch, lambda share: self.scorer.scores(share, top=top))
         teacher = scores.logprobs  # (N, S), their log q
         gap = (student - teacher).where(mask, 0.0)  # behaviour log-probs may be NaN off mask
         metrics["teacher/reverse_kl"] = float(masked_mean(gap, mask))

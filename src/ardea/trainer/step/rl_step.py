@@ -17,7 +17,9 @@
 5. **advantages** (``perf/time_advantages``): the frozen scorers' values (the reference's
    log-probs, a teacher's scores: :class:`~ardea.trainer.scorers.FrozenScorers`), then what
    the strategy's loss needs (:meth:`~ardea.trainer.strategies.OnlineStrategy.pin`), pinned
-   on the whole batch once for every pass; every rank pins the whole batch.
+   on the whole batch once for every pass. Under torchrun each rank runs the pinning
+   forwards on its share of the rows and gathers the others'
+   (:class:`~ardea.trainer.row_shards.RowShards`): every row is scored once in the job.
 6. **updates** (``perf/time_forward_backward``, ``perf/time_optimizer``):
    ``algo.ppo_epochs`` passes over ``algo.ppo_mini_batches`` mini-batches of whole groups,
    shuffled each epoch, each split into ``trainer.grad_accum_steps`` micro-batches

@@ -28,6 +28,7 @@ from ardea.errors import ConfigError
 from ardea.model import sequence_logprobs
 from ardea.registry import Registry, subclass_check
 from ardea.trainer.components import TrainedComponent
+from ardea.trainer.row_shards import ONE_PROCESS, RowShards
 from ardea.trainer.scorers import FrozenScorers, build_scorers
 
 SAMPLE_KINDS = ("text", "sft", "preference", "labeled", "group", "prompt")
@@ -74,8 +75,10 @@ class Strategy(ABC):
         make_reference: Callable[[], torch.nn.Module] | None = None,
         wrap: Callable[..., torch.nn.Module] | None = None,
         scorers: FrozenScorers | None = None,
+        rows: RowShards = ONE_PROCESS,
     ) -> None:
         self.policy = policy
+        self.rows = rows  # this rank's share of a rollout's rows (pinning)
         self.config = config
         self.tokenizer = tokenizer
         self.make_reference = make_reference
@@ -156,13 +159,12 @@ class OnlineStrategy(Strategy):
     @torch.no_grad()
     def policy_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
         """``(N, S)`` next-token log-probs of the policy as it is now, at the batch's
-        temperature (decoupled PPO's proximal policy when called before the updates)."""
-        return sequence_logprobs(
-            self.policy,
-            **batch.model_inputs(),
-            chunk_size=self.config.model.logprob_chunk_size,
-            **batch.sampling(),
-        ).logprobs
+        temperature (decoupled PPO's proximal policy when called before the updates); under
+        torchrun each rank computes its share of the rows (``self.rows``)."""
+        chunk = self.config.model.logprob_chunk_size
+        return self.rows.map(batch, lambda rows: sequence_logprobs(
+            self.policy, **rows.model_inputs(), chunk_size=chunk, **rows.sampling()
+        ).logprobs)  # fmt: skip
 
 
 def _check_strategy(name: str, cls: object) -> None:
@@ -204,16 +206,19 @@ def make_strategy(
     make_reference: Callable[[], torch.nn.Module] | None = None,
     wrap: Callable[..., torch.nn.Module] | None = None,
     device: torch.device | None = None,
+    rows: RowShards = ONE_PROCESS,
 ) -> Strategy:
     """The strategy ``name`` on ``policy``, with the frozen scorers it needs built first
-    (:func:`~ardea.trainer.scorers.build_scorers`: a reference, a teacher)."""
+    (:func:`~ardea.trainer.scorers.build_scorers`: a reference, a teacher); ``rows``: how
+    this rank shares a rollout's rows with the others when pinning (default: one process)."""
     cls = strategy_class(name)
     wrap = wrap or (lambda module, trainable: module)
     device = device if device is not None else next(policy.parameters()).device
     scorers = build_scorers(
-        config, cls, tokenizer=tokenizer, device=device, make_reference=make_reference, wrap=wrap
-    )
+        config, cls, tokenizer=tokenizer, device=device, make_reference=make_reference,
+        wrap=wrap, rows=rows,
+    )  # fmt: skip
     return cls(
         policy, config, tokenizer=tokenizer, make_reference=make_reference, wrap=wrap,
-        scorers=scorers,
+        scorers=scorers, rows=rows,
     )  # fmt: skip

@@ -175,7 +175,8 @@ class OnlinePPOStrategy(OnlineStrategy):
         """Critic values and GAE (with the reference's KL and a teacher's per-token
         rewards, which the RL step pinned), pinned on the rollout."""
         self.critic.eval()
-        values = self.critic(batch.input_ids, batch.attention_mask)  # (N, S): V after 0..t
+        # (N, S): V after 0..t; under torchrun each rank computes its share of the rows
+        values = self.rows.map(batch, lambda rows: self.critic(rows.input_ids, rows.attention_mask))
         self.critic.train()
         out = compute_advantages(batch.advantage_inputs(values=values), self.ppo)
         batch = batch.pin(advantages=out.advantages, returns=out.returns, old_values=values)
