@@ -2,7 +2,8 @@
 
 Each run is ``ardea train`` as a user types it, on the same machine, one after the other:
 one process with ``trainer.num_threads=2``, then ``torchrun --nproc-per-node 2`` with one
-thread per process (gloo, FSDP2: ``trainer.distributed=auto``), the same global batch.
+thread per process (gloo, FSDP2: ``trainer.distributed=auto``; ``--distributed ddp``: DDP),
+the same global batch.
 Workloads (the default recipe's model and arithmetic task, float32):
 
 - ``sft``: ``configs/sft_arithmetic.yaml``, batch 64 — each rank trains on half the batch;
@@ -50,9 +51,13 @@ COMMON = [
 SMOKE = ["model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64"]
 
 
-def run(workload: str, processes: int, steps: int, extra: list[str], work: Path) -> dict:
+def run(
+    workload: str, processes: int, steps: int, extra: list[str], work: Path, mode: str = "auto"
+) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"{workload}_{processes}_", dir=work))
     config, *overrides = WORKLOADS[workload]
+    if processes > 1:
+        overrides.append(f"trainer.distributed={mode}")
     args = [config, *overrides, *COMMON, *extra, f"trainer.max_steps={steps}",
             f"trainer.output_dir={out}", f"trainer.num_threads={2 // processes}"]  # fmt: skip
     if processes == 1:
@@ -75,6 +80,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="2 steps of a 1-layer model, once")
+    parser.add_argument(
+        "--distributed", default="auto", choices=("auto", "fsdp2", "ddp"),
+        help="trainer.distributed of the two-process runs (auto: FSDP2)",
+    )  # fmt: skip
     args = parser.parse_args()
     extra = SMOKE if args.smoke else []
     if args.smoke:
@@ -85,10 +94,11 @@ def main() -> None:
         for workload in args.workloads:
             best = {}
             for processes in (1, 2):
-                runs = [run(workload, processes, args.steps, extra, Path(tmp))
+                runs = [run(workload, processes, args.steps, extra, Path(tmp), args.distributed)
                         for _ in range(args.repeats)]  # fmt: skip
                 best[processes] = min(runs, key=lambda r: r["seconds_per_step"])
-            row = {"workload": workload, "one": best[1], "two": best[2]}
+            row = {"workload": workload, "distributed": args.distributed, "one": best[1],
+                   "two": best[2]}  # fmt: skip
             row["two_over_one"] = best[2]["seconds_per_step"] / best[1]["seconds_per_step"]
             print(json.dumps(row))
             rows.append(row)
@@ -99,7 +109,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         one, two = r["one"]["phases"], r["two"]["phases"]
-        print(f"| {r['workload']} | {r['one']['seconds_per_step']:.3f} | "
+        print(f"| {r['workload']} ({r['distributed']}) | {r['one']['seconds_per_step']:.3f} | "
               f"{r['two']['seconds_per_step']:.3f} | {r['two_over_one']:.2f}x | "
               f"{two.get('generate', 0.0):.3f} | {one.get('advantages', 0.0):.3f} | "
               f"{two.get('advantages', 0.0):.3f} |")  # fmt: skip

@@ -187,12 +187,15 @@ class Trainer:
         return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
 
     def _gather_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights by name for the engine: its own tensors in one process;
-        under torchrun gathered onto rank 0, on CPU (the other ranks get {}; a collective:
-        every rank calls it). A LoRA policy gives its adapters alone: engines keep the
+        """The policy's weights by name for the engine, on rank 0 (the other ranks get {};
+        every rank calls it): its own tensors in one process and under DDP (every rank
+        holds a whole replica: nothing to gather or copy); under FSDP2 gathered onto rank
+        0, on CPU (a collective). A LoRA policy gives its adapters alone: engines keep the
         frozen base they started with."""
         lora = is_lora(unwrap(self.policy))
-        return full_state_dict(self.policy, cpu=self.dist.active, trained_only=lora)
+        if self.dist.mode == "fsdp2":
+            return full_state_dict(self.policy, cpu=True, trained_only=lora)
+        return full_state_dict(self.policy, trained_only=lora) if self.dist.is_main else {}
 
     @property
     def nonfinite(self) -> dict[str, int]:
