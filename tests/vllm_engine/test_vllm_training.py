@@ -1,7 +1,10 @@
 """`ardea train` with rollout.engine=vllm on the session's real vLLM server: online GRPO and
 an agent run end to end, the behaviour log-probs equal to the trainer's, every step's
 weights synced; a server that cannot be reached fails the run naming it and keeps its
-checkpoints, and the run resumes from them."""
+checkpoints, and the run resumes from them. Partial rollouts on servers a run launches
+(the live engine's and the background worker's own) run as the README's command does
+(tests/cli/test_readme_commands.py); their stop-and-resume on the engine is
+test_vllm_requests.py's."""
 
 from __future__ import annotations
 
@@ -136,24 +139,6 @@ def test_an_unreachable_server_fails_the_run_and_keeps_its_checkpoints(vllm_url,
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == saved
     results = train(tmp_path, vllm_url, "trainer.max_steps=3", "trainer.resume=auto")
     assert results["steps"] == 3 and len(records(tmp_path)) == 3
-
-
-def test_partial_rollouts_on_launched_vllm_servers(tmp_path):
-    """rollout.partial with vLLM end to end: the worker's own launched server streams the
-    coming steps' rows and loads each version as it is published; every token lags by at
-    most η = 1. Whether an update lands while rows run depends on timing: here the vLLM
-    server outpaces the trainer's step (its weight sync dominates), so the stop-and-resume
-    path itself is tested on the engine (test_vllm_requests.py), where the update is made
-    to land after the first 10 tokens."""
-    config = load_config(None, [
-        *RUN, "rollout.vllm.launch=true", "rollout.max_staleness=1", "rollout.partial=true",
-        "rollout.max_new_tokens=40", "rollout.min_new_tokens=40", "trainer.max_steps=4",
-        "trainer.save_every=0", f"trainer.output_dir={tmp_path}",
-    ])  # fmt: skip
-    assert Trainer(config).train()["steps"] == 4
-    steps = records(tmp_path)
-    assert len(steps) == 4 and {s["rollout/staleness"] for s in steps} <= {0.0, 1.0}
-    assert all(s["train/grad_norm"] > 0 for s in steps)
 
 
 def test_lora_on_vllm_syncs_the_adapter_alone(vllm_url, tmp_path):

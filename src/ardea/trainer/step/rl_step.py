@@ -26,8 +26,8 @@
    (:class:`~ardea.trainer.step.updates.Updater`); under torchrun each rank takes its share
    of every micro-batch's groups (:mod:`ardea.trainer.step.split`).
 7. **weight_sync** (``perf/time_weight_sync``): the updated weights become the next policy
-   version, gathered once onto the service's owner and loaded into its engine (copied for
-   the worker); the engine's metrics. The version counts training steps (not optimizer
+   version, loaded into the service owner's engine (under DDP from its own replica, under
+   FSDP2 gathered once onto it; copied for the worker); the engine's metrics. The version counts training steps (not optimizer
    steps), as in verl and AReaL.
 """
 
