@@ -19,7 +19,7 @@ import pytest
 import torch
 from numerics import decoder_gradient_terms, gamma
 from run_metrics import assert_same_step_metrics
-from vllm_testing import SIZE, SIZE_OVERRIDES, TOKENIZER
+from vllm_testing import PYTHON, SIZE, SIZE_OVERRIDES, TOKENIZER, tiny
 
 from ardea.config import load_config
 from ardea.rollout.engines.vllm.server import VLLMServerError
@@ -73,10 +73,16 @@ def test_online_grpo_on_vllm(vllm_url, tmp_path):
 def test_online_grpo_on_vllm_under_torchrun(vllm_url, tmp_path):
     """Two trainer ranks (FSDP2) and one owner of the engine, rank 0: each step's weights
     are gathered once, onto it, and reach the server (the sync probe and the behaviour
-    log-probs agree with the trainer's, fp32), with ``ardea train`` as a user launches it."""
+    log-probs agree with the trainer's, fp32), with ``ardea train`` as a user launches it.
+    With a distillation teacher the run launches on vLLM: one server for the job (rank 0's;
+    its log holds one start-up), where each rank scores its share of the rows."""
     ardea = Path(sys.executable).parent / "ardea"
-    overrides = [*RUN, f"rollout.vllm.urls=[{vllm_url}]", f"trainer.output_dir={tmp_path}",
-                 "trainer.num_threads=1", "trainer.save_every=0"]  # fmt: skip
+    teacher = tmp_path / "teacher_model"
+    tiny(seed=5).save_pretrained(teacher)
+    TOKENIZER.save_pretrained(teacher)
+    overrides = [*RUN, f"rollout.vllm.urls=[{vllm_url}]", f"trainer.output_dir={tmp_path / 'run'}",
+                 "trainer.num_threads=1", "trainer.save_every=0",
+                 f"algo.teacher={{path: {teacher}, engine: vllm, python: {PYTHON}}}"]  # fmt: skip
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", str(ardea), "train", "configs/online_grpo.yaml",
                *overrides]  # fmt: skip
@@ -84,12 +90,17 @@ def test_online_grpo_on_vllm_under_torchrun(vllm_url, tmp_path):
     repo = Path(__file__).parents[2]
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    steps = records(tmp_path)
+    steps = records(tmp_path / "run")
     assert len(steps) == 2
     for step in steps:
         assert step["vllm/sync_logprob_error"] < 1e-4
         assert step["mismatch/abs_diff_mean"] <= 1e-4 and step["mismatch/abs_diff_max"] <= 1e-3
         assert step["train/grad_norm"] > 0
+        # two random tiny models: both near log(1/V) = -5.6 per token, so their k1 gap is
+        # small but not 0; a share of rows left unscored (log q = 0) would pull it below -2
+        assert 0 < abs(step["teacher/reverse_kl"]) < 0.5
+    log = (tmp_path / "run" / "teacher" / "server.log").read_text()
+    assert log.count("Application startup complete") == 1, log[-3000:]
 
 
 def test_lora_on_vllm_under_torchrun_steps_as_one_process(vllm_url, tmp_path):

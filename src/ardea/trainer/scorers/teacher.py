@@ -43,6 +43,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch import Tensor
 from transformers import AutoConfig
 
@@ -155,7 +156,8 @@ def forward_kl_term(
 
 def served_scorer(config: Any, student_tokenizer: Any) -> ServedTokenScorer:
     """The scorer of a teacher served by vLLM (``algo.teacher.engine: vllm``): on the
-    server at ``url``, or on one started on ``path`` with ``algo.teacher.python``. Refused
+    server at ``url``, or on one started on ``path`` with ``algo.teacher.python`` (once in
+    the job: by rank 0 under torchrun, :func:`started_once`). Refused
     unless the rollouts are sampled at temperature 1 (or greedy) without top-k / top-p (the
     reverse KLs; forward_topk reads untruncated log-probs, so only the temperature matters):
     vLLM's prompt log-probs describe only that distribution."""
@@ -182,7 +184,7 @@ def served_scorer(config: Any, student_tokenizer: Any) -> ServedTokenScorer:
             max_model_len=int(getattr(model_config, "max_position_embeddings", 0) or 2048),
             extra_args=list(section.server_args), startup_timeout_s=STARTUP_TIMEOUT_S,
         )  # fmt: skip
-        url = server.start()
+        url, server = started_once(server)
     try:
         scorer = VLLMPromptScorer(url, timeout_s=section.timeout_s)
     except BaseException:
@@ -190,6 +192,29 @@ def served_scorer(config: Any, student_tokenizer: Any) -> ServedTokenScorer:
             server.stop()
         raise
     return ServedTokenScorer(scorer, server)
+
+
+def started_once(server: LaunchedServer) -> tuple[str, LaunchedServer | None]:
+    """``server`` started by this process, or under torchrun by rank 0 alone: its URL is
+    broadcast and the other ranks score there (with their share of the rows), holding no
+    server of their own (None). A failure on rank 0 reaches the others as a
+    :class:`ConfigError` naming it, instead of a collective timeout."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return server.start(), server
+    box: list[tuple[str, str] | None] = [None]
+    failure: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            box = [("url", server.start())]
+        except BaseException as err:  # told to the other ranks, then raised here
+            box, failure = [("error", f"{type(err).__name__}: {err}")], err
+    dist.broadcast_object_list(box, src=0)
+    if failure is not None:
+        raise failure
+    kind, value = box[0]
+    if kind == "error":
+        raise ConfigError(f"rank 0 could not start the teacher's vLLM server: {value}")
+    return value, server if dist.get_rank() == 0 else None
 
 
 def check_top_k(section: Any, vocab: int) -> None:
