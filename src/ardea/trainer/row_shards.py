@@ -66,13 +66,13 @@ class RowShards:
 
 def _gather(part: Tensor, kept: int, width: int, rows: int) -> Tensor:
     """Every rank's first ``kept`` rows of ``part``, each share padded to ``width`` rows
-    for the collective, concatenated in rank order and cut to ``rows``."""
+    for the collective, concatenated in rank order and cut to ``rows``: only the last
+    non-empty share can be short, so the padding all lies past row ``rows``."""
     padded = part.new_zeros((width, *part.shape[1:]))
     padded[:kept] = part[:kept]
     shares = [torch.empty_like(padded) for _ in range(dist.get_world_size())]
     dist.all_gather(shares, padded.contiguous())
-    sizes = [len(RowShards(r, len(shares)).share(rows)) for r in range(len(shares))]
-    return torch.cat([share[:size] for share, size in zip(shares, sizes)])
+    return torch.cat(shares)[:rows]
 
 
 #: one process: :meth:`RowShards.map` is the call itself
