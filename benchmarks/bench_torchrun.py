@@ -7,9 +7,9 @@ the same global batch.
 Workloads (the default recipe's model and arithmetic task, float32):
 
 - ``sft``: ``configs/sft_arithmetic.yaml``, batch 64 — each rank trains on half the batch;
-- ``online_grpo``: ``configs/online_grpo.yaml``, batch 32 prompts x 8 — rank 0, the rollout
-  service's owner, generates the whole step while the other rank waits, then both train
-  on half of it;
+- ``online_grpo``: ``configs/online_grpo.yaml``, batch 32 prompts x 8 — each rank generates
+  and scores half of the prompts on its own engine, the halves are all-gathered, then both
+  train on half of the rows;
 - ``online_grpo_kl``: the same with a KL penalty (``algo.ppo.kl_ctl=0.05``), so every step
   pins the frozen reference's log-probs (the ``advantages`` phase): each rank scores half
   of the rows.

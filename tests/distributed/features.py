@@ -25,7 +25,9 @@ and combinations of features that nothing else runs under torchrun:
 The agent runs' environment and workflow are feature_agents.py's; their episodes differ in
 length and in how many rows they give, so rows arrive out of group order. Every run writes
 the group ids of each update's micro-batches before they are shared out over the ranks
-(``<run>/micro_batch_groups.json``, rank 0), so the test can tell that they did. The teacher
+(``<run>/micro_batch_groups.json``, rank 0), so the test can tell that they did, and each
+step's rows token by token (``<run>/rollout_rows.json``), so the test can compare the
+rollout that two ranks generated, each its share, with one process's. The teacher
 and the reward model are tiny random models written under ``ROOT`` (:func:`frozen_models`).
 """
 
@@ -55,6 +57,7 @@ ONLINE = [
 #: have none and dynamic sampling refills (the test checks that it did)
 RARE_DIGIT = "reward.functions=[{name: format_regex, kwargs: {pattern: '[0-2]'}}]"
 WORKFLOW_ROWS = "workflow_rows.jsonl"
+ROLLOUT_ROWS = "rollout_rows.json"  # each step's trained rows (record_micro_batch_groups)
 TEACHER, REWARD_MODEL = "teacher", "reward_model"
 AGENT = [
     "data.task=null",
@@ -191,16 +194,25 @@ def feature_overrides(name: str, root: Path) -> list[str]:
 def record_micro_batch_groups(path: Path):
     """While open, every step's updates are written to ``path`` (JSON, rank 0) as they are
     before the ranks share them out: per step, per update, per micro-batch, its rows' group
-    ids in row order."""
+    ids in row order; and beside it (:data:`ROLLOUT_ROWS`) each step's trained rows, as
+    sorted ``(group id, token ids)`` pairs."""
     from ardea.trainer.step import rl_step
 
     shard = rl_step.shard_updates
     steps: list = []
 
+    rows: list = []
+
     def recording(updates, rank, world_size):
         steps.append([[b.group_ids.tolist() for b in micro] for micro in updates])
+        rows.append(sorted({
+            (int(g), tuple(ids[mask].tolist()))
+            for micro in updates for b in micro
+            for g, ids, mask in zip(b.group_ids, b.input_ids, b.attention_mask.bool())
+        }))  # fmt: skip
         if rank == 0:
             path.write_text(json.dumps(steps))
+            path.with_name(ROLLOUT_ROWS).write_text(json.dumps(rows))
         return shard(updates, rank, world_size)
 
     rl_step.shard_updates = recording

@@ -10,6 +10,7 @@ from runner_testing import EXAMPLES, TASK, TOKENIZER, make_runner, one, rollout
 
 from ardea.data import Record, tokenize_records
 from ardea.model import sequence_logprobs
+from ardea.reward import ScoredValues
 from ardea.rollout import sampling_seed
 
 
@@ -156,6 +157,34 @@ def test_a_rollout_split_by_first_prompt_samples_what_one_call_does():
     assert [c.token_ids for c in split] == [c.token_ids for c in whole]
     unshifted = runner.generate(EXAMPLES[1:], seed_index=5).completions
     assert [c.token_ids for c in unshifted] != [c.token_ids for c in whole[3:]]
+
+
+def counted_length(prompts, completions, rows):
+    """Each completion's length, and the batch's size as a total the scorer logs."""
+    return ScoredValues([float(len(c)) for c in completions], metrics={"requests": len(rows)})
+
+
+def test_shares_scored_apart_and_joined_collate_into_the_whole_rollout():
+    """Under torchrun each rank scores its share where it generated it, sends it in its
+    checkpoint form, and every rank joins the shares before collating: the rows, rewards,
+    groups and metrics are one call's, and a reward function's batch totals add up."""
+    runner, _ = make_runner(reward=counted_length)
+    whole = runner.score(runner.generate(EXAMPLES, seed_index=5))
+    first = runner.generate(EXAMPLES[:1], seed_index=5)
+    rest = runner.generate(EXAMPLES[1:], seed_index=5, first_prompt=1)
+    for part in (first, rest):
+        runner.score_rewards(part)
+    sent = runner.restore_generation(runner.generation_state(rest), EXAMPLES[1:])
+    joined = runner.score(runner.join([first, sent]))
+    for name in ("input_ids", "loss_mask", "rewards", "group_ids", "no_eos"):
+        assert torch.equal(getattr(joined.batch, name), getattr(whole.batch, name)), name
+    # the same tokens decoded in batches of 3 and 9 rows instead of 12: float32 rounding
+    assert torch.allclose(
+        joined.batch.behaviour_logprobs, whole.batch.behaviour_logprobs, atol=1e-5
+    )
+    assert whole.metrics["reward/counted_length/requests"] == 12
+    same = {k: v for k, v in whole.metrics.items() if not k.startswith("perf/")}
+    assert {k: joined.metrics[k] for k in same} == same
 
 
 def test_rollout_accuracy_reuses_the_task_rewards_scores():

@@ -40,6 +40,7 @@ from ardea.agent.played import (
     Played,
     Rows,
     episodes_state,
+    join_episodes,
     restore_episodes,
 )
 from ardea.agent.reward_terms import add_reward_terms
@@ -47,7 +48,7 @@ from ardea.agent.tool_parsers import make_tool_parser
 from ardea.config.agent import AgentConfig
 from ardea.data import TrajectoryBatch
 from ardea.errors import ArdeaError, ConfigError
-from ardea.reward import RewardScorer
+from ardea.reward import RewardScorer, failure_metrics
 from ardea.rollout import GenerationEngine, Rollout, SamplingParams
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
@@ -110,12 +111,25 @@ class StoredEpisodes:
         """Play ``group_size`` episodes of every row with ``engine`` (default: the runner's);
         ``first_prompt``: the index of ``examples[0]`` in a rollout split over processes.
         Episodes are always scored as they are played (``score`` is the runners' protocol's:
-        reward terms, a workflow's return)."""
+        reward terms, a workflow's return). Groups are numbered in the whole rollout (from
+        ``first_prompt``), so that shares :meth:`join` into it."""
         start = time.perf_counter()
-        played, calls, metrics = self._play(
+        played, calls, scored = self._play(
             examples, seed_index, engine or self.engine, first_prompt
         )
-        return Episodes(list(examples), played, calls, time.perf_counter() - start, metrics)
+        for episode in played:
+            episode.group += first_prompt
+        for call in calls:
+            call.group_id += first_prompt
+        return Episodes(list(examples), played, calls, time.perf_counter() - start, scored)
+
+    def score_rewards(self, played: Episodes) -> None:
+        """Nothing to do: episodes are scored as they are played."""
+
+    @staticmethod
+    def join(parts: Sequence[Episodes]) -> Episodes:
+        """One call's episodes from a rollout's shares (:func:`join_episodes`)."""
+        return join_episodes(parts)
 
     def _play(
         self, examples: Rows, seed_index: Sequence[int] | int, engine: GenerationEngine, first: int
@@ -228,9 +242,9 @@ class EpisodeRunner(StoredEpisodes):
                 f"the environment {self.agent.env} failed in every episode of the rollout; the "
                 f"first: {episodes[0].error}"
             )
-        metrics = {} if self.scorer is None else add_reward_terms(self.scorer, calls, examples)
+        scored = None if self.scorer is None else add_reward_terms(self.scorer, calls, examples)
         kept = [call for episode, call in calls if episode.error is None]
-        return episodes, kept, metrics
+        return episodes, kept, scored
 
     def _env_failed(self, episode: Episode, row: Any, where: str, error: Exception) -> None:
         """``episode``'s environment raised in ``where``: it ends, failed (class docstring)."""
@@ -316,7 +330,8 @@ class EpisodeRunner(StoredEpisodes):
         metrics = episode_metrics(good, batch)
         n = len(played.episodes)
         metrics["agent/env_failures"] = (n - len(good)) / n
-        metrics |= played.metrics
+        if played.scored is not None:
+            metrics |= failure_metrics(played.scored)
         generated = float(batch.loss_mask.sum())
         metrics["perf/generate_tokens_per_s"] = generated / max(played.seconds, 1e-9)
         return Rollout(batch, metrics, self._samples(played))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ardea.agent.interaction import Interaction
 from ardea.agent.reply import Reply
 from ardea.errors import ConfigError
+from ardea.reward import ScoreResult
 
 if TYPE_CHECKING:
     from ardea.agent.conversation import Conversation
@@ -44,13 +45,31 @@ Rows = Sequence[dict[str, Any]]  # the rows of one call (environment rows, workf
 
 @dataclasses.dataclass
 class Episodes:
-    """The played episodes of one call, before scoring (``examples``: the rows)."""
+    """The played episodes of one call, before scoring (``examples``: the rows), and what
+    the reward terms said of them (:mod:`ardea.agent.reward_terms`; None without terms)."""
 
     examples: list[dict[str, Any]]
     episodes: list[Episode]
     calls: list[Interaction]  # every episode's calls, in the order they were made
     seconds: float
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # reward terms'
+    scored: ScoreResult | None = None
+
+
+def join_episodes(parts: Sequence[Episodes]) -> Episodes:
+    """One call's episodes from ``parts``, the consecutive shares of a rollout played side
+    by side by the ranks of a torchrun job (their groups already numbered in the whole
+    rollout): rows, episodes and calls in rank order, the slowest share's seconds, the reward
+    terms' results joined."""
+    if len(parts) == 1:
+        return parts[0]
+    scores = [p.scored for p in parts if p.scored is not None]
+    return Episodes(
+        [row for p in parts for row in p.examples],
+        [e for p in parts for e in p.episodes],
+        [c for p in parts for c in p.calls],
+        max(p.seconds for p in parts),
+        ScoreResult.join(scores) if scores else None,
+    )
 
 
 _CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
@@ -79,7 +98,7 @@ def episodes_state(played: Episodes) -> dict[str, Any]:
             for c in calls
         ],
         "episodes": [{f: getattr(e, f) for f in _EPISODE_FIELDS} for e in played.episodes],
-        "metrics": played.metrics,
+        "scored": None if played.scored is None else dataclasses.asdict(played.scored),
     }
 
 
@@ -102,9 +121,10 @@ def restore_episodes(state: dict[str, Any], examples: list[Any]) -> Episodes:
         call.continued, call.orphan, call.rewritten = stored["flags"]
         calls.append(call)
     episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
-    seconds = float(state["seconds"])
-    return Episodes(list(examples), episodes, calls, seconds, dict(state["metrics"]))
+    seconds, scored = float(state["seconds"]), state["scored"]
+    scored = None if scored is None else ScoreResult(**scored)
+    return Episodes(list(examples), episodes, calls, seconds, scored)
 
 
-#: what playing one call gives: the episodes, their kept calls and the call's metrics
-Played = tuple[list[Episode], list[Interaction], dict[str, float]]
+#: what playing one call gives: the episodes, their kept calls and the reward terms' result
+Played = tuple[list[Episode], list[Interaction], ScoreResult | None]

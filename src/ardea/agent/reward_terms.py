@@ -10,7 +10,8 @@ the episode's return, and to that call's reward under ``export: call``) and to
 ``episode.reward``. A failed score (a function that raises, times out or returns None or
 NaN) fails the episode under ``reward.on_error: mask``: it is counted and its calls are left
 out of training, like a crashed environment; under ``fail`` the run stops. The scorer's
-metrics are logged with the rollout's (``reward/failed_fraction``, per function).
+result is kept with the episodes, and its metrics are logged with the rollout's
+(``reward/failed_fraction``, per function).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ardea.reward import RewardScorer
-from ardea.rollout.runner import failure_metrics
+from ardea.reward import RewardScorer, ScoreResult
 
 
 def first_user_message(messages: Sequence[dict[str, Any]]) -> str:
@@ -29,16 +29,16 @@ def first_user_message(messages: Sequence[dict[str, Any]]) -> str:
 
 def add_reward_terms(
     scorer: RewardScorer, pairs: Sequence[tuple[Any, Any]], rows: Sequence[dict[str, Any]]
-) -> dict[str, float]:
+) -> ScoreResult | None:
     """Score the episodes of ``pairs`` (``(episode, call)`` in the order the calls were made)
     and add each one's term to its last call and its reward (module docstring); returns the
-    scorer's metrics."""
+    scorer's result (None: no episode to score)."""
     last: dict[int, tuple[Any, Any]] = {}
     for episode, call in pairs:
         last[id(episode)] = (episode, call)
     scored = [(e, c) for e, c in last.values() if e.error is None]
     if not scored:
-        return {}
+        return None
     result = scorer.score(
         [first_user_message(e.messages) for e, _ in scored],
         [c.reply.content for _, c in scored],
@@ -50,4 +50,4 @@ def add_reward_terms(
             continue
         call.reward += value
         episode.reward += value
-    return failure_metrics(result)
+    return result

@@ -203,7 +203,7 @@ class WorkflowRunner(StoredEpisodes):
         calls = self._kept_calls(client.interactions, episodes)
         played = list(episodes.values())
         self._check_failures(list(examples), played)
-        return played, calls, {}
+        return played, calls, None
 
     def _serving(self) -> ChatServer:
         """The runner's HTTP server (``transport: http``), started by its first call."""

@@ -29,7 +29,13 @@ from ardea.reward.registry import (
 )
 from ardea.reward.reward_model import reward_model
 from ardea.reward.scored import ScoredValues
-from ardea.reward.scorer import COUNT_KEYS, RewardError, RewardScorer, ScoreResult
+from ardea.reward.scorer import (
+    COUNT_KEYS,
+    RewardError,
+    RewardScorer,
+    ScoreResult,
+    failure_metrics,
+)
 from ardea.reward.shaping import overlong_penalty
 from ardea.reward.token_ids import TokenIds, vocab_id
 
@@ -39,6 +45,7 @@ __all__ = [
     "RewardFn",
     "RewardScorer",
     "ScoreResult",
+    "failure_metrics",
     "ScoredValues",
     "TokenIds",
     "build_scorer",

@@ -3,7 +3,9 @@
 A reward function returns one number (or None) per completion. One that has more to say
 about the batch (an LLM judge's requests and tokens) returns a :class:`ScoredValues`: the
 same list, with ``metrics`` (name → number). The scorer logs them per batch as
-``reward/<function>/<name>``.
+``reward/<function>/<name>``. They are totals over the batch (requests, tokens): a rollout
+scored in parts, one per process of a torchrun job, logs their sums
+(:meth:`~ardea.reward.ScoreResult.join`).
 """
 
 from __future__ import annotations

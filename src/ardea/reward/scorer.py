@@ -82,6 +82,45 @@ class ScoreResult:
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
+    @classmethod
+    def join(cls, parts: Sequence[ScoreResult]) -> ScoreResult:
+        """The scores of ``parts`` (consecutive shares of one batch, scored side by side)
+        as one result: the per-sample lists concatenated in order, the counts, the failures
+        and the functions' batch totals (:class:`~ardea.reward.ScoredValues`) added, the
+        first part's first problem, and the slowest part's ``seconds``."""
+        names = parts[0].per_function
+        return cls(
+            rewards=[r for p in parts for r in p.rewards],
+            per_function={k: [v for p in parts for v in p.per_function[k]] for k in names},
+            counts=_added([p.counts for p in parts]),
+            failed=[f for p in parts for f in p.failed],
+            failed_by_function=_added([p.failed_by_function for p in parts]),
+            first_problem=next((p.first_problem for p in parts if p.first_problem), ""),
+            metrics=_added([p.metrics for p in parts]),
+            seconds=max(p.seconds for p in parts),
+        )
+
+
+def failure_metrics(scored: ScoreResult) -> dict[str, float]:
+    """``reward/failed_fraction`` (completions any reward function failed on) and, per
+    function, ``reward/<name>/failed_fraction``, with what the functions said about the
+    batch (``scored.metrics``, e.g. an LLM judge's tokens)."""
+    n = max(len(scored.failed), 1)
+    out = {"reward/failed_fraction": sum(scored.failed) / n}
+    out |= {
+        f"reward/{name}/failed_fraction": k / n for name, k in scored.failed_by_function.items()
+    }
+    return out | scored.metrics
+
+
+def _added(dicts: Sequence[dict]) -> dict:
+    """The sum of ``dicts`` key by key (a key missing from one counts 0 there)."""
+    out: dict = {}
+    for d in dicts:
+        for key, value in d.items():
+            out[key] = out.get(key, 0) + value
+    return out
+
 
 @dataclass
 class _Problem:

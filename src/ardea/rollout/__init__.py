@@ -25,6 +25,7 @@ from ardea.rollout.engine import (
     engine_factory,
     load_weights,
     make_engine,
+    per_process_engine,
     register_engine,
     stop_token_ids,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "load_weights",
     "make_engine",
     "own_copy",
+    "per_process_engine",
     "register_engine",
     "sampling_seed",
     "stop_token_ids",

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
 
 Weights = Mapping[str, torch.Tensor] | str | os.PathLike
 
@@ -37,6 +38,14 @@ def load_weights(weights: Weights) -> Mapping[str, torch.Tensor]:
     for file in files:
         tensors.update(load_file(file))
     return tensors
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor as a whole: a ``DTensor`` (an FSDP2 shard of a trainer's parameter) is
+    all-gathered on its device, so every rank must read the same tensors in the same order;
+    any other tensor is itself. Engines read a sharded trainer's weights one tensor at a
+    time, so that no rank ever holds a second whole copy of the model."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def request_input(request: Any) -> tuple[list[int], int]:

@@ -310,12 +310,27 @@ ENGINES: Registry[EngineFactory] = Registry(
 )
 
 
-def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
+def register_engine(
+    name: str, *, per_process: bool = False
+) -> Callable[[EngineFactory], EngineFactory]:
     """Decorator registering ``factory(spec: EngineSpec, *, module, version) -> engine`` as
     ``rollout.engine=<name>``. ``module`` is the live ``nn.Module`` an in-process engine
     generates with (None for engines that load ``spec.model_dir`` themselves); ``version``
-    the policy version of the initial weights."""
-    return ENGINES.register(name)
+    the policy version of the initial weights. ``per_process``: under torchrun every rank
+    builds one and generates its share of each rollout (an engine in the process); else
+    rank 0 alone builds it (servers the job shares) and generates every rollout."""
+
+    def register(factory: EngineFactory) -> EngineFactory:
+        factory.per_process = per_process  # type: ignore[attr-defined]
+        return ENGINES.register(name)(factory)
+
+    return register
+
+
+def per_process_engine(name: str) -> bool:
+    """Whether every rank of a torchrun job runs its own engine ``name``
+    (:func:`register_engine`)."""
+    return bool(getattr(engine_factory(name), "per_process", False))
 
 
 def engine_factory(name: str) -> EngineFactory:

@@ -40,6 +40,7 @@ from ardea.reward import (
     ScoreResult,
     TokenIds,
     example_row,
+    failure_metrics,
     overlong_penalty,
     vocab_id,
 )
@@ -114,18 +115,6 @@ def tail_seconds(done: list[float]) -> float:
         return 0.0
     times = sorted(done)
     return times[-1] - times[math.ceil(0.9 * len(times)) - 1]
-
-
-def failure_metrics(scored: ScoreResult) -> dict[str, float]:
-    """``reward/failed_fraction`` (completions any reward function failed on) and, per
-    function, ``reward/<name>/failed_fraction``, with what the functions said about the
-    batch (``scored.metrics``, e.g. an LLM judge's tokens)."""
-    n = max(len(scored.failed), 1)
-    out = {"reward/failed_fraction": sum(scored.failed) / n}
-    out |= {
-        f"reward/{name}/failed_fraction": k / n for name, k in scored.failed_by_function.items()
-    }
-    return out | scored.metrics
 
 
 def _first_of_groups(rows: list[int], group_size: int) -> list[int]:
@@ -228,6 +217,31 @@ class RolloutRunner:
             except RewardError:  # on_error=fail: left for score(), which tries again and
                 pass  # raises on the trainer's step; a checkpoint can still hold these
         return generation
+
+    def score_rewards(self, generation: Generation) -> None:
+        """Run the reward functions on ``generation`` now, unless they already have
+        (``generation.scored``): a rollout split over the processes of a torchrun job
+        scores each share where it was generated, then :meth:`join` s the shares."""
+        if generation.scored is None:
+            generation.scored = self._score_texts(generation, self._texts(generation))
+
+    @staticmethod
+    def join(parts: Sequence[Generation]) -> Generation:
+        """One generation of ``parts``, the consecutive shares of a rollout generated side by
+        side (each with ``first_prompt`` at its place): its completions in order, the
+        slowest share's ``seconds`` and tail, and the shares' scores joined (None when a
+        share has none: :meth:`score` scores them all)."""
+        if len(parts) == 1:
+            return parts[0]
+        scores = [p.scored for p in parts]
+        return Generation(
+            [e for p in parts for e in p.examples],
+            [ids for p in parts for ids in p.prompts],
+            [c for p in parts for c in p.completions],
+            max(p.seconds for p in parts),
+            max(p.tail_seconds for p in parts),
+            None if None in scores else ScoreResult.join(scores),
+        )
 
     def _texts(self, generation: Generation) -> list[str]:
         """The completions decoded for the reward functions."""

@@ -1,35 +1,36 @@
 """The rollout service: generation owned in one place (DESIGN.md, *Scale-out*).
 
-One :class:`RolloutService` per run. On its **owner** — the only process of a one-process
-run, rank 0 under torchrun — it holds the engine of the live policy and the policy version,
-the runner that generates and scores on that engine, the background worker
+One :class:`RolloutService` per process. It holds the engine of the live policy and the
+policy version, the runner that generates and scores on that engine, the background worker
 (``rollout.max_staleness`` η ≥ 1: the scheduling policy that generates ahead, on an engine
-with its own copy of the weights) and dynamic sampling's refills. The other ranks build no
-engine and start no server.
+with its own copy of the weights) and dynamic sampling's refills.
 
-A step's rollout (:meth:`RolloutService.rollout`): the owner generates all of the step's
-prompts (rows are seeded by their global index, so the rollout is the one a single process
-samples), scores them, drops and refills the groups without a reward spread, checks the
-staleness bound, and hands the whole batch to every rank in one broadcast; each rank trains
-on its share of complete groups (:mod:`ardea.trainer.step.split`), so every rank trains on
-equal counts whatever the filter kept. An error on the owner is raised on every rank.
+A step's rollout (:meth:`RolloutService.rollout`) is **split over the ranks** of a torchrun
+job whose engine runs in every process (``rollout.engine=in_process``): each rank generates
+and scores its share of the step's prompts, and every rank joins the shares into the whole
+scored rollout (:mod:`ardea.rollout.shares`), token for token what one process samples. On
+it dynamic sampling's filter, its refills (split the same way), the staleness check and the
+``rollout/*`` metrics run identically on every rank; each rank then trains on its share of
+complete groups (:mod:`ardea.trainer.step.split`). A background worker runs on every rank
+too, generating that rank's share of the coming steps. An engine the job shares (vLLM
+servers) is driven by rank 0 alone, which hands the whole rollout to the others.
 
-Weights (:meth:`RolloutService.publish`): gathered once per step, onto the owner (a
-collective under FSDP2, so every rank calls it), loaded into the engine under the next
-version (one atomic ``update_weights``) and copied for the worker.
+Weights (:meth:`RolloutService.publish`): each rank's engine (and worker) loads the trained
+weights under the next version (one atomic ``update_weights``); ``gather_weights`` gives
+them to every rank that holds an engine (a collective under FSDP2, so every rank calls it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from ardea.data import Example, TrajectoryBatch
 from ardea.data.sampler import EpochSampler
-from ardea.errors import ArdeaError, ConfigError
+from ardea.errors import ConfigError
 from ardea.rollout import (
     Generation,
     GenerationEngine,
@@ -45,6 +46,7 @@ from ardea.rollout.dynamic_sampling import (
     refill_batches,
     renumber_groups,
 )
+from ardea.rollout.shares import Ranks, RolloutShares
 from ardea.timing import PhaseTimer
 
 REFILL_SEED_STREAM = 7  # seed offset of the refill sampler and its rollouts
@@ -53,30 +55,22 @@ SAVE_WAIT_SECONDS = 600.0  # longest a checkpoint waits for the rollouts it must
 Weights = dict[str, torch.Tensor]
 
 
-class Ranks(Protocol):
-    """The processes of a run, as the service needs them (the trainer's
-    :class:`~ardea.trainer.distributed.Distributed` is one)."""
-
-    active: bool  # several processes (torchrun)
-    is_main: bool  # rank 0, the engine's owner
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-
-
 class RolloutService:
     """Owns generation for the whole run (module docstring).
 
     Args:
         config: the run config.
-        dist: this process's rank; rank 0 owns the engine.
-        engine: the live policy's engine on the owner, None on the other ranks.
-        runner: generates and scores on ``engine`` (online runs, on the owner), else None.
+        dist: this process's rank.
+        engine: the live policy's engine: on every rank where each process runs its own
+            (the rollout is split over the ranks), else on rank 0 alone (None elsewhere).
+        runner: generates and scores on ``engine`` (online runs), else None.
         samples: the training prompts; ``sampler`` draws them (the worker peeks ahead).
-        gather_weights: the policy's whole weights, on the owner ({} elsewhere); called on
-            every rank (a collective under FSDP2).
+        gather_weights: the policy's whole weights, on every rank with an engine ({}
+            elsewhere); called on every rank (a collective under FSDP2).
         make_worker_engine: an engine with its own copy of the live engine's weights at the
             given version, for the background worker.
+        split: every rank runs an engine and generates its share of each rollout (module
+            docstring); False: rank 0 generates it all (an engine the job shares).
     """
 
     def __init__(
@@ -90,6 +84,7 @@ class RolloutService:
         sampler: EpochSampler | None = None,
         gather_weights: Callable[[], Weights],
         make_worker_engine: Callable[[int], GenerationEngine] | None = None,
+        split: bool = True,
     ) -> None:
         self.config = config
         self.dist = dist
@@ -99,6 +94,7 @@ class RolloutService:
         self.sampler = sampler
         self.gather_weights = gather_weights
         self.make_worker_engine = make_worker_engine
+        self.shares = RolloutShares(dist, split=split)
         self.max_staleness = int(config.rollout.max_staleness)
         self.version = engine.version if engine is not None else 0
         self.worker: RolloutWorker | None = None
@@ -110,41 +106,26 @@ class RolloutService:
 
     @property
     def owner(self) -> bool:
-        """Whether this process owns the engine (rank 0)."""
+        """Whether this process has an engine (every rank's when the rollout is split)."""
         return self.engine is not None
-
-    def shared(self, compute: Callable[[], Any]) -> Any:
-        """``compute()`` run on rank 0 (the owner, where there is an engine: a reward model's
-        run has none), its result on every rank (one broadcast); an error there is raised on
-        every rank, naming it on the others."""
-        if not self.dist.active:
-            return compute()
-        result, error = None, None
-        if self.dist.is_main:
-            try:
-                result = compute()
-            except Exception as raised:  # handed to the other ranks, then raised here
-                error = raised
-        shared = self.dist.broadcast((result, None if error is None else repr(error)))
-        if error is not None:
-            raise error
-        if shared[1] is not None:
-            raise ArdeaError(f"the rollout service (rank 0) failed: {shared[1]}")
-        return shared[0]
 
     # ------------------------------------------------------------------ a step
     def rollout(self, step: int, indices: Sequence[int], timer: PhaseTimer) -> Rollout:
         """The scored rollout of step ``step`` (the prompts at ``indices``): the whole
-        batch, on CPU, on every rank, with its ``rollout/*`` metrics and samples. Under
-        torchrun the other ranks' wait (and the broadcast) counts as ``generate``."""
-        waiting = self.dist.active and not self.owner  # the owner times its own phases
-        with timer.phase("generate") if waiting else nullcontext():
-            return self.shared(lambda: self._rollout(step, indices, timer))
+        batch, on CPU, on every rank, with its ``rollout/*`` metrics and samples. When rank
+        0 generates it all, the other ranks' wait (and the broadcast) counts as
+        ``generate``."""
+        if self.shares.split:
+            return self._rollout(step, indices, timer)
+        with timer.phase("generate") if not self.dist.is_main else nullcontext():
+            return self.shares.shared(lambda: self._rollout(step, indices, timer))
 
     def _rollout(self, step: int, indices: Sequence[int], timer: PhaseTimer) -> Rollout:
         examples = [self.samples[i] for i in indices]
-        with timer.phase("generate"):
-            generation = self._generate(step, examples)
+        if self.max_staleness == 0:
+            generation = self._generated(examples, step, timer)
+        else:
+            generation = self._from_worker(step, examples, timer)
         with timer.phase("score"):
             rollout = self.runner.score(generation)
         batch, metrics = rollout.batch.to("cpu"), dict(rollout.metrics)
@@ -154,15 +135,46 @@ class RolloutService:
         metrics["rollout/staleness"] = float(lag)
         return Rollout(batch, metrics, rollout.samples)
 
-    def _generate(self, step: int, examples: list[Example]) -> Generation:
-        if self.max_staleness == 0:
-            return self.runner.generate(examples, seed_index=step)
-        worker = self._worker(step, examples)
-        worker.submit(step, examples)
-        ahead = min(self.max_staleness, self.config.trainer.max_steps - step - 1)
-        for offset, indices in enumerate(self.sampler.peek(ahead), start=1):
-            worker.submit(step + offset, [self.samples[i] for i in indices])
-        return worker.result(step)
+    def _generated(
+        self, examples: list[Example], seed_index: int | tuple[int, ...], timer: PhaseTimer
+    ) -> Any:
+        """The generation of ``examples``, scored: this rank's share generated and scored
+        here, every rank's share joined (module docstring)."""
+        share = self.shares.share(len(examples))
+
+        def mine() -> Any:
+            if not share:  # fewer prompts than ranks
+                return None
+            with timer.phase("generate"):
+                part = self.runner.generate(
+                    examples[share.start : share.stop], seed_index=seed_index,
+                    first_prompt=share.start,
+                )  # fmt: skip
+            with timer.phase("score"):
+                self.runner.score_rewards(part)
+            return part
+
+        return self.shares.joined(self.runner, mine, examples, timer)
+
+    def _from_worker(self, step: int, examples: list[Example], timer: PhaseTimer) -> Any:
+        """Step ``step``'s generation from the background worker (every rank's worker its
+        share), after handing it this step's and the coming steps' prompts."""
+        share = self.shares.share(len(examples))
+
+        def mine() -> Any:
+            worker = self._worker(step, examples[share.start : share.stop])
+            worker.submit(step, examples[share.start : share.stop])
+            ahead = min(self.max_staleness, self.config.trainer.max_steps - step - 1)
+            for offset, indices in enumerate(self.sampler.peek(ahead), start=1):
+                upcoming = [self.samples[i] for i in indices]
+                worker.submit(step + offset, upcoming[share.start : share.stop])
+            with timer.phase("generate"):
+                part = worker.result(step)
+            with timer.phase("score"):
+                self.runner.score_rewards(part)
+            return part
+
+        return self.shares.joined(self.runner, mine, examples, timer)
 
     def _filter_and_refill(
         self,
@@ -190,10 +202,7 @@ class RolloutService:
                 self.samples[i] for _ in range(batches) for i in self.refill_sampler.next_batch()
             ]
             generated += len(examples)
-            with timer.phase("generate"):
-                generation = self.runner.generate(
-                    examples, seed_index=(step, REFILL_SEED_STREAM, rounds)
-                )
+            generation = self._generated(examples, (step, REFILL_SEED_STREAM, rounds), timer)
             with timer.phase("score"):
                 refill = self.runner.score(generation).batch.to("cpu")
             with timer.phase("filter"):
@@ -208,9 +217,9 @@ class RolloutService:
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> None:
-        """The trained weights become the next policy version: gathered once (onto the
-        owner), loaded into its engine, copied for the background worker. Every rank calls
-        it."""
+        """The trained weights become the next policy version: gathered once (a collective
+        under FSDP2: every rank calls it), loaded into this rank's engine, copied for its
+        background worker."""
         self.version += 1
         weights = self.gather_weights()
         if self.owner:
@@ -219,44 +228,56 @@ class RolloutService:
                 self.worker.publish(weights, self.version)
 
     def engine_metrics(self) -> dict[str, float]:
-        """The engine's own metrics (weight sync, servers), on the owner; {} elsewhere."""
+        """This rank's engine's own metrics (weight sync, servers); {} without one."""
         return self.engine.metrics() if self.owner else {}
 
     # ------------------------------------------------------------ the worker
     def _worker(self, step: int, examples: list[Example]) -> RolloutWorker:
         """The background worker, started at the first step of this process: on an engine
-        with its own copy of the current weights; a resumed run keeps its original version
-        schedule and first serves the completions its checkpoint holds (``examples``: this
-        step's prompts)."""
+        with its own copy of the current weights, generating this rank's share of each step;
+        a resumed run keeps its original version schedule and first serves the completions
+        its checkpoint holds (``examples``: this rank's share of this step's prompts)."""
         if self.worker is None:
             restored = self._restored_worker or {}
+            first = self.shares.share(self.config.trainer.batch_size).start
             self.worker = RolloutWorker(
                 self.make_worker_engine(self.version),
                 lambda prompts, s, on: self.runner.generate(
-                    prompts, seed_index=s, engine=on, score=True
+                    prompts, seed_index=s, engine=on, first_prompt=first, score=True
                 ),
                 max_staleness=self.max_staleness,
                 start_step=restored.get("start_step", step),
                 start_version=restored.get("start_version"),
-                restored=self._restored_pending(restored.get("pending", {}), step, examples),
+                restored=self._restored_pending(restored.get("pending", []), step, examples),
                 partial=self.config.rollout.partial,
                 in_flight=self.config.rollout.in_flight,
             )
         return self.worker
 
     def _restored_pending(
-        self, stored: dict[int, dict[str, Any]], step: int, examples: list[Example]
+        self, by_rank: list[dict[int, dict[str, Any]]], step: int, examples: list[Example]
     ) -> dict[int, Generation]:
-        """The checkpoint's completions of steps ``step, step + 1, ...``, with their prompts
-        drawn again from the sampler."""
+        """This rank's share of the checkpoint's completions of steps ``step, step + 1,
+        ...``, with their prompts drawn again from the sampler (``by_rank``: each rank's
+        share, as :meth:`state_dict` stored them)."""
+        ranks = self.shares.ranks
+        if by_rank and len(by_rank) != ranks:
+            raise ConfigError(
+                f"the checkpoint holds background rollouts generated by {len(by_rank)} "
+                f"process(es), each its share; resume it with {len(by_rank)} (this run has "
+                f"{ranks}), or resume from a checkpoint of a run without rollout.max_staleness"
+            )
+        stored = by_rank[self.shares.rank] if by_rank else {}
         steps = sorted(int(s) for s in stored)
         if steps != list(range(step, step + len(steps))):
             raise ConfigError(
                 f"the checkpoint holds rollouts of steps {steps}, but the run resumes at step "
                 f"{step}; it was not written by this run"
             )
+        share = self.shares.share(self.config.trainer.batch_size)
         upcoming = [examples] + [
-            [self.samples[i] for i in indices] for indices in self.sampler.peek(len(steps) - 1)
+            [self.samples[i] for i in indices][share.start : share.stop]
+            for indices in self.sampler.peek(len(steps) - 1)
         ]
         return {
             s: self.runner.restore_generation(stored[s], prompts)
@@ -276,17 +297,23 @@ class RolloutService:
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The policy version, the refill sampler's position and, with a background worker,
-        its version schedule and the completions it generated for the coming steps (the
-        owner's: rank 0 writes checkpoints)."""
+        its version schedule and the completions it generated for the coming steps: each
+        rank's share, gathered (every rank calls it; rank 0 writes checkpoints)."""
         state: dict[str, Any] = {"version": self.version}
         if self.refill_sampler is not None:
             state["refill_sampler"] = self.refill_sampler.state_dict()
+        if self.max_staleness == 0:
+            return state
+        pending = {}
         if self.worker is not None:
-            pending = self.worker.pending(timeout=SAVE_WAIT_SECONDS)
+            ahead = self.worker.pending(timeout=SAVE_WAIT_SECONDS)
+            pending = {s: self.runner.generation_state(g) for s, g in ahead.items()}
+        by_rank = self.shares.gathered(lambda: pending)
+        if self.worker is not None:
             state["worker"] = {
                 "start_step": self.worker.start_step,
                 "start_version": self.worker.start_version,
-                "pending": {s: self.runner.generation_state(g) for s, g in pending.items()},
+                "pending": by_rank,
             }
         return state
 

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ardea.errors import ArdeaError, ConfigError
+from ardea.rollout.checks import whole
 from ardea.rollout.engine import GenerationEngine
 from ardea.rollout.runner import Generation
 
@@ -137,8 +138,9 @@ class RolloutWorker:
             self._cond.notify_all()
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Make a copy of ``state_dict`` available to the worker as ``version``."""
-        copied = {k: v.detach().clone() for k, v in state_dict.items()}
+        """Make a copy of ``state_dict`` available to the worker as ``version`` (a sharded
+        trainer's tensors gathered whole here, on the calling thread: a collective)."""
+        copied = {k: whole(v).detach().clone() for k, v in state_dict.items()}
         with self._cond:
             self._snapshots[version] = copied
             self._cond.notify_all()

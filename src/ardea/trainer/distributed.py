@@ -255,6 +255,20 @@ def full_state_dict(
     return get_model_state_dict(module, options=options)
 
 
+def local_state_dict(module: nn.Module, *, trained_only: bool = False) -> dict[str, torch.Tensor]:
+    """The model's tensors by name as this rank holds them, nothing gathered: under FSDP2
+    each parameter a ``DTensor`` shard, which a reader gathers whole one tensor at a time
+    (:func:`ardea.rollout.checks.whole`, a collective: every rank reads them in this
+    order); else its own tensors. ``trained_only``: the parameters that require gradients
+    alone (a LoRA policy's adapters)."""
+    resharded(module)
+    state = unwrap(module).state_dict()
+    if not trained_only:
+        return state
+    trained = {name for name, param in unwrap(module).named_parameters() if param.requires_grad}
+    return {name: tensor for name, tensor in state.items() if name in trained}
+
+
 def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> Any:
     """Load a whole-model ``state`` (every rank passes it) into ``module``; returns the
     missing and unexpected keys."""

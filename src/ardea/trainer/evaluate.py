@@ -274,7 +274,7 @@ class Evaluator:
 
     def generated(self, step: int, run_dir) -> dict[str, float]:
         """The evaluations that generate (agent episodes, rewards, the task's accuracy):
-        on the engine's owner only (rank 0 under torchrun)."""
+        on rank 0 alone under torchrun."""
         metrics: dict[str, float] = {}
         if self.agent is not None:
             with self.precision.autocast():

@@ -29,10 +29,16 @@ from ardea.data.sampler import EpochSampler
 from ardea.errors import ArdeaError
 from ardea.model.flops import COUNTER
 from ardea.model.lora import is_lora
-from ardea.rollout import EngineSpec, GenerationEngine, make_engine, own_copy
+from ardea.rollout import (
+    EngineSpec,
+    GenerationEngine,
+    make_engine,
+    own_copy,
+    per_process_engine,
+)
 from ardea.rollout.service import RolloutService
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
-from ardea.trainer.distributed import Distributed, full_state_dict, unwrap
+from ardea.trainer.distributed import Distributed, full_state_dict, local_state_dict, unwrap
 from ardea.trainer.early_stop import EarlyStop
 from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.frozen_heap import frozen_heap
@@ -95,7 +101,7 @@ class Trainer:
             prepare_run_directory(config)  # only once the inputs are known to be good
         shapes = probe_shapes(config, policy, max_length, self.dist.world_size)
         self.precision = resolve_precision(config, policy, shapes, self.dist)
-        engine = self._build_engine(policy)  # on the owner (rank 0) only
+        engine = self._build_engine(policy)  # on every rank, or on rank 0 alone
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = make_strategy(
             config.algo.name,
@@ -128,7 +134,7 @@ class Trainer:
 
     def _build_rollouts(self, engine: GenerationEngine | None, *, online: bool, held_out) -> None:
         """The rollout service on ``engine`` (online runs: rollouts from the live policy,
-        through the RL step) and the evaluator, which generates on the owner only."""
+        through the RL step) and the evaluator, which generates on rank 0."""
         config = self.config
         self.service = RolloutService(
             config,
@@ -141,6 +147,7 @@ class Trainer:
             sampler=self.sampler,
             gather_weights=self._gather_weights,
             make_worker_engine=self._make_worker_engine,
+            split=self.split_rollouts,
         )
         self.recipe = self._online_step() if online else self._offline_step()
         self.evaluator = Evaluator(
@@ -152,17 +159,20 @@ class Trainer:
             self.evaluator.agent = AgentEvaluation(runner, eval_rows)
 
     def _build_engine(self, policy: torch.nn.Module) -> GenerationEngine | None:
-        """The live policy's engine (``rollout.engine``), on the rollout service's owner
-        only (rank 0; None on the other ranks). Under torchrun it decodes on its own plain
-        copy, fed whole weights; the trainer keeps the module it gave the engine, to copy
-        for a background worker's engine (and a LoRA checkpoint under FSDP2, to merge)."""
-        if not self.dist.is_main:
-            return None
+        """The live policy's engine (``rollout.engine``): on every rank when each process
+        runs its own (the in-process engine: the rollout is split over the ranks), else on
+        rank 0 alone (None on the others). Under torchrun it decodes on its own plain copy;
+        the trainer keeps the module it gave the engine, to copy for a background worker's
+        engine (and a LoRA checkpoint under FSDP2, to merge)."""
+        self.split_rollouts = False
         if self.strategy_head != "causal_lm":  # a reward model's run generates nothing, but
-            if self.dist.mode == "fsdp2" and is_lora(policy):  # its checkpoints merge a copy
-                self.engine_module = own_copy(policy)
+            if self.dist.is_main and self.dist.mode == "fsdp2" and is_lora(policy):
+                self.engine_module = own_copy(policy)  # its checkpoints merge a copy
             return None
         config = self.config
+        self.split_rollouts = per_process_engine(config.rollout.engine)
+        if not (self.dist.is_main or self.split_rollouts):
+            return None
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(
             policy,
@@ -187,12 +197,16 @@ class Trainer:
         return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
 
     def _gather_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights by name for the engine, on rank 0 (the other ranks get {};
-        every rank calls it): its own tensors in one process and under DDP (every rank
-        holds a whole replica: nothing to gather or copy); under FSDP2 gathered onto rank
-        0, on CPU (a collective). A LoRA policy gives its adapters alone: engines keep the
-        frozen base they started with."""
+        """The policy's weights by name, for the engines (every rank calls it): when every
+        rank has an engine, this rank's own tensors — a whole replica in one process and
+        under DDP (nothing to gather), FSDP2 shards under FSDP2, which the engine gathers
+        whole on the device one tensor at a time (never a second whole copy on a host).
+        When rank 0 alone holds an engine (vLLM servers the job shares) the other ranks get
+        {} and FSDP2 gathers onto rank 0's CPU. A LoRA policy gives its adapters alone:
+        engines keep the frozen base they started with."""
         lora = is_lora(unwrap(self.policy))
+        if self.split_rollouts:
+            return local_state_dict(self.policy, trained_only=lora)
         if self.dist.mode == "fsdp2":
             return full_state_dict(self.policy, cpu=True, trained_only=lora)
         return full_state_dict(self.policy, trained_only=lora) if self.dist.is_main else {}
@@ -256,9 +270,11 @@ class Trainer:
 
     def _evaluate(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
         self.recipe.before_evaluation(self.step)
-        # the owner generates (and rank 0 writes); every rank computes a held-out loss (it
-        # runs the sharded policy)
-        metrics = self.service.shared(lambda: self.evaluator.generated(self.step, self.run_dir))
+        # rank 0 generates (and writes); every rank computes a held-out loss (it runs the
+        # sharded policy)
+        metrics = self.service.shares.shared(
+            lambda: self.evaluator.generated(self.step, self.run_dir)
+        )
         metrics |= self.evaluator.losses()
         if not metrics:
             return

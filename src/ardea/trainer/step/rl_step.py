@@ -2,12 +2,15 @@
 
 1. **generate** (``perf/time_generate``): the step's prompts, ``rollout.group_size``
    completions each, with behaviour log-probs and policy versions, from the rollout service
-   (:mod:`ardea.rollout.service`, which owns the engine: rank 0 under torchrun).
-   With ``rollout.max_staleness = 0`` the live policy's engine generates them now; with
-   η ≥ 1 a :class:`~ardea.rollout.RolloutWorker` generated them ahead, on its own engine,
-   from the policy exactly ``min(η, steps so far)`` versions old, and this phase waits for
-   them. Under torchrun the other ranks wait here for the whole batch.
-2. **score** (``perf/time_score``): the rewards, and one :class:`~ardea.data.TrajectoryBatch`.
+   (:mod:`ardea.rollout.service`, which owns the engine). With ``rollout.max_staleness = 0``
+   the live policy's engine generates them now; with η ≥ 1 a
+   :class:`~ardea.rollout.RolloutWorker` generated them ahead, on its own engine, from the
+   policy exactly ``min(η, steps so far)`` versions old, and this phase waits for them.
+   Under torchrun each rank generates its share of the prompts (vLLM servers: rank 0 all of
+   them, the others wait here).
+2. **score** (``perf/time_score``): the rewards (each rank its share), and one
+   :class:`~ardea.data.TrajectoryBatch`; under torchrun the shares are all-gathered and
+   joined first (``perf/time_gather``: :mod:`ardea.rollout.shares`).
 3. **filter** (``perf/time_filter``), only with ``algo.dynamic_sampling``: groups without a
    reward spread are dropped and refilled from fresh prompts generated and scored on the
    live policy (those rounds count in generate and score),
@@ -26,8 +29,8 @@
    (:class:`~ardea.trainer.step.updates.Updater`); under torchrun each rank takes its share
    of every micro-batch's groups (:mod:`ardea.trainer.step.split`).
 7. **weight_sync** (``perf/time_weight_sync``): the updated weights become the next policy
-   version, loaded into the service owner's engine (under DDP from its own replica, under
-   FSDP2 gathered once onto it; copied for the worker); the engine's metrics. The version counts training steps (not optimizer
+   version, loaded into every rank's engine (under DDP from its own replica, under FSDP2
+   all-gathered on the device one tensor at a time; copied for the worker); the engine's metrics. The version counts training steps (not optimizer
    steps), as in verl and AReaL.
 """
 

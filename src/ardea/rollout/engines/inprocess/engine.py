@@ -49,11 +49,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from ardea.model import Precision
 from ardea.model.flops import count_decode, count_prefill
-from ardea.rollout.checks import frozen_base, request_input
+from ardea.rollout.checks import frozen_base, request_input, whole
 from ardea.rollout.engine import (
     Completion,
     EngineSpec,
@@ -240,9 +241,9 @@ class InProcessEngine(GenerationEngine):
                 running + self._loop.waiting
             )  # they join first, under the new weights
             with torch.no_grad():
-                for name, tensor in named_tensors.items():
-                    if own[name].data_ptr() != tensor.data_ptr():
-                        own[name].copy_(tensor)
+                for name, tensor in named_tensors.items():  # a shard: gathered here
+                    if isinstance(tensor, DTensor) or own[name].data_ptr() != tensor.data_ptr():
+                        own[name].copy_(whole(tensor))
             if self._fast is not None:
                 self._fast.refresh()
             self._version = version
@@ -330,7 +331,7 @@ def own_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module).requires_grad_(False).eval()
 
 
-@register_engine("in_process")
+@register_engine("in_process", per_process=True)
 def in_process_engine(
     spec: EngineSpec, *, module: torch.nn.Module | None = None, version: int = 0
 ) -> InProcessEngine:

@@ -1,0 +1,146 @@
+"""A rollout split over the ranks of a torchrun job: each rank's share, and every rank's
+shares joined into the whole.
+
+Rank ``r`` generates the contiguous share ``Ranks.rows.share(P)`` of a call's ``P`` prompts
+(whole groups: a prompt's G completions or episodes never straddle two ranks), with
+``first_prompt`` at its place, so that every row samples with its index in the whole call.
+:meth:`RolloutShares.joined` sends each rank's share in its checkpoint form (plain lists
+and dicts: ``Runner.generation_state``, not the engine's or an environment's objects) to
+every rank in one all-gather, restores the others' there and joins them in rank order
+(``Runner.join``): every rank then holds the one generation a single process makes. An
+error on one rank is raised on every rank, naming it on the others, so that none waits
+in a collective for a rank that failed.
+
+When the job shares one engine (vLLM servers) ``split`` is False: rank 0 generates every
+prompt and :meth:`RolloutShares.shared` hands its result to the others in one broadcast.
+With one process the share is the whole call and nothing is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from ardea.errors import ArdeaError
+from ardea.rollout.runner_protocol import Runner
+from ardea.timing import PhaseTimer
+
+
+class Shares(Protocol):
+    """How the ranks share ``count`` items (the trainer's
+    :class:`~ardea.trainer.row_shards.RowShards`)."""
+
+    rank: int
+    world_size: int
+
+    def share(self, count: int) -> range:
+        """This rank's contiguous share; the shares of ranks 0, 1, ... cover ``range(count)``
+        in order."""
+
+
+class Ranks(Protocol):
+    """The processes of a run, as the rollout needs them (the trainer's
+    :class:`~ardea.trainer.distributed.Distributed` is one)."""
+
+    active: bool  # several processes (torchrun)
+    is_main: bool  # rank 0
+    rows: Shares
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+
+
+class RolloutShares:
+    """This rank's part in a rollout split over the ranks (module docstring).
+
+    Args:
+        dist: this process's rank.
+        split: every rank generates its share (it runs its own engine); False: rank 0
+            generates every prompt (an engine the job shares).
+    """
+
+    def __init__(self, dist: Ranks, *, split: bool) -> None:
+        self.dist = dist
+        self.split = split or not dist.active
+        self.sends = self.split and dist.active  # several ranks, each with a share
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks generate a share."""
+        return self.dist.rows.world_size if self.sends else 1
+
+    @property
+    def rank(self) -> int:
+        """This rank's place among :attr:`ranks`."""
+        return self.dist.rows.rank if self.sends else 0
+
+    def share(self, count: int) -> range:
+        """This rank's share of ``count`` prompts (all of them when rank 0 generates)."""
+        return self.dist.rows.share(count) if self.split else range(count)
+
+    def shared(self, compute: Callable[[], Any]) -> Any:
+        """``compute()`` run on rank 0, its result on every rank (one broadcast); an error
+        there is raised on every rank, naming it on the others."""
+        if not self.dist.active:
+            return compute()
+        result, error = None, None
+        if self.dist.is_main:
+            try:
+                result = compute()
+            except Exception as raised:  # handed to the other ranks, then raised here
+                error = raised
+        shared = self.dist.broadcast((result, None if error is None else repr(error)))
+        if error is not None:
+            raise error
+        if shared[1] is not None:
+            raise ArdeaError(f"the rollout service (rank 0) failed: {shared[1]}")
+        return shared[0]
+
+    def gathered(self, compute: Callable[[], Any]) -> list[Any]:
+        """``compute()`` on every rank, and every rank's result in rank order; an error on
+        one rank is raised on every rank (naming it on the others)."""
+        if not self.sends:
+            return [compute()]
+        result, error = None, None
+        try:
+            result = compute()
+        except Exception as raised:  # handed to the other ranks, then raised here
+            error = raised
+        gathered = self.dist.gather((result, None if error is None else repr(error)))
+        if error is not None:
+            raise error
+        for rank, (_, problem) in enumerate(gathered):
+            if problem is not None:
+                raise ArdeaError(f"the rollout on rank {rank} failed: {problem}")
+        return [part for part, _ in gathered]
+
+    def joined(
+        self,
+        runner: Runner,
+        mine: Callable[[], Any],
+        examples: Sequence[Any],
+        timer: PhaseTimer,
+    ) -> Any:
+        """The generation of ``examples`` from every rank's share: ``mine()`` makes this
+        rank's (:meth:`share`; None when it has none), the others' arrive in their
+        checkpoint form and are restored here; joined in rank order (module docstring)."""
+        if not self.sends:
+            return mine()
+        share, own = self.share(len(examples)), []
+
+        def sent() -> tuple[int, int, Any]:
+            own.append(mine())
+            state = None if own[0] is None else runner.generation_state(own[0])
+            return share.start, share.stop, state
+
+        gathered = self.gathered(sent)
+        with timer.phase("gather"):
+            parts = [
+                own[0] if start == share.start
+                else runner.restore_generation(state, list(examples[start:stop]))
+                for start, stop, state in gathered if state is not None
+            ]  # fmt: skip
+            return runner.join(parts)
