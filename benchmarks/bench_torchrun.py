@@ -13,6 +13,12 @@ Workloads (the default recipe's model and arithmetic task, float32):
 - ``online_grpo_kl``: the same with a KL penalty (``algo.ppo.kl_ctl=0.05``), so every step
   pins the frozen reference's log-probs (the ``advantages`` phase): each rank scores half
   of the rows.
+- ``online_grpo_10M``: ``online_grpo`` on a 10.4M-parameter decoder (hidden 384,
+  intermediate 1152, 6 layers, 6 heads, 2 KV heads; random weights).
+
+``--recipe`` times the default recipe instead (``ardea train`` with no config: SFT, then
+online GRPO with dynamic sampling; evaluation and checkpoints included), one process
+against ``torchrun --nproc-per-node 2``, by the wall time of the whole command.
 
 Seconds per step are the run's own profile (``results.json``: training time over steps,
 start-up and evaluation excluded), best of ``--repeats``; the phases say where the time
@@ -20,6 +26,7 @@ goes.
 
     python benchmarks/bench_torchrun.py            # the table in benchmarks/README.md
     python benchmarks/bench_torchrun.py --smoke    # 2 steps of a small model each
+    python benchmarks/bench_torchrun.py --recipe   # the default recipe, whole
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).parents[1]
@@ -40,6 +48,9 @@ WORKLOADS = {
     "online_grpo": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8"],
     "online_grpo_kl": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8",
                        "algo.ppo.kl_ctl=0.05"],
+    "online_grpo_10M": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8",
+                        "model.hidden_size=384", "model.intermediate_size=1152",
+                        "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2"],
 }  # fmt: skip
 COMMON = [
     "model.compute_dtype=float32",
@@ -74,6 +85,22 @@ def run(
     return {"seconds_per_step": profile["seconds_per_step"], "phases": phases}
 
 
+def recipe(processes: int, work: Path) -> float:
+    """Wall seconds of the default recipe (``ardea train``) at ``processes``."""
+    out = Path(tempfile.mkdtemp(prefix=f"recipe_{processes}_", dir=work))
+    args = ["logging.progress=false", f"trainer.output_dir={out}"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node", str(processes)] if processes > 1 else []  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(2 // processes)}
+    start = time.perf_counter()
+    done = subprocess.run([*launch, ARDEA, "train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(done.stdout[-2000:] + done.stderr[-4000:])
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -84,7 +111,13 @@ def main() -> None:
         "--distributed", default="auto", choices=("auto", "fsdp2", "ddp"),
         help="trainer.distributed of the two-process runs (auto: FSDP2)",
     )  # fmt: skip
+    parser.add_argument("--recipe", action="store_true", help="the default recipe's wall time")
     args = parser.parse_args()
+    if args.recipe:
+        with tempfile.TemporaryDirectory() as tmp:
+            one, two = recipe(1, Path(tmp)), recipe(2, Path(tmp))
+        print(json.dumps({"recipe_one_s": one, "recipe_two_s": two, "two_over_one": two / one}))
+        return
     extra = SMOKE if args.smoke else []
     if args.smoke:
         args.steps, args.repeats = 2, 1

@@ -47,7 +47,8 @@ from cases import COMMON, DIGIT_REWARD, train  # noqa: E402
 
 ONLINE = [
     "data.task=arithmetic",
-    "data.eval_size=1",
+    "data.eval_size=3",  # split 2 + 1 over two ranks
+    "trainer.eval_samples=2",  # avg@2, pass@2: sampled evaluation split too
     "data.train_size=64",
     "rollout.group_size=4",
     "rollout.max_new_tokens=6",
@@ -57,6 +58,7 @@ ONLINE = [
 #: have none and dynamic sampling refills (the test checks that it did)
 RARE_DIGIT = "reward.functions=[{name: format_regex, kwargs: {pattern: '[0-2]'}}]"
 WORKFLOW_ROWS = "workflow_rows.jsonl"
+WHOLE_GATHERS = "whole_gathers.txt"  # the loop's whole-model gathers (count_whole_gathers)
 ROLLOUT_ROWS = "rollout_rows.json"  # each step's trained rows (record_micro_batch_groups)
 TEACHER, REWARD_MODEL = "teacher", "reward_model"
 AGENT = [
@@ -222,6 +224,28 @@ def record_micro_batch_groups(path: Path):
         rl_step.shard_updates = shard
 
 
+@contextmanager
+def count_whole_gathers(path: Path):
+    """While open, the trainer's whole-model gathers for its engines (``full_state_dict``
+    called from the training loop, not from a checkpoint) are counted into ``path`` (rank
+    0)."""
+    from ardea.trainer import loop
+
+    gather, calls = loop.full_state_dict, []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return gather(*args, **kwargs)
+
+    loop.full_state_dict = counting
+    try:
+        yield
+    finally:
+        loop.full_state_dict = gather
+        if int(os.environ.get("RANK", "0")) == 0:
+            path.write_text(str(len(calls)))
+
+
 def main(root: Path, names: list[str]) -> None:
     """Run ``names`` (default: every feature) for 3 steps at this launch's world size: FSDP2
     under torchrun, one process otherwise; cases.py's model, batch and float32 settings."""
@@ -233,7 +257,8 @@ def main(root: Path, names: list[str]) -> None:
         run_dir = root / str(world) / name
         run_dir.mkdir(parents=True, exist_ok=True)
         with record_micro_batch_groups(run_dir / "micro_batch_groups.json"):
-            train("online_grpo", run_dir, mode, steps=STEPS, extra=extra)
+            with count_whole_gathers(run_dir / WHOLE_GATHERS):
+                train("online_grpo", run_dir, mode, steps=STEPS, extra=extra)
 
 
 if __name__ == "__main__":

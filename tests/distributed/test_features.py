@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 FEATURES_PY = str(HERE / "features.py")
 sys.path.insert(0, str(HERE))
-from features import FEATURES, ROLLOUT_ROWS, STEPS  # noqa: E402
+from features import FEATURES, ROLLOUT_ROWS, STEPS, WHOLE_GATHERS  # noqa: E402
 
 #: the step's rows (4 groups of 4: the largest batch here, a refilled one cut back to 4
 #: groups; a workflow step of 8 episodes gives at most 16 rows too) and a bound on their
@@ -91,6 +91,24 @@ def test_a_feature_runs_under_torchrun_as_in_one_process(runs, name):
     assert_same_step_metrics(one, two, 1, GRADIENT_RTOL)
 
 
+def eval_metrics(run_dir: Path, step: int) -> dict[str, float]:
+    """What the evaluation at ``step`` logged."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if r["step"] == step]
+    return {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
+
+
+@pytest.mark.parametrize("name", [n for n in FEATURES if not n.startswith("workflow")])
+def test_the_evaluation_split_over_the_ranks_is_one_processs(runs, name):
+    """Each rank evaluates its share of the held-out examples (3 prompts: 2 and 1; an agent's
+    2 rows: 1 and 1), greedy and sampled (every completion seeded by its row in the whole
+    evaluation), and the ranks gather the scores: at step 0 (the same initial weights) the
+    two-process run logs exactly the one-process run's ``eval/*``. (The workflow runs hold
+    no held-out rows.)"""
+    expected = eval_metrics(runs / "1" / name, 0)
+    assert expected and eval_metrics(runs / "2" / name, 0) == expected
+
+
 #: runs whose every rollout comes from the weights the trainer holds (no background lag)
 IN_STEP = [n for n in FEATURES if n not in (*BACKGROUND, "partial", "online_dpo")]
 
@@ -104,6 +122,9 @@ def test_every_ranks_engine_generates_with_the_weights_just_trained(runs, name):
     about 2e-2 here (the background runs' lag of one version)."""
     for step in (2, 3):
         assert step_metrics(runs / "2" / name, step)["mismatch/abs_diff_max"] <= 1e-5, step
+    # and the loop never gathered the whole model for them: each engine read the trainer's
+    # FSDP2 shards one tensor at a time (DDP: its own replica)
+    assert (runs / "2" / name / WHOLE_GATHERS).read_text() == "0"
 
 
 @pytest.mark.parametrize("name", ["agent", "workflow", "workflow_in_process"])

@@ -31,6 +31,8 @@ from ardea.data.records import Record, read_records
 from ardea.errors import ConfigError
 from ardea.reward import RewardScorer, build_scorer
 from ardea.rollout import GenerationEngine, RolloutRunner, Runner, SamplingParams
+from ardea.rollout.shares import RolloutShares
+from ardea.timing import PhaseTimer
 
 if TYPE_CHECKING:  # the agent layer (openai, fastapi) is imported by agent runs only
     from ardea.agent.episodes import EpisodeRunner
@@ -141,8 +143,23 @@ class AgentEvaluation:
     runner: EpisodeRunner | WorkflowRunner
     rows: list[dict[str, Any]]
 
-    def run(self) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
-        played = self.runner.generate(self.rows, seed_index=0)
+    def run(
+        self, shares: RolloutShares | None = None
+    ) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+        """The metrics and samples of one greedy episode per held-out row; with ``shares``
+        each rank of a torchrun job plays its share of the rows and every rank joins them."""
+        if shares is None:
+            played = self.runner.generate(self.rows, seed_index=0)
+        else:
+            share = shares.share(len(self.rows))
+
+            def mine():
+                if not share:
+                    return None
+                rows = self.rows[share.start : share.stop]
+                return self.runner.generate(rows, seed_index=0, first_prompt=share.start)
+
+            played = shares.joined(self.runner, mine, self.rows, PhaseTimer())
         rollout = self.runner.score(played)
         m = rollout.metrics
         episodes = played.episodes  # a failed workflow episode scores 0 here

@@ -3,10 +3,11 @@ reward of greedy completions on held-out prompt records, the loss on held-out sa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ardea.data import Example, PromptSample, RolloutPrompt, Task, reward_row, r
 from ardea.errors import ArdeaError
 from ardea.reward import RewardScorer, build_scorer
 from ardea.rollout import GenerationEngine, SamplingParams
+from ardea.rollout.shares import RolloutShares
 from ardea.trainer.strategies import OnlineStrategy
 
 
@@ -93,12 +95,17 @@ def _generate_texts(
     *,
     chat_template: bool,
     batch_size: int,
+    first: int = 0,
 ) -> list[list[str]]:
-    """``params.n`` decoded completions per example, in example order."""
+    """``params.n`` decoded completions per example, in example order; ``examples[0]`` is
+    example ``first`` of the evaluation, and its completions sample with the random numbers
+    of their rows in the whole evaluation (whatever the batches or the ranks' shares)."""
     prompts = [rollout_prompt_ids(tokenizer, e, chat_template=chat_template) for e in examples]
     texts: list[list[str]] = []
     for start in range(0, len(prompts), batch_size):
-        completions = engine.generate(prompts[start : start + batch_size], params)
+        chunk = prompts[start : start + batch_size]
+        rows = range((first + start) * params.n, (first + start + len(chunk)) * params.n)
+        completions = engine.generate(chunk, dataclasses.replace(params, row_ids=list(rows)))
         for i in range(0, len(completions), params.n):
             texts.append(
                 [
@@ -154,37 +161,57 @@ def evaluate_task(
     chat_template: bool = False,
     batch_size: int = 256,
     sampled: SampledEval | None = None,
+    shares: Any = None,
 ) -> EvalResult:
     """Greedy accuracy on ``examples``; with ``sampled`` also the sampled metrics.
 
     Returns metrics ``accuracy`` (greedy exact match, fraction) and, with ``sampled``, from
     its ``n`` samples per prompt ``avg@n``, ``pass@k`` (estimated without bias) and, when
     the task extracts answers, ``maj@k``, with their standard errors
-    (:func:`sampled_metrics`).
+    (:func:`sampled_metrics`). ``shares`` (:class:`~ardea.rollout.shares.RolloutShares`):
+    each rank of a torchrun job generates and scores its share of the examples, and every
+    rank gets every example's scores.
     """
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    texts = _generate_texts(
-        engine, tokenizer, examples, greedy, chat_template=chat_template, batch_size=batch_size
-    )
-    scores = [task.score(t[0], e) for t, e in zip(texts, examples)]
-    metrics = {"accuracy": sum(scores) / len(scores)}
-    samples = [(e.prompt, t[0], s) for e, t, s in zip(examples, texts, scores)]
-    if sampled is not None:
-        n, k = sampled.n, sampled.k
+    options = {"chat_template": chat_template, "batch_size": batch_size}
+
+    def scored(part: Sequence[Example], first: int) -> list[tuple]:
+        """Per example: its greedy completion and score, and with ``sampled`` its right
+        samples and maj@k."""
+        texts = _generate_texts(engine, tokenizer, part, greedy, first=first, **options)
+        out = [(t[0], task.score(t[0], e)) for t, e in zip(texts, part)]
+        if sampled is None:
+            return out
         groups = _generate_texts(
-            engine, tokenizer, examples, sampled.params(),
-            chat_template=chat_template, batch_size=max(1, batch_size // n),
+            engine, tokenizer, part, sampled.params(), first=first,
+            chat_template=chat_template, batch_size=max(1, batch_size // sampled.n),
         )  # fmt: skip
-        group_scores = [[task.score(t, e) for t in g] for g, e in zip(groups, examples)]
-        correct = [sum(s > 0 for s in g) for g in group_scores]
-        majority = None
-        if extracts_answers(task):
-            majority = [
-                majority_at_k([task.extract_answer(t, e) for t in g], gs, k)
-                for g, gs, e in zip(groups, group_scores, examples)
-            ]
-        metrics |= sampled_metrics(correct, n, k, majority)
+        for i, (g, e) in enumerate(zip(groups, part)):
+            scores = [task.score(t, e) for t in g]
+            majority = None
+            if extracts_answers(task):
+                answers = [task.extract_answer(t, e) for t in g]
+                majority = majority_at_k(answers, scores, sampled.k)
+            out[i] += (sum(s > 0 for s in scores), majority)
+        return out
+
+    records = _by_example(scored, examples, shares)
+    metrics = {"accuracy": sum(r[1] for r in records) / len(records)}
+    samples = [(e.prompt, r[0], r[1]) for e, r in zip(examples, records)]
+    if sampled is not None:
+        majority = [r[3] for r in records] if extracts_answers(task) else None
+        metrics |= sampled_metrics([r[2] for r in records], sampled.n, sampled.k, majority)
     return EvalResult(metrics, samples)
+
+
+def _by_example(scored: Callable[[Sequence, int], list], items: Sequence, shares: Any) -> list:
+    """``scored(items, 0)``, one record per item: in one process the call itself; with
+    ``shares`` each rank scores its share of the items and gathers the others'."""
+    if shares is None:
+        return scored(items, 0)
+    share = shares.share(len(items))
+    parts = shares.gathered(lambda: scored(items[share.start : share.stop], share.start))
+    return [record for part in parts for record in part]
 
 
 def evaluate_rewards(
@@ -195,30 +222,30 @@ def evaluate_rewards(
     *,
     max_new_tokens: int,
     batch_size: int = 256,
+    shares: Any = None,
 ) -> EvalResult:
     """One greedy completion per held-out prompt record, scored by the reward functions
     with the record's row; metrics ``reward_mean`` (the weighted sum, averaged over prompts;
     under ``reward.on_error=mask`` over those whose reward did not fail) and
-    ``reward_failed_fraction``."""
+    ``reward_failed_fraction``. ``shares``: as :func:`evaluate_task`'s."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    texts = [
-        t[0]
-        for t in _generate_texts(
-            engine, tokenizer, prompts, greedy, chat_template=False, batch_size=batch_size
-        )
-    ]
-    scored = scorer.score([p.prompt for p in prompts], texts, [reward_row(p) for p in prompts])
-    counted = [
-        r for r, failed in zip(scored.rewards, scored.failed)
-        if not (failed and scorer.on_error == "mask")
-    ]  # fmt: skip
+
+    def scored(part: Sequence[PromptSample], first: int) -> list[tuple[str, float, bool]]:
+        texts = _generate_texts(
+            engine, tokenizer, part, greedy, chat_template=False, batch_size=batch_size,
+            first=first,
+        )  # fmt: skip
+        done = [t[0] for t in texts]
+        result = scorer.score([p.prompt for p in part], done, [reward_row(p) for p in part])
+        return list(zip(done, result.rewards, result.failed))
+
+    records = _by_example(scored, prompts, shares)
+    counted = [r for _, r, failed in records if not (failed and scorer.on_error == "mask")]
     metrics = {
         "reward_mean": sum(counted) / len(counted) if counted else float("nan"),
-        "reward_failed_fraction": sum(scored.failed) / len(scored.failed),
+        "reward_failed_fraction": sum(failed for _, _, failed in records) / len(records),
     }
-    return EvalResult(
-        metrics, [(p.prompt, t, r) for p, t, r in zip(prompts, texts, scored.rewards)]
-    )
+    return EvalResult(metrics, [(p.prompt, t, r) for p, (t, r, _) in zip(prompts, records)])
 
 
 def sampled_eval(config) -> SampledEval | None:
@@ -272,37 +299,35 @@ class Evaluator:
         if held_out_samples and isinstance(strategy, OnlineStrategy):
             self.scorer = build_scorer(config.reward, task)
 
-    def generated(self, step: int, run_dir) -> dict[str, float]:
-        """The evaluations that generate (agent episodes, rewards, the task's accuracy):
-        on rank 0 alone under torchrun."""
+    def generated(self, step: int, run_dir, shares: RolloutShares) -> dict[str, float]:
+        """The evaluations that generate (agent episodes, rewards, the task's accuracy), on
+        every rank (``run_dir``: where rank 0 appends samples, None elsewhere): under
+        torchrun each rank generates and scores its share of the held-out examples (rank 0
+        all of them when it alone has an engine, then hands the metrics to the others)."""
+        if not shares.split:
+            return shares.shared(lambda: self._generated(step, run_dir, None))
+        return self._generated(step, run_dir, shares)
+
+    def _generated(self, step: int, run_dir, shares: RolloutShares | None) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        options = {"max_new_tokens": self.config.rollout.max_new_tokens,
+                   "batch_size": self.config.rollout.batch_size, "shares": shares}  # fmt: skip
         if self.agent is not None:
             with self.precision.autocast():
-                agent_metrics, samples = self.agent.run()
+                agent_metrics, samples = self.agent.run(shares)
             metrics.update(agent_metrics)
             append_samples(run_dir, step, samples[:SAMPLES_PER_EVAL])
         if self.scorer is not None:
             result = evaluate_rewards(
-                self.engine,
-                self.tokenizer,
-                self.scorer,
-                self.held_out_samples,
-                max_new_tokens=self.config.rollout.max_new_tokens,
-                batch_size=self.config.rollout.batch_size,
+                self.engine, self.tokenizer, self.scorer, self.held_out_samples, **options
             )
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
             append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])
         if self.examples:
             result = evaluate_task(
-                self.engine,
-                self.tokenizer,
-                self.task,
-                self.examples,
-                max_new_tokens=self.config.rollout.max_new_tokens,
-                chat_template=self.config.data.chat_template,
-                batch_size=self.config.rollout.batch_size,
-                sampled=self.sampled,
-            )
+                self.engine, self.tokenizer, self.task, self.examples, sampled=self.sampled,
+                chat_template=self.config.data.chat_template, **options,
+            )  # fmt: skip
             metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
             append_samples(run_dir, step, result.samples[:SAMPLES_PER_EVAL])
         return metrics

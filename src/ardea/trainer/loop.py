@@ -270,11 +270,10 @@ class Trainer:
 
     def _evaluate(self, logger: MetricsLogger | None, progress: TrainingProgress) -> None:
         self.recipe.before_evaluation(self.step)
-        # rank 0 generates (and writes); every rank computes a held-out loss (it runs the
-        # sharded policy)
-        metrics = self.service.shares.shared(
-            lambda: self.evaluator.generated(self.step, self.run_dir)
-        )
+        # each rank generates its share (rank 0 writes); every rank computes a held-out
+        # loss (it runs the sharded policy)
+        run_dir = self.run_dir if self.dist.is_main else None
+        metrics = self.evaluator.generated(self.step, run_dir, self.service.shares)
         metrics |= self.evaluator.losses()
         if not metrics:
             return
