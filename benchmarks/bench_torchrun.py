@@ -2,8 +2,8 @@
 
 Each run is ``ardea train`` as a user types it, on the same machine, one after the other:
 one process with ``trainer.num_threads=2``, then ``torchrun --nproc-per-node 2`` with one
-thread per process (gloo, FSDP2: ``trainer.distributed=auto``; ``--distributed ddp``: DDP),
-the same global batch.
+thread per process (gloo; ``--distributed``: ``fsdp2``, the default here, ``ddp``, or
+``auto``, which picks DDP for every workload below), the same global batch.
 Workloads (the default recipe's model and arithmetic task, float32):
 
 - ``sft``: ``configs/sft_arithmetic.yaml``, batch 64 — each rank trains on half the batch;
@@ -108,8 +108,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="2 steps of a 1-layer model, once")
     parser.add_argument(
-        "--distributed", default="auto", choices=("auto", "fsdp2", "ddp"),
-        help="trainer.distributed of the two-process runs (auto: FSDP2)",
+        "--distributed", default="fsdp2", choices=("fsdp2", "ddp", "auto"),
+        help="trainer.distributed of the two-process runs",
     )  # fmt: skip
     parser.add_argument("--recipe", action="store_true", help="the default recipe's wall time")
     args = parser.parse_args()

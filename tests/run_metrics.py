@@ -11,8 +11,8 @@ from pathlib import Path
 #: wall-clock ``time``
 TIMED = ("perf/", "_seconds", "per_s", "time_", "_peak_in_flight")
 WALL_CLOCK = "time"
-#: metrics of the rollout and its scores: rank 0 generates every row, seeded by its global
-#: row, so they are the same numbers at any world size
+#: metrics of the rollout and its scores: every row is seeded by its global row, whichever
+#: rank generates it, so they are the same numbers at any world size
 ROLLOUT = ("rollout/", "reward/", "agent/")
 #: ... except those the trainer's forwards compute on the rollout (the KL to the reference,
 #: from every rank's log-probs: the same up to float32 summation order)

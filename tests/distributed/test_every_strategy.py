@@ -11,8 +11,8 @@ two-process runs, to pay the start-up once).
   writes the step-2 checkpoint bit for bit: the same state, the same data and rollout, the
   same reductions in the same order.
 - **World size**: the first step at two processes (full weights) against one process from
-  the same weights: the rollout's metrics are equal (rank 0 generates every row, seeded by
-  its global row), the gradients equal up to float32 summation order (test_torchrun.py's
+  the same weights: the rollout's metrics are equal (each rank generates its share of the
+  rows, each seeded by its global row), the gradients equal up to float32 summation order (test_torchrun.py's
   bound), and every other metric of the step is the same number up to that rounding:
   ``train/*`` metrics are whole-step values (summed over ranks), never one rank's share.
   This is what docs/howto/torchrun.md promises; a metric that depends on the world size

@@ -164,6 +164,8 @@ def test_the_default_recipe_runs_under_torchrun_unchanged(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["stages"] == ["sft", "rl"]
     assert results["sft"]["steps"] == results["rl"]["steps"] == 3
+    # trainer.distributed=auto replicates a model this small (1/8 of the host's memory)
+    assert results["sft"]["distributed"] == {"mode": "ddp", "world_size": 2}
     rl = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").open()]
     assert any("rollout/groups_kept" in r for r in rl)  # dynamic sampling ran
 

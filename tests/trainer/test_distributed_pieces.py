@@ -10,7 +10,7 @@ import torch
 from ardea.algo import Aggregation, agg_loss
 from ardea.config import load_config
 from ardea.errors import ConfigError
-from ardea.trainer.distributed import Distributed, resolve_mode
+from ardea.trainer.distributed import Distributed, auto_mode, resolve_mode
 from ardea.trainer.setup import check_distributed
 
 
@@ -22,14 +22,33 @@ class FakeRanks(Distributed):
         self.device = torch.device("cpu")
 
 
-def test_auto_is_none_for_one_process_and_fsdp2_for_several(monkeypatch):
+def test_auto_is_none_for_one_process_and_decided_by_the_policy_for_several(monkeypatch):
     assert resolve_mode("auto", 1) == "none"
-    assert resolve_mode("auto", 4) == "fsdp2"
+    assert resolve_mode("auto", 4) == "auto"  # until the policy is built (auto_mode)
     with pytest.raises(ConfigError, match="trainer.distributed=none but torchrun started 2"):
         resolve_mode("none", 2)
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ConfigError, match="trainer.distributed=ddp needs a torchrun launch"):
         resolve_mode("ddp", 1)
+
+
+GB, GIB = 10**9, 2**30
+
+
+@pytest.mark.parametrize(
+    ("parameters", "memory", "mode"),
+    [
+        # a replica's training state is 16 bytes a parameter; DDP while it is <= memory / 8
+        (900_000, 12 * GIB, "ddp"),  # the default recipe's model, 2 processes on 24 GiB
+        (100_663_296, 12 * GIB, "ddp"),  # 1.5 GiB = 12 GiB / 8 exactly
+        (100_663_297, 12 * GIB, "fsdp2"),
+        (625_000_000, 80 * GB, "ddp"),  # 10.0 GB = 80 GB / 8 exactly
+        (625_000_001, 80 * GB, "fsdp2"),  # 16 bytes over
+        (7_000_000_000, 80 * GB, "fsdp2"),  # 112 GB of state
+    ],
+)
+def test_auto_replicates_while_a_replicas_training_state_fits_an_eighth(parameters, memory, mode):
+    assert auto_mode(parameters, memory) == mode
 
 
 def test_rank_shares_are_contiguous_and_cover_the_batch_in_order():

@@ -81,7 +81,7 @@ def test_online_grpo_on_vllm_under_torchrun(vllm_url, tmp_path):
     tiny(seed=5).save_pretrained(teacher)
     TOKENIZER.save_pretrained(teacher)
     overrides = [*RUN, f"rollout.vllm.urls=[{vllm_url}]", f"trainer.output_dir={tmp_path / 'run'}",
-                 "trainer.num_threads=1", "trainer.save_every=0",
+                 "trainer.num_threads=1", "trainer.save_every=0", "trainer.distributed=fsdp2",
                  f"algo.teacher={{path: {teacher}, engine: vllm, python: {PYTHON}}}"]  # fmt: skip
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", str(ardea), "train", "configs/online_grpo.yaml",
@@ -117,7 +117,7 @@ def test_lora_on_vllm_under_torchrun_steps_as_one_process(vllm_url, tmp_path):
     ardea = Path(sys.executable).parent / "ardea"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", str(ardea), "train", "--recipe", "none", *lora,
-               f"trainer.output_dir={two}"]  # fmt: skip
+               "trainer.distributed=fsdp2", f"trainer.output_dir={two}"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     repo = Path(__file__).parents[2]
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)

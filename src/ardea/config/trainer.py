@@ -105,7 +105,8 @@ class TrainerConfig:
         "auto",
         "Data parallelism under torchrun: fsdp2 (policy, critic and frozen copies sharded "
         "with fully_shard), ddp (replicated, gradients all-reduced), none (one process), or "
-        "auto (none for one process, fsdp2 when torchrun starts several).",
+        "auto (none for one process; under torchrun ddp while a replica's training state, 16 "
+        "bytes a parameter, takes at most 1/8 of a process's memory, else fsdp2).",
         choices=DISTRIBUTED,
     )
     dist_timeout_s: float = option(

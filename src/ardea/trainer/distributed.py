@@ -54,11 +54,39 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+#: ``trainer.distributed=auto`` under torchrun replicates the policy (DDP) while one whole
+#: replica's training state — float32 weights, gradients and Adam's two moments, 16 bytes a
+#: parameter — takes at most this share of one process's memory, and shards it (FSDP2)
+#: above: the rest is room for a critic, a reference, the engine's copy and activations.
+#: On an 80 GB GPU that is DDP up to 625M parameters; on a 24 GiB host with 2 processes,
+#: up to 100M.
+AUTO_REPLICA_SHARE = 1 / 8
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def process_memory(device: torch.device) -> int:
+    """Bytes one process may use: its GPU's memory, or its share of the host's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def auto_mode(parameters: int, memory: int) -> str:
+    """``trainer.distributed=auto`` under torchrun for a policy of ``parameters`` and one
+    process's ``memory`` bytes: ``ddp`` while a replica's training state fits
+    (:data:`AUTO_REPLICA_SHARE`), else ``fsdp2``. Replicas are faster wherever they fit:
+    FSDP2 all-gathers every layer's weights for each forward and backward."""
+    replica = TRAINING_BYTES_PER_PARAMETER * parameters
+    return "ddp" if replica <= AUTO_REPLICA_SHARE * memory else "fsdp2"
+
+
 def resolve_mode(mode: str, world_size: int) -> str:
-    """``trainer.distributed`` as it runs: ``auto`` → ``none`` for one process, else ``fsdp2``;
-    a mode that does not fit the launch is a :class:`ConfigError`."""
+    """``trainer.distributed`` as it runs: ``auto`` → ``none`` for one process, else left
+    ``auto`` until :meth:`Distributed.settle` sees the policy (:func:`auto_mode`); a mode
+    that does not fit the launch is a :class:`ConfigError`."""
     if mode == "auto":
-        return "none" if world_size == 1 else "fsdp2"
+        return "none" if world_size == 1 else "auto"
     if mode == "none" and world_size > 1:
         raise ConfigError(
             f"trainer.distributed=none but torchrun started {world_size} processes "
@@ -94,6 +122,22 @@ class Distributed:
     @property
     def active(self) -> bool:
         return self.mode != "none"
+
+    def settle(self, policy: nn.Module) -> str | None:
+        """Resolve ``trainer.distributed=auto`` for ``policy`` (:func:`auto_mode`), before
+        anything is wrapped; returns a line saying what was chosen and why (None when the
+        mode was given)."""
+        if self.mode != "auto":
+            return None
+        parameters = sum(p.numel() for p in policy.parameters())
+        memory = process_memory(self.device)
+        self.mode = auto_mode(parameters, memory)
+        replica = TRAINING_BYTES_PER_PARAMETER * parameters
+        return (
+            f"trainer.distributed=auto: {self.mode} ({parameters / 1e6:.1f}M parameters; a "
+            f"replica's training state {replica / 2**30:.2f} GiB of {memory / 2**30:.0f} GiB "
+            "a process)"
+        )
 
     @property
     def rows(self) -> RowShards:

@@ -86,6 +86,7 @@ class Trainer:
         data = config.data
         self.task = make_task(data.task, seed=data.seed, **data.task_args) if data.task else None
         policy, self.tokenizer = build_trainable_policy(config, self.device)
+        self.mode_choice = self.dist.settle(policy)  # trainer.distributed=auto, decided
         self.run_dir = run_directory(config)
         # rank 0's choice, so every rank resumes from the same checkpoint (or none)
         self.resume_from = self.dist.broadcast(resume_checkpoint(self.run_dir, trainer.resume))
@@ -134,7 +135,7 @@ class Trainer:
 
     def _build_rollouts(self, engine: GenerationEngine | None, *, online: bool, held_out) -> None:
         """The rollout service on ``engine`` (online runs: rollouts from the live policy,
-        through the RL step) and the evaluator, which generates on rank 0."""
+        through the RL step) and the evaluator, each on this rank's engine."""
         config = self.config
         self.service = RolloutService(
             config,
@@ -351,6 +352,8 @@ class Trainer:
                 enabled=cfg.logging.progress and self.dist.is_main,
                 quiet=not self.dist.is_main,
             ) as progress:
+                if self.mode_choice is not None:
+                    progress.print(self.mode_choice)
                 if self.resume_from is not None:
                     progress.print(f"resumed from {self.resume_from} at step {self.step}")
                 else:

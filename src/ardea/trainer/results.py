@@ -71,6 +71,7 @@ def finish_run(trainer: Any, *, checkpoint: Path | None, wall_seconds: float) ->
         if values:
             results[f"{key}_initial"] = values[0][1]
             results[key] = values[-1][1]
+    results["distributed"] = {"mode": trainer.dist.mode, "world_size": trainer.dist.world_size}
     precision = trainer.precision
     results["compute_dtype"] = str(precision.compute).removeprefix("torch.")
     if precision.probe is not None:  # compute_dtype=auto: what the choice was measured on
