@@ -135,7 +135,8 @@ def test_a_killed_workflow_run_resumes_bit_for_bit(tmp_path, rows):
     assert (resumed / "checkpoints" / "step_0000002" / "COMPLETE").is_file()
     state = torch.load(resumed / "checkpoints" / "step_0000002" / "trainer_state.pt",
                        weights_only=True)  # fmt: skip
-    (pending,) = state["rollouts"]["worker"]["pending"].values()
+    (share,) = state["rollouts"]["worker"]["pending"]  # each rank's: one process, one share
+    (pending,) = share.values()
     assert pending["calls"] and len(pending["episodes"]) == 4 * 4
     subprocess.run(command, check=True, **run)
     final = "checkpoints/step_0000005/policy/model.safetensors"
