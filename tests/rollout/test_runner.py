@@ -178,10 +178,6 @@ def test_shares_scored_apart_and_joined_collate_into_the_whole_rollout():
     joined = runner.score(runner.join([first, sent]))
     for name in ("input_ids", "loss_mask", "rewards", "group_ids", "no_eos"):
         assert torch.equal(getattr(joined.batch, name), getattr(whole.batch, name)), name
-    # the same tokens decoded in batches of 3 and 9 rows instead of 12: float32 rounding
-    assert torch.allclose(
-        joined.batch.behaviour_logprobs, whole.batch.behaviour_logprobs, atol=1e-5
-    )
     assert whole.metrics["reward/counted_length/requests"] == 12
     same = {k: v for k, v in whole.metrics.items() if not k.startswith("perf/")}
     assert {k: joined.metrics[k] for k in same} == same

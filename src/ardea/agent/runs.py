@@ -151,15 +151,7 @@ class AgentEvaluation:
         if shares is None:
             played = self.runner.generate(self.rows, seed_index=0)
         else:
-            share = shares.share(len(self.rows))
-
-            def mine():
-                if not share:
-                    return None
-                rows = self.rows[share.start : share.stop]
-                return self.runner.generate(rows, seed_index=0, first_prompt=share.start)
-
-            played = shares.joined(self.runner, mine, self.rows, PhaseTimer())
+            played = shares.generated(self.runner, self.rows, 0, PhaseTimer())
         rollout = self.runner.score(played)
         m = rollout.metrics
         episodes = played.episodes  # a failed workflow episode scores 0 here

@@ -123,7 +123,7 @@ class RolloutService:
     def _rollout(self, step: int, indices: Sequence[int], timer: PhaseTimer) -> Rollout:
         examples = [self.samples[i] for i in indices]
         if self.max_staleness == 0:
-            generation = self._generated(examples, step, timer)
+            generation = self.shares.generated(self.runner, examples, step, timer)
         else:
             generation = self._from_worker(step, examples, timer)
         with timer.phase("score"):
@@ -134,27 +134,6 @@ class RolloutService:
         lag = check_staleness(batch.versions, self.version, self.max_staleness)
         metrics["rollout/staleness"] = float(lag)
         return Rollout(batch, metrics, rollout.samples)
-
-    def _generated(
-        self, examples: list[Example], seed_index: int | tuple[int, ...], timer: PhaseTimer
-    ) -> Any:
-        """The generation of ``examples``, scored: this rank's share generated and scored
-        here, every rank's share joined (module docstring)."""
-        share = self.shares.share(len(examples))
-
-        def mine() -> Any:
-            if not share:  # fewer prompts than ranks
-                return None
-            with timer.phase("generate"):
-                part = self.runner.generate(
-                    examples[share.start : share.stop], seed_index=seed_index,
-                    first_prompt=share.start,
-                )  # fmt: skip
-            with timer.phase("score"):
-                self.runner.score_rewards(part)
-            return part
-
-        return self.shares.joined(self.runner, mine, examples, timer)
 
     def _from_worker(self, step: int, examples: list[Example], timer: PhaseTimer) -> Any:
         """Step ``step``'s generation from the background worker (every rank's worker its
@@ -202,7 +181,8 @@ class RolloutService:
                 self.samples[i] for _ in range(batches) for i in self.refill_sampler.next_batch()
             ]
             generated += len(examples)
-            generation = self._generated(examples, (step, REFILL_SEED_STREAM, rounds), timer)
+            seed_index = (step, REFILL_SEED_STREAM, rounds)
+            generation = self.shares.generated(self.runner, examples, seed_index, timer)
             with timer.phase("score"):
                 refill = self.runner.score(generation).batch.to("cpu")
             with timer.phase("filter"):

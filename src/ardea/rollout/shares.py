@@ -86,12 +86,7 @@ class RolloutShares:
         there is raised on every rank, naming it on the others."""
         if not self.dist.active:
             return compute()
-        result, error = None, None
-        if self.dist.is_main:
-            try:
-                result = compute()
-            except Exception as raised:  # handed to the other ranks, then raised here
-                error = raised
+        result, error = _attempt(compute) if self.dist.is_main else (None, None)
         shared = self.dist.broadcast((result, None if error is None else repr(error)))
         if error is not None:
             raise error
@@ -104,11 +99,7 @@ class RolloutShares:
         one rank is raised on every rank (naming it on the others)."""
         if not self.sends:
             return [compute()]
-        result, error = None, None
-        try:
-            result = compute()
-        except Exception as raised:  # handed to the other ranks, then raised here
-            error = raised
+        result, error = _attempt(compute)
         gathered = self.dist.gather((result, None if error is None else repr(error)))
         if error is not None:
             raise error
@@ -116,6 +107,31 @@ class RolloutShares:
             if problem is not None:
                 raise ArdeaError(f"the rollout on rank {rank} failed: {problem}")
         return [part for part, _ in gathered]
+
+    def generated(
+        self,
+        runner: Runner,
+        examples: Sequence[Any],
+        seed_index: int | tuple[int, ...],
+        timer: PhaseTimer,
+    ) -> Any:
+        """The scored generation of ``examples``: this rank's share generated (phase
+        ``generate``) and scored (``score``) here, every rank's share joined."""
+        share = self.share(len(examples))
+
+        def mine() -> Any:
+            if not share:  # fewer prompts than ranks
+                return None
+            with timer.phase("generate"):
+                part = runner.generate(
+                    examples[share.start : share.stop], seed_index=seed_index,
+                    first_prompt=share.start,
+                )  # fmt: skip
+            with timer.phase("score"):
+                runner.score_rewards(part)
+            return part
+
+        return self.joined(runner, mine, examples, timer)
 
     def joined(
         self,
@@ -144,3 +160,12 @@ class RolloutShares:
                 for start, stop, state in gathered if state is not None
             ]  # fmt: skip
             return runner.join(parts)
+
+
+def _attempt(compute: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    """``compute()``'s result and no error, or no result and the error it raised (to hand
+    to the other ranks before raising it here)."""
+    try:
+        return compute(), None
+    except Exception as raised:  # handed to the other ranks by the caller, then raised
+        return None, raised
