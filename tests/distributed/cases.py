@@ -34,16 +34,21 @@ RESUMED = ("sft", "online_ppo")
 #: has a reward spread and the step is not zero
 DIGIT_REWARD = "reward.functions=[{name: format_regex, kwargs: {pattern: '[0-9]'}}]"
 
-COMMON = [
-    "model.compute_dtype=float32",
-    # llama, not qwen2: a key bias has an exactly-zero gradient (softmax is shift-invariant)
-    # that Adam's first step would blow up from rounding noise into a different update
-    "model.arch=llama",
+#: 2 layers of width 32 and 64 (the character vocabulary: 262 tokens)
+TINY_MODEL = [
     "model.hidden_size=32",
     "model.num_layers=2",
     "model.num_heads=2",
     "model.num_kv_heads=1",
     "model.intermediate_size=64",
+]
+
+COMMON = [
+    "model.compute_dtype=float32",
+    # llama, not qwen2: a key bias has an exactly-zero gradient (softmax is shift-invariant)
+    # that Adam's first step would blow up from rounding noise into a different update
+    "model.arch=llama",
+    *TINY_MODEL,
     "trainer.batch_size=4",
     "trainer.lr=5e-4",
     "trainer.warmup_steps=0",
@@ -121,8 +126,8 @@ def train(
     import torch
 
     from ardea.config import load_config
-    from ardea.trainer.distributed import full_state_dict
     from ardea.trainer.loop import Trainer
+    from ardea.trainer.state_dicts import full_state_dict
 
     trainer = Trainer(
         load_config(None, [*overrides(algo, run_dir, mode, steps, resume, per_algo), *extra])
@@ -131,7 +136,7 @@ def train(
         loaded = {
             "policy": full_state_dict(trainer.policy, cpu=True),
             "updater": trainer.updater.state_dict(),
-            "modules": trainer.updater.module_weights(),
+            "modules": trainer.updater.module_weights(keep=trainer.dist.is_main),
         }
         if trainer.dist.is_main:
             torch.save(loaded, run_dir / "loaded.pt")

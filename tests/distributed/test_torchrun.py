@@ -7,7 +7,8 @@ For sft, offline grpo, online_grpo and online_ppo, under FSDP2 and DDP (the runs
   same global batch: the same gradients, up to float32 rounding of the sums (below), and
   weights that are exactly AdamW's step on those gradients;
 - a checkpoint saved at world size 2 loads at world size 1 bit for bit (weights, optimizer,
-  critic and its optimizer), and the reverse; the resumed second step computes the
+  critic and its optimizer; under FSDP2 from the ranks' shard files, joined), and the
+  reverse; the resumed second step computes the
   gradients the saving run's own second step computed from that same state, and continues
   AdamW from the checkpoint's optimizer state;
 - ``kill -9`` of one rank ends the run with an error naming the rank in under 60 s and
@@ -232,10 +233,27 @@ def test_one_step_at_two_processes_equals_one_process(runs, algo, mode):
     assert max(float((trained[k] - start[k]).abs().max()) for k in start) > 1e-4
 
 
+def with_moments(updater: dict, checkpoint: Path) -> None:
+    """Put a sharded (FSDP2) checkpoint's optimizer moments, joined whole, into its trainer
+    state's ``updater`` (where a checkpoint written whole has them): each rank's file holds
+    its rows of every split tensor, in rank order (FSDP2 splits dimension 0 as
+    ``torch.chunk`` does); Adam's step count, a 0-d tensor, is every rank's."""
+    files = [load_file(str(f)) for f in sorted((checkpoint / "shards").glob("rank_*"))]
+    for name in files[0] if files else ():
+        prefix, kind, rest = name.split("/", 2)
+        if kind == "optim":
+            parameter, key = rest.rsplit("/", 1)
+            parts = [f[name] for f in files]
+            whole = parts[0] if parts[0].dim() == 0 else torch.cat(parts)
+            moments = updater["components"][prefix]["optimizer"]["state"]
+            moments.setdefault(parameter, {})[key] = whole
+
+
 def assert_loaded_exactly(resumed: Path, checkpoint: Path, algo: str) -> None:
     """What the resumed run held after loading ``checkpoint`` is the checkpoint, bit for bit."""
     loaded = torch.load(resumed / "loaded.pt", weights_only=True)
     saved = torch.load(checkpoint / STATE_FILE, weights_only=True)
+    with_moments(saved["updater"], checkpoint)
     policy = load_file(str(checkpoint / "policy" / "model.safetensors"))
     assert_same({k: loaded["policy"][k] for k in policy}, policy, "policy")
     assert_same(loaded["updater"], saved["updater"], "updater")

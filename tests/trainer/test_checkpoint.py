@@ -5,11 +5,22 @@ import torch
 
 from ardea.model import build_char_tokenizer, build_tiny_model
 from ardea.trainer.checkpoint import (
+    begin_checkpoint,
+    checkpoint_dir,
+    finish_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_trainer_state,
-    save_checkpoint,
+    write_checkpoint,
 )
+
+
+def save_checkpoint(run_dir, step, *, policy, tokenizer, state, keep_last):
+    """One process's checkpoint of ``step``, as the trainer writes it."""
+    final = checkpoint_dir(run_dir, step)
+    tmp = begin_checkpoint(final)
+    write_checkpoint(tmp, policy=policy, tokenizer=tokenizer, state=state)
+    return finish_checkpoint(tmp, final, step, run_dir=run_dir, keep_last=keep_last)
 
 
 @pytest.fixture(scope="module")

@@ -104,12 +104,21 @@ def save_policy(
         # LoRA targets (the base is loaded from its own directory)
         model.save_pretrained(directory / ADAPTER_DIR, save_embedding_layers=False)
         merged = copy.deepcopy(model).merge_and_unload()
-        merged.save_pretrained(directory / POLICY_DIR, safe_serialization=True)
+        save_here(merged, directory / POLICY_DIR)
     else:
-        model.save_pretrained(
-            directory / POLICY_DIR, state_dict=state_dict, safe_serialization=True
-        )
+        save_here(model, directory / POLICY_DIR, state_dict=state_dict)
     tokenizer.save_pretrained(directory / POLICY_DIR)
+
+
+def save_here(model: Any, directory: Path, **kwargs: Any) -> None:
+    """``model.save_pretrained`` (safetensors) in this process whatever its rank: under an
+    initialised process group transformers writes on rank 0 alone, but the caller decides
+    who writes (a node with a disk of its own writes its copy too)."""
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(directory, safe_serialization=True, **kwargs)
+    finally:
+        del model.should_save_on_this_rank
 
 
 def load_policy_weights(model: Any, directory: Path) -> None:

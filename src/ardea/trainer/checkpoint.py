@@ -1,7 +1,9 @@
 """Checkpoints: ``checkpoints/step_XXXXXXX/`` with ``policy/`` (Hugging Face format,
 safetensors; for LoRA the merged model, with the adapter alone in ``adapter/``),
 ``critic/`` for critic-based PPO (a ``ValueModel`` in Hugging Face token-classification
-format) and ``trainer_state.pt`` (optimizer, scheduler, RNG, data position).
+format) and ``trainer_state.pt`` (optimizer, scheduler, RNG, data position); under FSDP2
+``shards/`` with each rank's parameters and optimizer moments
+(:mod:`ardea.trainer.shard_files`), the optimizer's moments then not in the trainer state.
 
 A checkpoint is written into a temporary directory, marked complete, then renamed
 into place, so a killed process never leaves a half-written ``step_*`` directory.
@@ -37,36 +39,42 @@ def checkpoint_dir(run_dir: Path, step: int | str) -> Path:
     return Path(run_dir) / "checkpoints" / name
 
 
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
+def begin_checkpoint(final: Path) -> Path:
+    """A fresh temporary directory beside ``final`` to write its checkpoint into: the same
+    name on every node (its ranks write their shard files there), emptied of whatever a
+    killed run left in it."""
+    final = Path(final)
+    tmp = final.parent / f".tmp_{final.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_checkpoint(
+    tmp: Path,
     *,
     policy: Any,
     tokenizer: Any,
     state: dict[str, Any],
-    keep_last: int,
     policy_state: dict[str, torch.Tensor] | None = None,
     save_extra: Callable[[Path], None] | None = None,
-    final: Path | None = None,
-) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune old ones; return its path
-    (``final``: write it there instead of ``checkpoints/step_XXXXXXX``, replacing what is
-    there, e.g. ``checkpoints/best``).
-
-    ``policy_state``: the policy's whole weights when its own are shards (gathered by the
-    caller). ``save_extra(directory)`` writes further modules (e.g. a PPO critic into
-    ``critic/``) before the checkpoint is marked complete. Under torchrun only rank 0 calls
-    this (the others wait until it is done), so the temporary directory and rename stay one
-    process's."""
-    final = checkpoint_dir(run_dir, step) if final is None else Path(final)
-    tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_policy(policy, tokenizer, tmp, state_dict=policy_state)
+) -> None:
+    """Write the policy's Hugging Face export (``policy/``; none when ``policy`` is None: a
+    node that resumes from its shard files), ``trainer_state.pt`` and, by ``save_extra``,
+    further modules (a PPO critic's ``critic/``) into ``tmp``. ``policy_state``: the
+    policy's whole weights when its own are shards (gathered by the caller)."""
+    if policy is not None:
+        save_policy(policy, tokenizer, tmp, state_dict=policy_state)
     torch.save(state, tmp / STATE_FILE)
     if save_extra is not None:
         save_extra(tmp)
+
+
+def finish_checkpoint(tmp: Path, final: Path, step: int, *, run_dir: Path, keep_last: int) -> Path:
+    """Seal ``tmp`` (every file it holds), rename it into place as ``final`` (replacing what
+    is there, e.g. ``checkpoints/best``) and prune ``run_dir``'s checkpoints to the last
+    ``keep_last``; ``final``. A killed process never leaves a half-written ``step_*``."""
     seal(tmp, step)
     if final.exists():
         shutil.rmtree(final)

@@ -24,8 +24,13 @@ import torch
 from torch import nn
 
 from ardea.errors import ArdeaError
-from ardea.trainer.distributed import full_state_dict, load_optimizer_state, optimizer_state
 from ardea.trainer.schedule import build_adamw, clip_gradients
+from ardea.trainer.state_dicts import (
+    gathered_state,
+    load_optimizer_state,
+    optimizer_groups,
+    optimizer_state,
+)
 
 
 @dataclass
@@ -84,20 +89,26 @@ class TrainedComponent:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer state by parameter name (whole; collective) and the schedule."""
+    def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
+        """Optimizer state by parameter name (whole: a collective under FSDP2) and the
+        schedule; ``sharded``: the hyperparameters alone, the moments being in this rank's
+        shard file (:mod:`ardea.trainer.shard_files`; not a collective)."""
+        optimizer = optimizer_groups if sharded else optimizer_state
         return {
-            "optimizer": optimizer_state(self.module, self.optimizer),
+            "optimizer": optimizer(self.module, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_optimizer_state(self.module, self.optimizer, state["optimizer"])
+    def load_state_dict(self, state: dict[str, Any], *, sharded: bool = False) -> None:
+        """Load :meth:`state_dict`'s; ``sharded``: its optimizer moments are this rank's
+        FSDP2 shards."""
+        load_optimizer_state(self.module, self.optimizer, state["optimizer"], sharded=sharded)
         self.scheduler.load_state_dict(state["scheduler"])
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The whole weights for a checkpoint (collective; rank 0 holds them, on CPU)."""
-        return full_state_dict(self.module, cpu=True)
+    def weights(self, *, keep: bool) -> dict[str, torch.Tensor]:
+        """The whole weights for a checkpoint's export, on CPU where ``keep`` (the ranks that
+        write one), {} elsewhere (a collective under FSDP2)."""
+        return gathered_state(self.module, keep=keep)
 
     def load_weights(self, checkpoint: Path) -> None:
         """Read its weights from ``checkpoint``; an error names the missing directory."""

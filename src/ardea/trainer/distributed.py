@@ -20,7 +20,6 @@ backward.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
@@ -30,23 +29,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ardea.errors import ArdeaError, ConfigError
 from ardea.trainer.row_shards import RowShards
 from ardea.trainer.watchdog import Heartbeat, describe_failure, is_collective_failure
 
-FULL = StateDictOptions(full_state_dict=True)
 WRITE_WAIT_S = 3600.0  # longest the ranks wait for rank 0 to write a checkpoint
-FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def launched_world_size() -> int:
@@ -106,6 +96,9 @@ class Distributed:
     def __init__(self, mode: str, device: torch.device, timeout_s: float) -> None:
         self.mode = resolve_mode(mode, launched_world_size())
         self.rank, self.world_size = 0, 1
+        #: the ranks that write checkpoints (:mod:`ardea.trainer.node_disks`): rank 0, and the
+        #: first rank of every node whose disk does not hold rank 0's run directory
+        self.writers = [0]
         self.heartbeat: Heartbeat | None = None
         if self.mode != "none" and device.type == "cuda" and device.index is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -143,6 +136,11 @@ class Distributed:
     def rows(self) -> RowShards:
         """How this rank shares a rollout's rows with the others (pinning)."""
         return RowShards(self.rank, self.world_size)
+
+    @property
+    def local_rank(self) -> int:
+        """This process's index on its node (torchrun's ``LOCAL_RANK``)."""
+        return int(os.environ.get("LOCAL_RANK", "0")) if self.active else 0
 
     @property
     def is_main(self) -> bool:
@@ -220,10 +218,11 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def after_main(self) -> None:
-        """Wait until rank 0 has finished writing (up to ``WRITE_WAIT_S``)."""
+    def after(self, ranks: list[int]) -> None:
+        """Wait until every rank of ``ranks`` has finished its part (writing its files: a
+        checkpoint's, up to ``WRITE_WAIT_S``); every rank calls it, in the same order."""
         if self.heartbeat is not None:
-            self.heartbeat.after_main(WRITE_WAIT_S)
+            self.heartbeat.after(ranks, WRITE_WAIT_S)
 
     def close(self) -> None:
         """Stop this rank's heartbeat (the process group stays for a next stage)."""
@@ -269,88 +268,3 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 def unwrap(module: nn.Module) -> nn.Module:
     """The model inside a DDP wrapper (FSDP2 modules are their own model)."""
     return module.module if isinstance(module, DistributedDataParallel) else module
-
-
-def resharded(module: nn.Module) -> nn.Module:
-    """``module`` with every FSDP2 sub-module back in its sharded state. FSDP2 leaves the root
-    module's parameters (embeddings, final norm, LM head) unsharded after a forward without
-    a backward (the root does not reshard after forward, to save an all-gather before the
-    backward): an evaluation, a no-grad scoring pass. The module then holds plain tensors
-    where the optimizer holds the sharded parameters, and a state dict taken in that state
-    cannot map the optimizer's parameters to names. Not a collective (resharding frees the
-    gathered copy)."""
-    for sub in module.modules():
-        if isinstance(sub, FSDPModule):
-            sub.reshard()
-    return module
-
-
-def full_state_dict(
-    module: nn.Module, *, cpu: bool = False, trained_only: bool = False
-) -> dict[str, torch.Tensor]:
-    """The whole model's tensors by name (collective under FSDP2). With ``cpu``, rank 0
-    gets them on CPU and the other ranks an empty dict (for writing a checkpoint); with
-    ``trained_only``, the parameters that require gradients alone (a LoRA policy's
-    adapters: its frozen base is neither gathered nor copied)."""
-    resharded(module)
-    options = FULL_ON_CPU if cpu else FULL
-    if trained_only:
-        options = dataclasses.replace(options, ignore_frozen_params=True)
-    return get_model_state_dict(module, options=options)
-
-
-def local_state_dict(module: nn.Module, *, trained_only: bool = False) -> dict[str, torch.Tensor]:
-    """The model's tensors by name as this rank holds them, nothing gathered: under FSDP2
-    each parameter a ``DTensor`` shard, which a reader gathers whole one tensor at a time
-    (:func:`ardea.rollout.checks.whole`, a collective: every rank reads them in this
-    order); else its own tensors. ``trained_only``: the parameters that require gradients
-    alone (a LoRA policy's adapters)."""
-    resharded(module)
-    state = unwrap(module).state_dict()
-    if not trained_only:
-        return state
-    trained = {name for name, param in unwrap(module).named_parameters() if param.requires_grad}
-    return {name: tensor for name, tensor in state.items() if name in trained}
-
-
-def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> Any:
-    """Load a whole-model ``state`` (every rank passes it) into ``module``; returns the
-    missing and unexpected keys."""
-    resharded(module)
-    options = StateDictOptions(full_state_dict=True, strict=False)
-    return set_model_state_dict(module, dict(state), options=options)
-
-
-def optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state keyed by parameter name, whole (not sharded): loadable at any
-    world size. Collective; rank 0 gets it on CPU, the others an empty dict.
-
-    An optimizer that has not stepped yet (a checkpoint before the first update: the best
-    one after the evaluation at step 0) is saved with no state and left with none.
-    ``get_optimizer_state_dict`` would initialise it by stepping it once with zero gradients
-    at learning rate 0: the weights stay, but Adam's step count becomes 1, so the first real
-    update would be bias-corrected as a second one (a quarter smaller at beta2 = 0.98) and a
-    run that saved at step 0 would train differently from one that did not."""
-    resharded(module)
-    if optimizer.state:
-        return get_optimizer_state_dict(module, optimizer, options=FULL_ON_CPU)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return {}
-    names = {id(param): name for name, param in unwrap(module).named_parameters()}
-    groups = [
-        {**{k: v for k, v in group.items() if k != "params"},
-         "params": [names[id(param)] for param in group["params"]]}
-        for group in optimizer.param_groups
-    ]  # fmt: skip
-    return {"state": {}, "param_groups": groups}
-
-
-def load_optimizer_state(
-    module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-) -> None:
-    """Load what :func:`optimizer_state` gave (every rank passes the whole state); a state
-    saved before the first step leaves the optimizer without one, as it was."""
-    resharded(module)
-    set_optimizer_state_dict(module, optimizer, optim_state_dict=state, options=FULL)
-    if not state["state"]:  # the helper stepped it once at lr 0 to have a state to fill
-        optimizer.state.clear()

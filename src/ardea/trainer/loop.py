@@ -16,6 +16,7 @@ early stop (:mod:`ardea.trainer.early_stop`) says it has learned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,13 @@ from ardea.rollout import (
 )
 from ardea.rollout.service import RolloutService
 from ardea.trainer.data_source import eval_samples, max_sequence_length, training_samples
-from ardea.trainer.distributed import Distributed, full_state_dict, local_state_dict, unwrap
+from ardea.trainer.distributed import Distributed, unwrap
 from ardea.trainer.early_stop import EarlyStop
 from ardea.trainer.evaluate import Evaluator, append_samples
 from ardea.trainer.frozen_heap import frozen_heap
 from ardea.trainer.host_memory import keep_freed_memory
 from ardea.trainer.metrics_log import MetricsLogger, open_logs
+from ardea.trainer.node_disks import agreed_checkpoint, checkpoint_writers
 from ardea.trainer.profile import StepProfile
 from ardea.trainer.progress import TrainingProgress
 from ardea.trainer.report import draw_report
@@ -57,9 +59,9 @@ from ardea.trainer.setup import (
     probe_shapes,
     resolve_device,
     resolve_precision,
-    resume_checkpoint,
     seed_everything,
 )
+from ardea.trainer.state_dicts import full_state_dict, local_state_dict
 from ardea.trainer.step.offline_step import OfflineStep
 from ardea.trainer.step.rl_step import RLStep
 from ardea.trainer.step.updates import Updater
@@ -88,8 +90,8 @@ class Trainer:
         policy, self.tokenizer = build_trainable_policy(config, self.device)
         self.mode_choice = self.dist.settle(policy)  # trainer.distributed=auto, decided
         self.run_dir = run_directory(config)
-        # rank 0's choice, so every rank resumes from the same checkpoint (or none)
-        self.resume_from = self.dist.broadcast(resume_checkpoint(self.run_dir, trainer.resume))
+        # the same step on every rank, each from its own disk (ardea.trainer.node_disks)
+        self.resume_from = agreed_checkpoint(self.dist, self.run_dir, trainer.resume)
         strategy_cls = strategy_class(config.algo.name)
         self.strategy_head = strategy_cls.model_head
         max_length = max_sequence_length(config, context_length(policy))
@@ -98,8 +100,8 @@ class Trainer:
             config, self.tokenizer, kind, self.task, max_length=max_length
         )
         held_out = eval_samples(config, self.tokenizer, kind, self.task, max_length=max_length)
-        if self.dist.is_main:
-            prepare_run_directory(config)  # only once the inputs are known to be good
+        prepare = functools.partial(prepare_run_directory, config)  # the inputs are good
+        self.dist.writers = checkpoint_writers(self.dist, self.run_dir, prepare)  # node disks
         shapes = probe_shapes(config, policy, max_length, self.dist.world_size)
         self.precision = resolve_precision(config, policy, shapes, self.dist)
         engine = self._build_engine(policy)  # on every rank, or on rank 0 alone

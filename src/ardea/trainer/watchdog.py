@@ -61,16 +61,16 @@ class Heartbeat:
         after = self._counters()
         return [rank for rank, (a, b) in enumerate(zip(before, after)) if a == b]
 
-    def after_main(self, wait_s: float) -> None:
-        """Rank 0 says it finished writing (a checkpoint); the other ranks wait for that up
-        to ``wait_s`` seconds, their heartbeats going on (a collective barrier would fail
-        after ``trainer.dist_timeout_s`` while a large checkpoint is still being written)."""
+    def after(self, ranks: list[int], wait_s: float) -> None:
+        """Each of ``ranks`` says it finished its part (writing a checkpoint); every rank
+        waits until all of them have, up to ``wait_s`` seconds, heartbeats going on (a
+        collective barrier would fail after ``trainer.dist_timeout_s`` while a large
+        checkpoint is still being written). Every rank calls it in the same order."""
         self._waits += 1
-        key = f"written/{self.generation}/{self._waits}"
-        if self.rank == 0:
-            self.store.set(key, "1")
-        else:
-            self.store.wait([key], timedelta(seconds=wait_s))
+        key = f"written/{self.generation}/{self._waits}/"
+        if self.rank in ranks:
+            self.store.set(key + str(self.rank), "1")
+        self.store.wait([key + str(rank) for rank in ranks], timedelta(seconds=wait_s))
 
     def close(self) -> None:
         """Stop the heartbeat and wait for its thread: a daemon thread still inside a store

@@ -159,15 +159,18 @@ class Updater:
         self.nonfinite["total"] += 0 if applied else 1
         return metrics, applied
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
         """Every component's optimizer (by parameter name, whole, loadable at any world size;
-        collective) and schedule, by metrics prefix; the non-finite counts."""
+        a collective under FSDP2 — or with ``sharded`` its hyperparameters alone, the moments
+        being in the rank's shard file) and schedule, by metrics prefix; the non-finite
+        counts."""
         return {
-            "components": {c.prefix: c.state_dict() for c in self.components},
+            "components": {c.prefix: c.state_dict(sharded=sharded) for c in self.components},
             "nonfinite": dict(self.nonfinite),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, sharded: bool = False) -> None:
+        """Load :meth:`state_dict`'s (``sharded``: whose moments are this rank's shards)."""
         stored = state["components"]
         missing = [c.prefix for c in self.components if c.prefix not in stored]
         if missing:
@@ -176,16 +179,16 @@ class Updater:
                 "was written by a run of another strategy; resume from one of this run's"
             )
         for component in self.components:
-            component.load_state_dict(stored[component.prefix])
+            component.load_state_dict(stored[component.prefix], sharded=sharded)
         self.nonfinite = dict(state["nonfinite"])
 
-    def module_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+    def module_weights(self, *, keep: bool) -> dict[str, dict[str, torch.Tensor]]:
         """The whole weights of every component besides the policy, by checkpoint
-        sub-directory (collective: call on every rank; rank 0's hold the tensors)."""
-        return {c.checkpoint_dir: c.weights() for c in self.components[1:]}
+        sub-directory, on the ranks that ``keep`` them (a collective under FSDP2)."""
+        return {c.checkpoint_dir: c.weights(keep=keep) for c in self.components[1:]}
 
     def save_modules(self, directory: Path, weights: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Write :meth:`module_weights` into checkpoint ``directory`` (rank 0)."""
+        """Write :meth:`module_weights` into checkpoint ``directory`` (a writing rank)."""
         for component in self.components[1:]:
             name = component.checkpoint_dir
             component.save(Path(directory) / name, weights[name])

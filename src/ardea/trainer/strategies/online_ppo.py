@@ -79,9 +79,10 @@ from ardea.errors import ConfigError
 from ardea.model import ValueModel
 from ardea.model.lora import lora_critic, merged_critic
 from ardea.trainer.components import TrainedComponent
-from ardea.trainer.distributed import load_full_state_dict, unwrap
+from ardea.trainer.distributed import unwrap
 from ardea.trainer.moe_terms import MoETerms
 from ardea.trainer.scorers.teacher import forward_kl_term
+from ardea.trainer.state_dicts import load_full_state_dict
 from ardea.trainer.strategies import policy_gradient
 from ardea.trainer.strategies.base import OnlineStrategy, register_strategy
 
