@@ -1,14 +1,15 @@
 """Nodes with disks of their own: which ranks write a run's checkpoints, and which
 checkpoint every rank resumes from.
 
-Rank 0 prepares the run directory and leaves a random token in it (``.launch``); the first
-rank of every other node (``LOCAL_RANK`` 0) looks for that token in the run directory it
-sees. Where the token is there, the node shares rank 0's disk and rank 0 writes for it;
-where it is not (two machines without a shared file system, or two node ranks on one
-machine given different ``trainer.output_dir``), that rank prepares the directory on its
-own disk and writes every checkpoint there too: a whole one under DDP (its replica holds
-everything), its node's shard files and the run's state under FSDP2. Each node then resumes
-from its own files: the ranks agree on the latest checkpoint that every one of them holds.
+Under torchrun, rank 0 prepares the run directory and leaves a random token in it
+(``.launch``); the first rank of every other node (``LOCAL_RANK`` 0) looks for that token in
+the run directory it sees. Where the token is there, the node shares rank 0's disk and rank
+0 writes for it; where it is not (two machines without a shared file system, or two node
+ranks on one machine given different ``trainer.output_dir``), that rank prepares the
+directory on its own disk and writes every checkpoint there too: a whole one under DDP (its
+replica holds everything), its node's shard files, the run's state and the Hugging Face
+export under FSDP2. Each node then resumes from its own files: the ranks agree on the
+latest checkpoint that every one of them holds. One process writes no token.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ TOKEN_FILE = ".launch"
 def checkpoint_writers(dist: Distributed, run_dir: Path, prepare: Callable[[], None]) -> list[int]:
     """The ranks that write checkpoints, rank 0 first (module docstring); ``prepare()``
     makes the run directory on a writer's disk. Every rank calls it."""
-    token = None
     if dist.is_main:
         prepare()
-        token = secrets.token_hex(16)
-        (Path(run_dir) / TOKEN_FILE).write_text(token)
     if not dist.active:
         return [0]
+    token = None
+    if dist.is_main:
+        token = secrets.token_hex(16)
+        (Path(run_dir) / TOKEN_FILE).write_text(token)
     token = dist.broadcast(token)
     own_disk = False
     if not dist.is_main and dist.local_rank == 0:
