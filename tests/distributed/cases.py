@@ -9,7 +9,9 @@ Phases:
 - ``forever`` (2 processes): a run that only ends when killed (:func:`forever`);
 - ``resume``: the second step resumed from the other world size's step-1 checkpoint:
   at 2 processes from the one-process run (``<ROOT>/2/<mode>/<algo>_resumed``), in one
-  process from the 2-process run of each MODE (``<ROOT>/1/none/<algo>_from_<mode>``).
+  process from the 2-process run of each MODE (``<ROOT>/1/none/<algo>_from_<mode>``); and
+  under DDP at 2 processes from the FSDP2 run's shard files
+  (``<ROOT>/2/ddp/<algo>_from_fsdp2``).
 
 Every run records what each optimizer step was given (:func:`record_optimizer_steps`):
 the whole parameters before it, their whole gradients (gathered from FSDP2's shards; after
@@ -208,6 +210,9 @@ def main(phases: str, root: Path, modes: list[str]) -> None:
             elif phase == "resume" and world > 1:  # from the one-process checkpoint
                 start = first_checkpoint(root / "1" / "none" / algo)
                 train(algo, here / f"{algo}_resumed", mode, steps=2, resume=str(start))
+                if mode == "ddp":  # and from FSDP2's shard files, joined
+                    start = first_checkpoint(root / "2" / "fsdp2" / algo)
+                    train(algo, here / f"{algo}_from_fsdp2", mode, steps=2, resume=str(start))
             elif phase == "resume":  # one process, from the checkpoint of MODE at 2
                 start = first_checkpoint(root / "2" / mode / algo)
                 out = root / "1" / "none" / f"{algo}_from_{mode}"

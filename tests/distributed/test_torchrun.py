@@ -282,6 +282,19 @@ def test_checkpoints_resume_at_the_other_world_size(runs, algo, mode):
             assert_replayed(history, weights(checkpoint(resumed, 2), module))
 
 
+@pytest.mark.parametrize("algo", RESUMED)
+def test_fsdp2_shard_files_resume_under_ddp(runs, algo):
+    """Step 2 under DDP at 2 processes from FSDP2's step-1 checkpoint at 2 (the same world
+    size, another layout: the shard files are joined whole, not read as this rank's own):
+    loaded exactly, and the FSDP2 run's own step-2 gradients."""
+    saved, resumed = runs / "2" / "fsdp2" / algo, runs / "2" / "ddp" / f"{algo}_from_fsdp2"
+    assert (checkpoint(saved, 1) / "shards").is_dir()
+    assert_loaded_exactly(resumed, checkpoint(saved, 1), algo)
+    for module in modules(algo):
+        assert set(steps(resumed, module)) == {2}
+        assert_same_gradients(saved, resumed, module, 2)
+
+
 def launch_forever(root: Path, *extra: str) -> subprocess.Popen:
     """The never-ending 2-process run of ``cases.py``, once it has written a checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -167,14 +167,13 @@ class Trainer:
         rank 0 alone (None on the others). Under torchrun it decodes on its own plain copy;
         the trainer keeps the module it gave the engine, to copy for a background worker's
         engine (and a LoRA checkpoint under FSDP2, to merge)."""
-        self.split_rollouts = False
-        if self.strategy_head != "causal_lm":  # a reward model's run generates nothing, but
-            if self.dist.is_main and self.dist.mode == "fsdp2" and is_lora(policy):
-                self.engine_module = own_copy(policy)  # its checkpoints merge a copy
-            return None
         config = self.config
-        self.split_rollouts = per_process_engine(config.rollout.engine)
-        if not (self.dist.is_main or self.split_rollouts):
+        generates = self.strategy_head == "causal_lm"  # a reward model's run does not
+        self.split_rollouts = generates and per_process_engine(config.rollout.engine)
+        if not generates or not (self.dist.is_main or self.split_rollouts):
+            merges = self.dist.mode == "fsdp2" and is_lora(policy)  # a checkpoint merges a copy
+            if merges and self.dist.rank in self.dist.writers:
+                self.engine_module = own_copy(policy)
             return None
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(

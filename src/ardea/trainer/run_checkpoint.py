@@ -95,13 +95,14 @@ def restore_run(trainer: Any, checkpoint: Path) -> None:
     rank 0's."""
     state = load_trainer_state(checkpoint)
     dist, updater = trainer.dist, trainer.updater
-    if shard_world_size(checkpoint) is None:
+    saved_world = shard_world_size(checkpoint)
+    if saved_world is None:
         load_policy_weights(unwrap(trainer.policy), checkpoint)
         updater.load_modules(checkpoint)
         updater.load_state_dict(state["updater"])
-    else:
-        moments = read_shards(checkpoint, updater.components, dist.rank, dist.world_size)
-        own = dist.mode == "fsdp2" and shard_world_size(checkpoint) == dist.world_size
+    else:  # this rank's own file when it is sharded as the ranks that wrote them were
+        own = dist.mode == "fsdp2" and saved_world == dist.world_size
+        moments = read_shards(checkpoint, updater.components, dist.rank, saved_world, own=own)
         for prefix, stored in state["updater"]["components"].items():
             stored["optimizer"]["state"] = moments.get(prefix, {})
         updater.load_state_dict(state["updater"], sharded=own)

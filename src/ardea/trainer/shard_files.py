@@ -101,21 +101,22 @@ def shard_world_size(checkpoint: Path) -> int | None:
 
 
 def read_shards(
-    checkpoint: Path, components: list[Any], rank: int, world_size: int
+    checkpoint: Path, components: list[Any], rank: int, saved_world: int, *, own: bool
 ) -> dict[str, dict[str, Any]]:
-    """Load ``checkpoint``'s sharded weights into ``components`` and return each one's
-    optimizer moments by parameter name (``{prefix: {name: {key: tensor}}}``): this rank's
-    shards when the world size is the one that wrote it (every component then sharded
-    alike), else whole tensors joined from every rank's file. Every rank calls it."""
-    saved_world = shard_world_size(checkpoint)
-    if saved_world == world_size:
-        own = shard_path(checkpoint, rank, world_size)
-        if not own.is_file():
+    """Load ``checkpoint``'s sharded weights (written by ``saved_world`` ranks) into
+    ``components`` and return each one's optimizer moments by parameter name (``{prefix:
+    {name: {key: tensor}}}``): with ``own`` (FSDP2 at the world size that wrote them, every
+    component sharded alike) this rank's shards, else whole tensors joined from every
+    rank's file. Every rank calls it."""
+    if own:
+        path = shard_path(checkpoint, rank, saved_world)
+        if not path.is_file():
             raise ArdeaError(
-                f"checkpoint {checkpoint} has no {SHARDS_DIR}/{own.name}: rank {rank}'s weights "
-                "and optimizer state were written on another node; copy that node's file here"
+                f"checkpoint {checkpoint} has no {SHARDS_DIR}/{path.name}: rank {rank}'s "
+                "weights and optimizer state were written on another node; copy that node's "
+                "file here"
             )
-        tensors = _read(own)
+        tensors = _read(path)
         return {c.prefix: _load_own(c, tensors) for c in components}
     tensors = joined(checkpoint, saved_world)
     return {c.prefix: _load_whole(c, tensors) for c in components}
