@@ -16,7 +16,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import ardea.agent.server  # noqa: F401  (imported here, not by two threads at o
 from ardea.cli.main import main
 from ardea.config import DEFAULT_RECIPE
 from ardea.model import build_char_tokenizer, build_tiny_model
+from ardea.rollout.engines.vllm.server import free_port
 
 REPO = Path(__file__).parents[2]
 #: appended to every `ardea train`: two steps, a tiny model, small batches and evaluations
@@ -258,12 +258,6 @@ def steps_trained(run_dir: Path) -> list[int]:
         if "stages" in results
         else [results["steps"]]
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def talk_then_interrupt(port: int) -> threading.Thread:

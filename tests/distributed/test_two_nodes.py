@@ -29,6 +29,7 @@ import torch
 from cases import TINY_MODEL
 from safetensors.torch import load_file
 
+from ardea.rollout.engines.vllm.server import free_port
 from ardea.trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -114,14 +115,6 @@ def kill_every_process(launches: list[subprocess.Popen]) -> None:
             pass
     for launch in launches:
         launch.wait(timeout=30)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_dirs(workdir: Path) -> list[Path]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from tinker import types
 from vllm_testing import PYTHON, TOKENIZER, hf_greedy, recomputed, tiny, write_model_dir
 
 from ardea.rollout import stop_token_ids
+from ardea.rollout.engines.vllm.server import free_port
 from ardea.service.tinker_server import TinkerServer
 
 pytestmark = pytest.mark.slow  # a real vLLM server
@@ -154,12 +154,6 @@ def test_an_adapted_lm_head_reaches_vllm_as_merged_weights(running):
     engine = server.service.engines.slots[next(iter(server.service.served))].engine
     whole = sum(p.numel() * p.element_size() for p in policy.parameters())
     assert engine.metrics()["vllm/sync_bytes"] >= whole  # the merged model, not an adapter
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_the_command_line_launches_a_vllm_server_and_stops_it(tmp_path):

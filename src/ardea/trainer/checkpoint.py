@@ -39,12 +39,15 @@ def checkpoint_dir(run_dir: Path, step: int | str) -> Path:
     return Path(run_dir) / "checkpoints" / name
 
 
+def temporary_dir(final: Path) -> Path:
+    """Where ``final``'s checkpoint is written before it is renamed into place: the same
+    name on every node (every rank writes its shard file there)."""
+    return Path(final).parent / f".tmp_{Path(final).name}"
+
+
 def begin_checkpoint(final: Path) -> Path:
-    """A fresh temporary directory beside ``final`` to write its checkpoint into: the same
-    name on every node (its ranks write their shard files there), emptied of whatever a
-    killed run left in it."""
-    final = Path(final)
-    tmp = final.parent / f".tmp_{final.name}"
+    """:func:`temporary_dir` of ``final``, fresh: emptied of whatever a killed run left."""
+    tmp = temporary_dir(final)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -60,12 +63,11 @@ def write_checkpoint(
     policy_state: dict[str, torch.Tensor] | None = None,
     save_extra: Callable[[Path], None] | None = None,
 ) -> None:
-    """Write the policy's Hugging Face export (``policy/``; none when ``policy`` is None: a
-    node that resumes from its shard files), ``trainer_state.pt`` and, by ``save_extra``,
-    further modules (a PPO critic's ``critic/``) into ``tmp``. ``policy_state``: the
-    policy's whole weights when its own are shards (gathered by the caller)."""
-    if policy is not None:
-        save_policy(policy, tokenizer, tmp, state_dict=policy_state)
+    """Write the policy's Hugging Face export (``policy/``), ``trainer_state.pt`` and, by
+    ``save_extra``, further modules (a PPO critic's ``critic/``) into ``tmp``.
+    ``policy_state``: the policy's whole weights when its own are shards (gathered by the
+    caller)."""
+    save_policy(policy, tokenizer, tmp, state_dict=policy_state)
     torch.save(state, tmp / STATE_FILE)
     if save_extra is not None:
         save_extra(tmp)

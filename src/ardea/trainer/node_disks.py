@@ -58,18 +58,32 @@ def agreed_checkpoint(dist: Distributed, run_dir: Path, resume: str) -> Path | N
         return resume_checkpoint(run_dir, resume)
     held = [path.name for path in list_checkpoints(run_dir)]
     every = dist.gather(held)
-    common = set(every[0]).intersection(*every[1:])
-    if not common:
-        lacking = [rank for rank, names in enumerate(every) if not names]
-        if len(lacking) < len(every):
-            raise ArdeaError(
-                f"trainer.resume=auto: rank {lacking[0] if lacking else 1} finds no checkpoint "
-                f"in {run_dir} that rank 0 holds (each node resumes from its own disk); give "
-                "every node its run directory's checkpoints, or start a new run"
-            )
+    name = latest_common(every)
+    if name is None:
         return None
-    name = max(common)
-    if dist.is_main and name != max(every[0]):
+    if dist.is_main and name != every[0][-1]:
         print(f"[ardea] resuming from {name}: the latest checkpoint every node holds "
-              f"(rank 0 also has {max(every[0])})", file=sys.stderr)  # fmt: skip
+              f"(rank 0 also has {every[0][-1]})", file=sys.stderr)  # fmt: skip
     return checkpoint_dir(run_dir, name)
+
+
+def latest_common(held: list[list[str]]) -> str | None:
+    """The latest checkpoint name every rank holds (``held``: each rank's, oldest first);
+    None when no rank holds one.
+
+    Raises:
+        ArdeaError: some ranks hold checkpoints but none is every rank's.
+    """
+    common = set(held[0]).intersection(*held[1:])
+    if common:
+        return max(common)
+    if not any(held):
+        return None
+    latest = "; ".join(
+        f"rank {r}: {names[-1] if names else 'none'}" for r, names in enumerate(held)
+    )
+    raise ArdeaError(
+        f"trainer.resume=auto: no checkpoint is held by every rank (the latest of each, in its "
+        f"own run directory: {latest}); each node resumes from its own disk: give every node "
+        "its run directory's checkpoints, or start a new run"
+    )

@@ -23,6 +23,7 @@ from ardea.trainer.checkpoint import (
     checkpoint_dir,
     finish_checkpoint,
     load_trainer_state,
+    temporary_dir,
     write_checkpoint,
 )
 from ardea.trainer.distributed import unwrap
@@ -42,7 +43,7 @@ def save_run(trainer: Any, *, best: bool = False) -> Path:
     # the whole weights for the export (under FSDP2 a collective, kept by the writers)
     policy_state = gathered_state(trainer.policy, keep=writes) if sharded else None
     modules = trainer.updater.module_weights(keep=writes) if writes or sharded else {}
-    tmp = begin_checkpoint(final) if writes else final.parent / f".tmp_{final.name}"
+    tmp = begin_checkpoint(final) if writes else temporary_dir(final)
     if sharded:
         dist.after(dist.writers)  # every node's temporary directory is there
         write_shard(tmp, trainer.updater.components, dist.rank, dist.world_size)

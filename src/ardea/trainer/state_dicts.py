@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
+from ardea.rollout.checks import whole
 from ardea.trainer.distributed import unwrap
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -70,7 +70,7 @@ def gathered_state(module: nn.Module, *, keep: bool) -> dict[str, torch.Tensor]:
     if not is_sharded(module):
         return full_state_dict(module, cpu=True) if keep else out
     for name, tensor in local_state_dict(module).items():
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        full = whole(tensor)
         if keep:
             out[name] = full.detach().to("cpu", copy=True)
     return out
