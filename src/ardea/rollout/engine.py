@@ -29,6 +29,7 @@ from ardea.rollout.checks import (  # noqa: F401 - part of the engine interface
     check_state_dict,
     load_weights,
 )
+from ardea.rollout.peers import EnginePeers
 from ardea.rollout.sampling_params import SamplingParams, check_int
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -170,7 +171,10 @@ class EngineSpec:
     ``model_dir``: a directory with the weights (None: the model was built in code);
     ``precision``: the :class:`ardea.model.Precision` forwards compute under (None: the
     parameters' dtype); ``options``: the engine's own settings (``rollout.<engine>``, e.g.
-    ``rollout.vllm``, as a dict); ``work_dir``: where it may write (weights, server logs).
+    ``rollout.vllm``, as a dict); ``work_dir``: where it may write (weights, server logs);
+    ``peers``: under torchrun, the ranks that drive this engine's servers together
+    (:mod:`ardea.rollout.peers`; None: this process alone, or an engine of its own on every
+    rank).
     """
 
     model_config: Any
@@ -180,6 +184,7 @@ class EngineSpec:
     precision: Any = None
     options: Mapping[str, Any] = field(default_factory=dict)
     work_dir: str | None = None
+    peers: EnginePeers | None = None
 
     @classmethod
     def of(
@@ -191,12 +196,14 @@ class EngineSpec:
         precision=None,
         options: Mapping[str, Any] | None = None,
         work_dir=None,
+        peers: EnginePeers | None = None,
     ) -> EngineSpec:
         """The spec of a built ``model`` (its config and generation config's eos ids)."""
         stops = tuple(stop_token_ids(model, tokenizer))
         path = None if model_dir is None else str(model_dir)
         work = None if work_dir is None else str(work_dir)
-        return cls(model.config, tokenizer, stops, path, precision, dict(options or {}), work)
+        options = dict(options or {})
+        return cls(model.config, tokenizer, stops, path, precision, options, work, peers)
 
 
 class GenerationEngine(abc.ABC):
@@ -316,9 +323,12 @@ def register_engine(
     """Decorator registering ``factory(spec: EngineSpec, *, module, version) -> engine`` as
     ``rollout.engine=<name>``. ``module`` is the live ``nn.Module`` an in-process engine
     generates with (None for engines that load ``spec.model_dir`` themselves); ``version``
-    the policy version of the initial weights. ``per_process``: under torchrun every rank
-    builds one and generates its share of each rollout (an engine in the process); else
-    rank 0 alone builds it (servers the job shares) and generates every rollout."""
+    the policy version of the initial weights. Under torchrun every rank builds one and
+    generates its share of each rollout. ``per_process``: each rank's engine holds its own
+    weights (an engine in the process: :meth:`GenerationEngine.update_weights` gets this
+    rank's own tensors, FSDP2 shards included); else the ranks share the engine's servers
+    (``spec.peers``): rank 0's engine gets the whole weights and loads them, the others'
+    get ``{}`` and wait for rank 0's load (:mod:`ardea.rollout.peers`)."""
 
     def register(factory: EngineFactory) -> EngineFactory:
         factory.per_process = per_process  # type: ignore[attr-defined]
@@ -328,8 +338,8 @@ def register_engine(
 
 
 def per_process_engine(name: str) -> bool:
-    """Whether every rank of a torchrun job runs its own engine ``name``
-    (:func:`register_engine`)."""
+    """Whether every rank of a torchrun job runs engine ``name`` on weights of its own
+    (:func:`register_engine`; else the ranks share its servers)."""
     return bool(getattr(engine_factory(name), "per_process", False))
 
 

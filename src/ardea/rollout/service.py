@@ -6,24 +6,23 @@ policy version, the runner that generates and scores on that engine, the backgro
 with its own copy of the weights) and dynamic sampling's refills.
 
 A step's rollout (:meth:`RolloutService.rollout`) is **split over the ranks** of a torchrun
-job whose engine runs in every process (``rollout.engine=in_process``): each rank generates
-and scores its share of the step's prompts, and every rank joins the shares into the whole
-scored rollout (:mod:`ardea.rollout.shares`), token for token what one process samples. On
-it dynamic sampling's filter, its refills (split the same way), the staleness check and the
-``rollout/*`` metrics run identically on every rank; each rank then trains on its share of
-complete groups (:mod:`ardea.trainer.step.split`). A background worker runs on every rank
-too, generating that rank's share of the coming steps. An engine the job shares (vLLM
-servers) is driven by rank 0 alone, which hands the whole rollout to the others.
+job: each rank generates and scores its share of the step's prompts on its engine (its own
+in the process, or its requests to the servers the ranks share), and every rank joins the
+shares into the whole scored rollout (:mod:`ardea.rollout.shares`), token for token what
+one process samples. On it dynamic sampling's filter, its refills (split the same way), the
+staleness check and the ``rollout/*`` metrics run identically on every rank; each rank then
+trains on its share of complete groups (:mod:`ardea.trainer.step.split`). A background
+worker runs on every rank too, generating that rank's share of the coming steps.
 
 Weights (:meth:`RolloutService.publish`): each rank's engine (and worker) loads the trained
-weights under the next version (one atomic ``update_weights``); ``gather_weights`` gives
-them to every rank that holds an engine (a collective under FSDP2, so every rank calls it).
+weights under the next version (one atomic ``update_weights``; on shared servers rank 0
+loads them and the others wait for it); ``gather_weights`` gives each rank what its engine
+loads (a collective under FSDP2, so every rank calls it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -61,16 +60,13 @@ class RolloutService:
     Args:
         config: the run config.
         dist: this process's rank.
-        engine: the live policy's engine: on every rank where each process runs its own
-            (the rollout is split over the ranks), else on rank 0 alone (None elsewhere).
+        engine: this rank's engine of the live policy (None: nothing generates).
         runner: generates and scores on ``engine`` (online runs), else None.
         samples: the training prompts; ``sampler`` draws them (the worker peeks ahead).
-        gather_weights: the policy's whole weights, on every rank with an engine ({}
-            elsewhere); called on every rank (a collective under FSDP2).
+        gather_weights: the policy's weights as this rank's engine loads them; called on
+            every rank (a collective under FSDP2).
         make_worker_engine: an engine with its own copy of the live engine's weights at the
             given version, for the background worker.
-        split: every rank runs an engine and generates its share of each rollout (module
-            docstring); False: rank 0 generates it all (an engine the job shares).
     """
 
     def __init__(
@@ -84,7 +80,6 @@ class RolloutService:
         sampler: EpochSampler | None = None,
         gather_weights: Callable[[], Weights],
         make_worker_engine: Callable[[int], GenerationEngine] | None = None,
-        split: bool = True,
     ) -> None:
         self.config = config
         self.dist = dist
@@ -94,7 +89,7 @@ class RolloutService:
         self.sampler = sampler
         self.gather_weights = gather_weights
         self.make_worker_engine = make_worker_engine
-        self.shares = RolloutShares(dist, split=split)
+        self.shares = RolloutShares(dist)
         self.max_staleness = int(config.rollout.max_staleness)
         self.version = engine.version if engine is not None else 0
         self.worker: RolloutWorker | None = None
@@ -106,21 +101,13 @@ class RolloutService:
 
     @property
     def owner(self) -> bool:
-        """Whether this process has an engine (every rank's when the rollout is split)."""
+        """Whether this process has an engine (every rank's, when the run generates)."""
         return self.engine is not None
 
     # ------------------------------------------------------------------ a step
     def rollout(self, step: int, indices: Sequence[int], timer: PhaseTimer) -> Rollout:
         """The scored rollout of step ``step`` (the prompts at ``indices``): the whole
-        batch, on CPU, on every rank, with its ``rollout/*`` metrics and samples. When rank
-        0 generates it all, the other ranks' wait (and the broadcast) counts as
-        ``generate``."""
-        if self.shares.split:
-            return self._rollout(step, indices, timer)
-        with timer.phase("generate") if not self.dist.is_main else nullcontext():
-            return self.shares.shared(lambda: self._rollout(step, indices, timer))
-
-    def _rollout(self, step: int, indices: Sequence[int], timer: PhaseTimer) -> Rollout:
+        batch, on CPU, on every rank, with its ``rollout/*`` metrics and samples."""
         examples = [self.samples[i] for i in indices]
         if self.max_staleness == 0:
             generation = self.shares.generated(self.runner, examples, step, timer)

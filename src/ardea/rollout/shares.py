@@ -9,11 +9,8 @@ and dicts: ``Runner.generation_state``, not the engine's or an environment's obj
 every rank in one all-gather, restores the others' there and joins them in rank order
 (``Runner.join``): every rank then holds the one generation a single process makes. An
 error on one rank is raised on every rank, naming it on the others, so that none waits
-in a collective for a rank that failed.
-
-When the job shares one engine (vLLM servers) ``split`` is False: rank 0 generates every
-prompt and :meth:`RolloutShares.shared` hands its result to the others in one broadcast.
-With one process the share is the whole call and nothing is sent.
+in a collective for a rank that failed. With one process the share is the whole call and
+nothing is sent.
 """
 
 from __future__ import annotations
@@ -43,11 +40,7 @@ class Ranks(Protocol):
     :class:`~ardea.trainer.distributed.Distributed` is one)."""
 
     active: bool  # several processes (torchrun)
-    is_main: bool  # rank 0
     rows: Shares
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
@@ -58,14 +51,11 @@ class RolloutShares:
 
     Args:
         dist: this process's rank.
-        split: every rank generates its share (it runs its own engine); False: rank 0
-            generates every prompt (an engine the job shares).
     """
 
-    def __init__(self, dist: Ranks, *, split: bool) -> None:
+    def __init__(self, dist: Ranks) -> None:
         self.dist = dist
-        self.split = split or not dist.active
-        self.sends = self.split and dist.active  # several ranks, each with a share
+        self.sends = dist.active  # several ranks, each with a share
 
     @property
     def ranks(self) -> int:
@@ -78,21 +68,8 @@ class RolloutShares:
         return self.dist.rows.rank if self.sends else 0
 
     def share(self, count: int) -> range:
-        """This rank's share of ``count`` prompts (all of them when rank 0 generates)."""
-        return self.dist.rows.share(count) if self.split else range(count)
-
-    def shared(self, compute: Callable[[], Any]) -> Any:
-        """``compute()`` run on rank 0, its result on every rank (one broadcast); an error
-        there is raised on every rank, naming it on the others."""
-        if not self.dist.active:
-            return compute()
-        result, error = _attempt(compute) if self.dist.is_main else (None, None)
-        shared = self.dist.broadcast((result, None if error is None else repr(error)))
-        if error is not None:
-            raise error
-        if shared[1] is not None:
-            raise ArdeaError(f"the rollout service (rank 0) failed: {shared[1]}")
-        return shared[0]
+        """This rank's share of ``count`` prompts."""
+        return self.dist.rows.share(count)
 
     def gathered(self, compute: Callable[[], Any]) -> list[Any]:
         """``compute()`` on every rank, and every rank's result in rank order; an error on

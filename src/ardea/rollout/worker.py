@@ -24,7 +24,9 @@ earlier jobs, so the rows of step ``s + 1`` join the engine while the slowest ro
 ``s`` still run (an engine that serves requests decodes them together); and every published
 version is loaded at once: the engine stops the running
 rows, loads the weights and lets them go on from their tokens so far (``in_flight="resume"``)
-or sample again from their prompts (``"restart"``) under the new weights. A completion then
+or sample again from their prompts (``"restart"``) under the new weights (the newest version
+published; on an engine whose servers the ranks of a job share, ``engine.shared``, each
+version in turn, so that every rank loads the same sequence). A completion then
 holds tokens of several versions (``Completion.spans``); where a version starts depends on
 the timing of the two threads, so two runs differ. The trainer checks the oldest token's lag
 against η when it takes a rollout.
@@ -265,9 +267,12 @@ class RolloutWorker:
         return bool(waiting) and self.engine.version >= waiting[0].version
 
     def _newer(self) -> int | None:
-        """The newest published version above the engine's, if any."""
+        """The version to load next, if one above the engine's is published: the newest
+        (the next one on an engine the ranks share: module docstring)."""
         newer = [v for v in self._snapshots if v > self.engine.version]
-        return max(newer) if newer else None
+        if not newer:
+            return None
+        return min(newer) if getattr(self.engine, "shared", False) else max(newer)
 
     def _run_job(self, job: _Job) -> None:
         try:

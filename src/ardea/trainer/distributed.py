@@ -33,6 +33,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ardea.errors import ArdeaError, ConfigError
+from ardea.trainer.engine_peers import StorePeers
 from ardea.trainer.row_shards import RowShards
 from ardea.trainer.watchdog import Heartbeat, describe_failure, is_collective_failure
 
@@ -223,6 +224,13 @@ class Distributed:
         checkpoint's, up to ``WRITE_WAIT_S``); every rank calls it, in the same order."""
         if self.heartbeat is not None:
             self.heartbeat.after(ranks, WRITE_WAIT_S)
+
+    def engine_peers(self, name: str) -> StorePeers | None:
+        """The job's ranks that drive the engine ``name``'s servers together (None: one
+        process)."""
+        if self.heartbeat is None:
+            return None
+        return StorePeers(name, self.heartbeat.generation, self.rank, self.world_size)
 
     def close(self) -> None:
         """Stop this rank's heartbeat (the process group stays for a next stage)."""

@@ -302,13 +302,7 @@ class Evaluator:
     def generated(self, step: int, run_dir, shares: RolloutShares) -> dict[str, float]:
         """The evaluations that generate (agent episodes, rewards, the task's accuracy), on
         every rank (``run_dir``: where rank 0 appends samples, None elsewhere): under
-        torchrun each rank generates and scores its share of the held-out examples (rank 0
-        all of them when it alone has an engine, then hands the metrics to the others)."""
-        if not shares.split:
-            return shares.shared(lambda: self._generated(step, run_dir, None))
-        return self._generated(step, run_dir, shares)
-
-    def _generated(self, step: int, run_dir, shares: RolloutShares | None) -> dict[str, float]:
+        torchrun each rank generates and scores its share of the held-out examples."""
         metrics: dict[str, float] = {}
         options = {"max_new_tokens": self.config.rollout.max_new_tokens,
                    "batch_size": self.config.rollout.batch_size, "shares": shares}  # fmt: skip

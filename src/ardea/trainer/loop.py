@@ -104,7 +104,7 @@ class Trainer:
         self.dist.writers = checkpoint_writers(self.dist, self.run_dir, prepare)  # node disks
         shapes = probe_shapes(config, policy, max_length, self.dist.world_size)
         self.precision = resolve_precision(config, policy, shapes, self.dist)
-        engine = self._build_engine(policy)  # on every rank, or on rank 0 alone
+        engine = self._build_engine(policy)  # on every rank
         self.policy = self._wrap(policy, trainable=True)
         self.strategy = make_strategy(
             config.algo.name,
@@ -150,7 +150,6 @@ class Trainer:
             sampler=self.sampler,
             gather_weights=self._gather_weights,
             make_worker_engine=self._make_worker_engine,
-            split=self.split_rollouts,
         )
         self.recipe = self._online_step() if online else self._offline_step()
         self.evaluator = Evaluator(
@@ -162,18 +161,19 @@ class Trainer:
             self.evaluator.agent = AgentEvaluation(runner, eval_rows)
 
     def _build_engine(self, policy: torch.nn.Module) -> GenerationEngine | None:
-        """The live policy's engine (``rollout.engine``): on every rank when each process
-        runs its own (the in-process engine: the rollout is split over the ranks), else on
-        rank 0 alone (None on the others). Under torchrun it decodes on its own plain copy;
-        the trainer keeps the module it gave the engine, to copy for a background worker's
-        engine (and a LoRA checkpoint under FSDP2, to merge)."""
+        """The live policy's engine (``rollout.engine``), on every rank: each generates its
+        share of every rollout. An engine in the process decodes on its own plain copy
+        under torchrun; on an engine whose servers the ranks share (vLLM) rank 0 leads and
+        holds the copy its weights load into, the others follow (``spec.peers``). The
+        trainer keeps the module it gave the engine, to copy for a background worker's
+        engine (and a LoRA checkpoint under FSDP2, to merge). None when nothing generates."""
         config = self.config
-        generates = self.strategy_head == "causal_lm"  # a reward model's run does not
-        self.split_rollouts = generates and per_process_engine(config.rollout.engine)
-        if not generates or not (self.dist.is_main or self.split_rollouts):
-            merges = self.dist.mode == "fsdp2" and is_lora(policy)  # a checkpoint merges a copy
-            if merges and self.dist.rank in self.dist.writers:
-                self.engine_module = own_copy(policy)
+        merges = self.dist.mode == "fsdp2" and is_lora(policy)  # a checkpoint merges a copy
+        copies = merges and self.dist.rank in self.dist.writers
+        self.engine_per_process = per_process_engine(config.rollout.engine)
+        self.engine_leads = self.engine_per_process or self.dist.is_main
+        if self.strategy_head != "causal_lm":  # a reward model's run generates nothing
+            self.engine_module = own_copy(policy) if copies else None
             return None
         section = getattr(config.rollout, config.rollout.engine, None)  # rollout.<engine>
         self.engine_spec = EngineSpec.of(
@@ -183,15 +183,19 @@ class Trainer:
             precision=self.precision,
             options=dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {},
             work_dir=self.run_dir / "engine",
+            peers=None if self.engine_per_process else self.dist.engine_peers("live"),
         )
-        self.engine_module = own_copy(policy) if self.dist.active else policy
+        copies |= self.dist.active and self.engine_leads
+        self.engine_module = own_copy(policy) if copies else policy  # a follower reads it once
         return make_engine(config.rollout.engine, self.engine_spec, module=self.engine_module)
 
     def _make_worker_engine(self, version: int) -> GenerationEngine:
         """An engine on its own copy of the live engine's weights (at ``version``), for the
-        background worker."""
-        spec = dataclasses.replace(self.engine_spec, work_dir=str(self.run_dir / "worker_engine"))
-        module = own_copy(self.engine_module)
+        background worker (a follower's on rank 0's worker servers)."""
+        peers = None if self.engine_per_process else self.dist.engine_peers("worker")
+        work_dir = str(self.run_dir / "worker_engine")
+        spec = dataclasses.replace(self.engine_spec, work_dir=work_dir, peers=peers)
+        module = own_copy(self.engine_module) if self.engine_leads else self.engine_module
         return make_engine(self.config.rollout.engine, spec, module=module, version=version)
 
     def _wrap(self, module: torch.nn.Module, *, trainable: bool) -> torch.nn.Module:
@@ -199,15 +203,15 @@ class Trainer:
         return self.dist.wrap(module, trainable=trainable, compute_dtype=self.precision.compute)
 
     def _gather_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights by name, for the engines (every rank calls it): when every
-        rank has an engine, this rank's own tensors — a whole replica in one process and
+        """The policy's weights by name, for the engines (every rank calls it): an engine in
+        the process gets this rank's own tensors — a whole replica in one process and
         under DDP (nothing to gather), FSDP2 shards under FSDP2, which the engine gathers
         whole on the device one tensor at a time (never a second whole copy on a host).
-        When rank 0 alone holds an engine (vLLM servers the job shares) the other ranks get
-        {} and FSDP2 gathers onto rank 0's CPU. A LoRA policy gives its adapters alone:
-        engines keep the frozen base they started with."""
+        On servers the ranks share, rank 0 loads them: it gets the whole weights (under
+        FSDP2 gathered onto its CPU), the others {}. A LoRA policy gives its adapters
+        alone: engines keep the frozen base they started with."""
         lora = is_lora(unwrap(self.policy))
-        if self.split_rollouts:
+        if self.engine_per_process:
             return local_state_dict(self.policy, trained_only=lora)
         if self.dist.mode == "fsdp2":
             return full_state_dict(self.policy, cpu=True, trained_only=lora)

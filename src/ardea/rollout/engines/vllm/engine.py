@@ -31,15 +31,17 @@ Every request has a timeout (``rollout.vllm.timeout_s``): a server that stalls o
 taken out of the pool; when none is left the call fails with a :class:`VLLMServerError`
 naming every server. A launched server that died is restarted on the current weights
 (``rollout.vllm.max_restarts``).
+
+Under torchrun every rank has an engine on the same servers and sends its share of each
+rollout: rank 0's leads (starts them, loads the weights), the others follow
+(:mod:`ardea.rollout.engines.vllm.followers`).
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,8 @@ from ardea.rollout.engine import (
     register_engine,
 )
 from ardea.rollout.engines.vllm.extension import FOLDER, WORKER_EXTENSION
+from ardea.rollout.engines.vllm.followers import PeerSync, counts
+from ardea.rollout.engines.vllm.launch import launch_servers
 from ardea.rollout.engines.vllm.pool import PoolServer, ServerPool, VLLMServerDown
 from ardea.rollout.engines.vllm.requests import (
     Running,
@@ -71,23 +75,24 @@ from ardea.rollout.engines.vllm.requests import (
     stream_segment,
 )
 from ardea.rollout.engines.vllm.server import (
-    LaunchedServer,
     VLLMServerError,
     check_servers,
     log_tail,
 )
 from ardea.rollout.engines.vllm.weights import (
-    LORA_ENV,
     LORA_NAME,
     WEIGHTS_FILE,
     AdapterSync,
     adopt,
-    policy_logprobs,
+    probe_gap,
     write_model_dir,
     write_weights,
 )
 
 PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
+# how many request timeouts a rank waits for the others at a weight load (a follower: for
+# rank 0's reloads and probes; rank 0: for a follower's background worker to end its step)
+WAIT_TIMEOUTS = 10
 
 
 class VLLMEngine(GenerationEngine):
@@ -117,35 +122,50 @@ class VLLMEngine(GenerationEngine):
             raise ConfigError(f"rollout.vllm: {exc}") from None
         self.work_dir = Path(spec.work_dir)
         self.weights_dir = self.work_dir / "weights"
+        self.sync = PeerSync(
+            spec.peers,
+            start_wait_s=self.options.startup_timeout_s + 4 * self.options.timeout_s,
+            load_wait_s=WAIT_TIMEOUTS * self.options.timeout_s,
+        )
+        self.shared = self.sync.shared  # the ranks of a job drive the servers together
+        follows = not self.sync.leads
+        lora = is_peft(module)
         transport = self.options.weight_transport
-        self.adapter = AdapterSync(module, self.work_dir, transport) if is_peft(module) else None
-        self.model_name = "ardea" if self.adapter is None else LORA_NAME
+        self.adapter = (
+            AdapterSync(module, self.work_dir, transport) if lora and not follows else None
+        )
+        self.model_name = LORA_NAME if lora else "ardea"
         self._version = version
         self._lock = threading.Lock()
         self._metrics: dict[str, float] = {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self.http = httpx.Client(timeout=self.options.timeout_s, limits=limits)
-        self._write_model_dir()
-        if self.options.launch:
-            servers = self._launch(self.options.servers)
-        else:
-            servers = [PoolServer(i, u.rstrip("/")) for i, u in enumerate(self.options.urls)]
-        self.requests = StreamedRequests(self._segment, lambda: self._version, len(servers))
-        self.pool = ServerPool(
-            servers,
-            request=self._request,
-            max_restarts=self.options.max_restarts,
-            started=self._started,
-        )
-        self._max_context = self._check_servers(servers)
-        if not self.options.launch:  # servers the user started: the policy's (base) weights
-            self._reload_all(full=True)
-        if self.adapter is not None:
-            self._reload_all()
+        try:
+            servers = self._servers(follows)
+            self.requests = StreamedRequests(self._segment, lambda: self._version, len(servers))
+            self.pool = ServerPool(
+                servers,
+                request=self._request,
+                max_restarts=self.options.max_restarts,
+                started=self._started,
+            )
+            self._max_context = self._check_servers(servers)
+            if not follows and not self.options.launch:  # servers the user started: the
+                self._reload_all(full=True)  # policy's (base) weights
+            if self.adapter is not None:
+                self._reload_all()
+        except BaseException as error:  # told to the followers, which wait for the servers
+            if not follows:
+                self.sync.started(None, error)
+            raise
+        if not follows:
+            self.sync.started(self.urls)
 
     # ------------------------------------------------------------ interface
     def metrics(self) -> dict[str, float]:
-        return self._metrics | self.pool.metrics()
+        """The last sync's and the pool's (rank 0 of a job: every rank's requests)."""
+        metrics = self._metrics | self.pool.metrics()
+        return self.sync.totals(metrics) if self.sync.leads else metrics
 
     @property
     def urls(self) -> list[str]:
@@ -188,9 +208,21 @@ class VLLMEngine(GenerationEngine):
     def update_weights(self, weights: Weights, version: int) -> None:
         """Write ``weights`` (a state dict or a directory of safetensors) into the servers'
         weights directory, have every server reload them, then publish ``version`` (module
-        docstring)."""
+        docstring). A follower's (followers.py) gets ``{}`` and waits for rank 0's load."""
         with self._lock, self.requests.paused():
             check_next_version(version, self._version)
+            if not self.sync.leads:
+                self.sync.pause(version, counts(self.pool.metrics()))
+                self.pool.follow(self.sync.wait_loaded(version))
+            else:
+                self._load(weights, version)
+            self.pool.forget()
+            self._version = version
+
+    def _load(self, weights: Weights, version: int) -> None:
+        """Every server loads ``weights`` (once every follower paused: followers.py)."""
+        self.sync.wait_paused(version)
+        try:
             tensors = load_weights(weights)
             adopt(self.module, tensors)
             if self.adapter is not None:  # the adapter alone; the servers keep the base
@@ -201,8 +233,10 @@ class VLLMEngine(GenerationEngine):
             self.pool.restart_dead()  # launched servers that died start on these weights
             self._reload_all()
             self._probe()
-            self.pool.forget()
-            self._version = version
+        except BaseException as error:  # told to the followers, which wait for the load
+            self.sync.loaded(version, None, error)
+            raise
+        self.sync.loaded(version, [s.url if s.up else None for s in self.pool.servers])
 
     def close(self) -> None:
         self.requests.close()
@@ -228,16 +262,6 @@ class VLLMEngine(GenerationEngine):
         return self.pool.stream(
             run.key, lambda url: stream_segment(self.http, url, body, run, version, self._log(url))
         )
-
-    def _completion(self, prompt: list[int], choice: dict[str, Any], version: int) -> Completion:
-        ids = [int(t) for t in choice["token_ids"]]
-        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-        if len(logprobs) != len(ids):
-            raise VLLMServerError(
-                f"a vLLM server returned {len(ids)} tokens but {len(logprobs)} log-probs"
-            )
-        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
-        return Completion(list(prompt), ids, logprobs, finish, version)
 
     def _request(self, url: str, path: str, body: dict[str, Any] | None, call: str) -> Any:
         try:
@@ -273,41 +297,17 @@ class VLLMEngine(GenerationEngine):
         return ""
 
     # ------------------------------------------------------------- servers
-    def _launch(self, count: int) -> list[PoolServer]:
-        """Start ``count`` servers on the policy's weights, at once (each in its own
-        process, with its own log ``engine/server<i>.log``)."""
-        options = self.options
-        dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
-        length = options.max_model_len or int(
-            getattr(self.spec.model_config, "max_position_embeddings", 0) or 2048
-        )
-        extension, env = [], {}
-        if self.adapter is not None:  # servers that take the adapter at runtime
-            extension, env = self.adapter.server_args(), dict(LORA_ENV)
-        if options.weight_transport == "http":  # the worker loads the bytes it is sent
-            extension = ["--worker-extension-cls", WORKER_EXTENSION]
-            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FOLDER), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-        launched = [
-            LaunchedServer(
-                options.python,
-                self.weights_dir,
-                self.work_dir / ("server.log" if count == 1 else f"server{i}.log"),
-                dtype=dtype,
-                max_model_len=length,
-                extra_args=[*options.server_args, *extension],
-                startup_timeout_s=options.startup_timeout_s,
-                env=env,
-            )
-            for i in range(count)
-        ]
-        try:
-            with ThreadPoolExecutor(max_workers=count) as threads:
-                urls = list(threads.map(LaunchedServer.start, launched))
-        except BaseException:  # one did not start: stop those that did
-            for server in launched:
-                server.stop()
-            raise
-        return [PoolServer(i, url, server) for i, (url, server) in enumerate(zip(urls, launched))]
+    def _servers(self, follows: bool) -> list[PoolServer]:
+        """The pool: rank 0's servers for a follower; else those started (``launch``) on
+        the policy's weights, or the user's (``urls``)."""
+        if follows:
+            return [PoolServer(i, url) for i, url in enumerate(self.sync.servers())]
+        self._write_model_dir()
+        if self.options.launch:
+            dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
+            return launch_servers(self.options, self.spec, self.weights_dir, dtype=dtype,
+                                  lora=self.adapter)  # fmt: skip
+        return [PoolServer(i, u.rstrip("/")) for i, u in enumerate(self.options.urls)]
 
     def _started(self, server: PoolServer) -> None:
         """A server the pool (re)started: checked, and given a LoRA policy's adapter."""
@@ -380,9 +380,7 @@ class VLLMEngine(GenerationEngine):
         worst = 0.0
         for url in [server.url for server in self.pool.live]:
             reply = self._request(url, "/v1/completions", body, "the sync probe")
-            served = self._completion(prompt, reply["choices"][0], self._version)
-            own = policy_logprobs(self.module, prompt, served.token_ids)
-            worst = max(worst, float((own - torch.tensor(served.logprobs)).abs().max()))
+            worst = max(worst, probe_gap(self.module, prompt, reply["choices"][0]))
         self._metrics["vllm/sync_logprob_error"] = worst
         if worst > tolerance:
             raise VLLMServerError(

@@ -148,6 +148,15 @@ class ServerPool:
             if not self.live:
                 self._restart_any()
 
+    def follow(self, urls: list[str | None]) -> None:
+        """The servers as the engine that leads left them (a follower's pool under torchrun:
+        a restarted server at its new URL; None: down there)."""
+        with self._lock:
+            for server, url in zip(self.servers, urls, strict=True):
+                server.up = url is not None
+                server.url = url or server.url
+                server.last_error = "" if server.up else "down on rank 0"
+
     def forget(self) -> None:
         """Drop every key (the weights changed: the prefix caches are empty)."""
         with self._lock:

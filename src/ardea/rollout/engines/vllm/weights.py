@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from ardea.errors import ConfigError
+from ardea.rollout.engines.vllm.server import VLLMServerError
 
 WEIGHTS_FILE = "model.safetensors"
 ADAPTER_DIR = "adapter"
@@ -85,6 +86,19 @@ def policy_logprobs(module: torch.nn.Module, prompt: list[int], tokens: list[int
         module.train(training)
     own = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt) :, None])
     return own[:, 0].cpu()
+
+
+def probe_gap(module: torch.nn.Module, prompt: list[int], choice: dict[str, Any]) -> float:
+    """The largest |difference| between a server's log-probs of the tokens it generated
+    after ``prompt`` (its reply's ``choice``) and ``module``'s own."""
+    ids = [int(t) for t in choice["token_ids"]]
+    served = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+    if len(served) != len(ids):
+        raise VLLMServerError(
+            f"a vLLM server returned {len(ids)} tokens but {len(served)} log-probs"
+        )
+    own = policy_logprobs(module, prompt, ids)
+    return float((own - torch.tensor(served)).abs().max())
 
 
 class AdapterSync:
