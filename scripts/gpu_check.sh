@@ -20,8 +20,8 @@
 #      checkpoints over NCCL: the run saved after every step, resumed from step 2 in a new
 #      directory: its step-3 loss equals the uninterrupted run's (checked: within 1e-5
 #      relative). With one GPU NCCL cannot put two ranks on it: skipped, and said so.
-#   The vLLM weight transport over NCCL is not built (docs/howto/vllm.md); check 3 measures
-#   the file and http transports.
+#   The vLLM weight transport over NCCL is not built (docs/howto/vllm.md; its place is
+#   ardea.rollout.engines.vllm.transports); check 3 measures the file and http transports.
 #
 # Usage, from the repository root with ardea installed in .venv and CUDA torch:
 #   bash scripts/gpu_check.sh [OUT_DIR]

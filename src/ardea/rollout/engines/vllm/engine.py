@@ -39,7 +39,6 @@ rollout: rank 0's leads (starts them, loads the weights), the others follow
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,7 +63,6 @@ from ardea.rollout.engine import (
     load_weights,
     register_engine,
 )
-from ardea.rollout.engines.vllm.extension import FOLDER, WORKER_EXTENSION
 from ardea.rollout.engines.vllm.followers import PeerSync, counts
 from ardea.rollout.engines.vllm.launch import launch_servers
 from ardea.rollout.engines.vllm.pool import PoolServer, ServerPool, VLLMServerDown
@@ -79,14 +77,13 @@ from ardea.rollout.engines.vllm.server import (
     check_servers,
     log_tail,
 )
+from ardea.rollout.engines.vllm.transports import weight_transport
 from ardea.rollout.engines.vllm.weights import (
     LORA_NAME,
-    WEIGHTS_FILE,
     AdapterSync,
     adopt,
     probe_gap,
     write_model_dir,
-    write_weights,
 )
 
 PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
@@ -122,6 +119,7 @@ class VLLMEngine(GenerationEngine):
             raise ConfigError(f"rollout.vllm: {exc}") from None
         self.work_dir = Path(spec.work_dir)
         self.weights_dir = self.work_dir / "weights"
+        self.transport = weight_transport(self.options.weight_transport, self.weights_dir)
         self.sync = PeerSync(
             spec.peers,
             start_wait_s=self.options.startup_timeout_s + 4 * self.options.timeout_s,
@@ -228,8 +226,7 @@ class VLLMEngine(GenerationEngine):
             if self.adapter is not None:  # the adapter alone; the servers keep the base
                 self._metrics["vllm/sync_bytes"] = self.adapter.write(tensors)
             else:  # a directory is rewritten too: save_pretrained leaves a tied head out
-                path = write_weights(self.weights_dir, tensors)
-                self._metrics["vllm/sync_bytes"] = path.stat().st_size
+                self._metrics["vllm/sync_bytes"] = self.transport.write(tensors)
             self.pool.restart_dead()  # launched servers that died start on these weights
             self._reload_all()
             self._probe()
@@ -305,7 +302,7 @@ class VLLMEngine(GenerationEngine):
         self._write_model_dir()
         if self.options.launch:
             dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
-            return launch_servers(self.options, self.spec, self.weights_dir, dtype=dtype,
+            return launch_servers(self.options, self.spec, self.transport, dtype=dtype,
                                   lora=self.adapter)  # fmt: skip
         return [PoolServer(i, u.rstrip("/")) for i, u in enumerate(self.options.urls)]
 
@@ -321,22 +318,17 @@ class VLLMEngine(GenerationEngine):
         return check_servers([s.url for s in servers], self._request)
 
     def _reload_all(self, *, full: bool = False) -> None:
-        """Every live server loads the weights (from the file, or its bytes sent in the
-        request: ``rollout.vllm.weight_transport``), or a LoRA policy's adapter unless
+        """Every live server loads the weights (``rollout.vllm.weight_transport``:
+        :mod:`~ardea.rollout.engines.vllm.transports`), or a LoRA policy's adapter unless
         ``full``; one that does not answer is taken out (the call fails when none is left)."""
-        route, call = "/collective_rpc", "a weight reload"
+        call, hint = "a weight reload", self.transport.hint
+        if self.adapter is not None:
+            hint = (f"(a LoRA policy: start the server with --enable-lora --max-lora-rank "
+                    f"{self.adapter.rank} and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")  # fmt: skip
         if self.adapter is not None and not full:  # full: the weights file (a LoRA base)
-            route, call, body = (
-                "/v1/load_lora_adapter",
-                "a LoRA adapter load",
-                self.adapter.load_body(),
-            )
-        elif self.options.weight_transport == "http":
-            data = base64.b64encode((self.weights_dir / WEIGHTS_FILE).read_bytes()).decode()
-            body = {"method": "ardea_load_weights", "kwargs": {"data": data}}
+            route, call, body = "/v1/load_lora_adapter", "a LoRA adapter load", self.adapter.load_body()  # fmt: skip
         else:
-            path = str(self.weights_dir.resolve())
-            body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+            route, body = self.transport.reload()
         for server in self.pool.live:
             try:
                 self._request(server.url, route, body, call)
@@ -344,19 +336,9 @@ class VLLMEngine(GenerationEngine):
             except VLLMServerDown as error:
                 self.pool.take_out(server, server.url, error)
             except VLLMServerError as error:
-                if self.adapter is not None:
-                    raise VLLMServerError(
-                        f"{error}\n(a LoRA policy: start the server with --enable-lora "
-                        f"--max-lora-rank {self.adapter.rank} and "
-                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
-                    ) from None
-                if self.options.weight_transport != "http":
+                if not hint:
                     raise
-                raise VLLMServerError(
-                    f"{error}\n(rollout.vllm.weight_transport=http: start the server with "
-                    f"--worker-extension-cls {WORKER_EXTENSION} and {FOLDER} on its "
-                    "PYTHONPATH)"
-                ) from None
+                raise VLLMServerError(f"{error}\n{hint}") from None
         self.pool.require_live()  # a restarted server starts on the file just written
 
     # ------------------------------------------------------------- weights

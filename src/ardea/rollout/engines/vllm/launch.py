@@ -3,39 +3,40 @@ process with its own log (``<run>/engine/server<i>.log``), on the weights just w
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ardea.rollout.engines.vllm.extension import FOLDER, WORKER_EXTENSION
 from ardea.rollout.engines.vllm.pool import PoolServer
 from ardea.rollout.engines.vllm.server import LaunchedServer
+from ardea.rollout.engines.vllm.transports import WeightTransport
 from ardea.rollout.engines.vllm.weights import LORA_ENV, AdapterSync
 
 
 def launch_servers(
-    options: Any, spec: Any, weights_dir: Path, *, dtype: str, lora: AdapterSync | None
+    options: Any,
+    spec: Any,
+    transport: WeightTransport,
+    *,
+    dtype: str,
+    lora: AdapterSync | None,
 ) -> list[PoolServer]:
-    """``options.servers`` servers (``rollout.vllm``) on the model in ``weights_dir``
-    (``spec``: the engine's, for the context length and the log directory), in ``dtype``;
-    ``lora``: servers that take the adapter at runtime. When one does not start, those
-    that did are stopped and its error raised."""
+    """``options.servers`` servers (``rollout.vllm``) on the model in the transport's
+    ``weights_dir`` (``spec``: the engine's, for the context length and the log
+    directory), in ``dtype``, set up for ``transport``; ``lora``: servers that take the
+    adapter at runtime. When one does not start, those that did are stopped and its error
+    raised."""
     count = options.servers
     length = options.max_model_len or int(
         getattr(spec.model_config, "max_position_embeddings", 0) or 2048
     )
-    extension, env = [], {}
-    if lora is not None:
+    extension, env = transport.server_setup()
+    if lora is not None:  # the adapter's path instead (AdapterSync refuses http)
         extension, env = lora.server_args(), dict(LORA_ENV)
-    if options.weight_transport == "http":  # the worker loads the bytes it is sent
-        extension = ["--worker-extension-cls", WORKER_EXTENSION]
-        path = os.pathsep.join(filter(None, [str(FOLDER), os.environ.get("PYTHONPATH")]))
-        env = {"PYTHONPATH": path}
     launched = [
         LaunchedServer(
             options.python,
-            weights_dir,
+            transport.weights_dir,
             Path(spec.work_dir) / ("server.log" if count == 1 else f"server{i}.log"),
             dtype=dtype,
             max_model_len=length,
