@@ -15,6 +15,9 @@ Workloads (the default recipe's model and arithmetic task, float32):
   of the rows.
 - ``online_grpo_10M``: ``online_grpo`` on a 10.4M-parameter decoder (hidden 384,
   intermediate 1152, 6 layers, 6 heads, 2 KV heads; random weights).
+- ``online_grpo_vllm``: ``online_grpo`` generating on a vLLM server the run launches
+  (``.venv-vllm``; 2 heads: vLLM's CPU attention needs a head dim of 32) — each rank sends
+  its half of the requests to it; rank 0 loads the weights. Not in ``--smoke``.
 
 ``--recipe`` times the default recipe instead (``ardea train`` with no config: SFT, then
 online GRPO with dynamic sampling; evaluation and checkpoints included), one process
@@ -51,6 +54,9 @@ WORKLOADS = {
     "online_grpo_10M": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8",
                         "model.hidden_size=384", "model.intermediate_size=1152",
                         "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2"],
+    "online_grpo_vllm": ["configs/online_grpo.yaml", "trainer.batch_size=32", "rollout.group_size=8",
+                         "model.num_heads=2", "model.num_kv_heads=1", "rollout.engine=vllm",
+                         "rollout.vllm.launch=true"],
 }  # fmt: skip
 COMMON = [
     "model.compute_dtype=float32",

@@ -37,6 +37,7 @@ from ardea.trainer.engine_peers import StorePeers
 from ardea.trainer.row_shards import RowShards
 from ardea.trainer.watchdog import Heartbeat, describe_failure, is_collective_failure
 
+CPU_BUCKET_MB = 1024  # DDP's gradient bucket on CPU (wrap: one bucket, not overlapped)
 WRITE_WAIT_S = 3600.0  # longest the ranks wait for rank 0 to write a checkpoint
 
 
@@ -166,8 +167,16 @@ class Distributed:
             fully_shard(module, mp_policy=mixed)
             return module
         if self.mode == "ddp" and trainable:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(module, device_ids=ids)
+            if self.device.type == "cuda":
+                return DistributedDataParallel(
+                    module, device_ids=[self.device.index], gradient_as_bucket_view=True
+                )
+            # on CPU gloo all-reduces on the cores the backward computes on, so a bucket
+            # sent early overlaps nothing and each costs a call: the gradients go in one
+            # bucket after the backward (the first, 1 MB, aside), as views of it (no copy)
+            return DistributedDataParallel(
+                module, bucket_cap_mb=CPU_BUCKET_MB, gradient_as_bucket_view=True
+            )
         return module
 
     @staticmethod
