@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 96
 PAD = 0
 EOS = 1
+
+
+#: hybrid linear-attention families (transformers' classes): one linear-attention (gated
+#: delta net) or short-convolution layer, then one full-attention layer
+LINEAR = dict(head_dim=16, linear_num_value_heads=2, linear_num_key_heads=1,
+              linear_key_head_dim=16, linear_value_head_dim=16,
+              layer_types=["linear_attention", "full_attention"])  # fmt: skip
+HYBRID = {
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   LINEAR | dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=32)),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", LINEAR),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(layer_types=["conv", "full_attention"])),
+}  # fmt: skip
 
 
 def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Module:
@@ -36,6 +51,10 @@ def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Modu
         model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
     elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    elif arch in HYBRID:
+        config_class, model_class, extra = HYBRID[arch]
+        config = getattr(transformers, config_class)(**(kwargs | extra))
+        model = getattr(transformers, model_class)(config)
     else:
         raise ValueError(arch)
     model.config._attn_implementation = attn

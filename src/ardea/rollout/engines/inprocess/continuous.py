@@ -25,7 +25,7 @@ import torch
 from ardea.rollout.engine import Request, SamplingParams
 from ardea.rollout.engines.inprocess.decode_batch import DecodeBatch, Kind, Row
 from ardea.rollout.engines.inprocess.fast_decode import FastDecoder
-from ardea.rollout.engines.inprocess.kv_cache import new_cache
+from ardea.rollout.engines.inprocess.kv_cache import new_cache, select_rows
 from ardea.rollout.engines.inprocess.sampling import next_tokens
 from ardea.rollout.engines.inprocess.stop_watch import StopWatch
 
@@ -119,7 +119,7 @@ class Decoder:
         full[:, :width] = keys
         if len(unique) < len(rows):
             index = torch.tensor(inverse, device=device)
-            cache.batch_select_indices(index)
+            select_rows(cache, index)
             logits, full, lens = logits[index], full[index], lens[index]
         return DecodeBatch(rows, logits, cache, width, full, lens, version)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ardea.rollout.engines.inprocess.kv_cache import merge_caches
+from ardea.rollout.engines.inprocess.kv_cache import merge_caches, select_rows
 from ardea.rollout.request_state import RequestState
 
 
@@ -163,7 +163,7 @@ class DecodeBatch:
             self.uniforms = self.uniforms[keep]
         if self._additive is not None:
             self._additive = self._additive[keep]
-        self.cache.batch_select_indices(keep)
+        select_rows(self.cache, keep)
         self.n_alive = int(self.alive.sum())
 
     def running(self) -> torch.Tensor:
