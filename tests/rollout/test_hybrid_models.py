@@ -1,9 +1,9 @@
 """Hybrid linear-attention models in the in-process engine: Qwen3-Next (gated delta nets
 and MoE), Qwen3.5 (gated delta nets) and LFM2 (short convolutions), each a linear layer then
 a full-attention layer, built with transformers' own classes. Their cache layers hold per-row
-convolution and recurrent states instead of keys and values; the engine selects and merges
-rows of them (a prompt's samples prefilled once, rows that stop dropped, rows joining a
-running batch).
+convolution and recurrent states instead of keys and values; the engine selects rows of them
+(a prompt's samples prefilled once, rows that stop dropped) and merges them (rows joining a
+running batch: test_rollout_requests.py's joining test runs on these families too).
 
 Log-prob tolerance: 1e-5, as the engine's other tests: the same row's float32 forwards in
 batches of other shapes differ by rounding of about 1e-7 per op over 2 layers; the
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_models import EOS, PAD, make_model
+from rollout_models import EOS, HYBRID, PAD, make_model
 
-from ardea.rollout import InProcessEngine, Request, SamplingParams
+from ardea.rollout import InProcessEngine, SamplingParams
 
-ARCHS = ["qwen3_next", "qwen3_5", "lfm2"]
 PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23], [30, 31, 32, 33, 34, 35], [40]]
 TOL = 1e-5
 
@@ -40,7 +39,7 @@ def worst_gap(model, completions) -> float:
     return worst
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", sorted(HYBRID))
 def test_samples_of_a_prompt_and_rows_that_stop_early_keep_their_states(arch):
     """Three samples of each prompt (its prefill shared, then its rows selected three
     times), six of the 96 tokens stopping rows (dropped from the batch as they end):
@@ -52,23 +51,3 @@ def test_samples_of_a_prompt_and_rows_that_stop_early_keep_their_states(arch):
     assert len(completions) == 15
     assert {c.finish_reason for c in completions} == {"stop", "length"}  # rows were dropped
     assert worst_gap(model, completions) <= TOL
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_requests_joining_a_running_batch_sample_what_one_batch_call_does(arch):
-    """Rows submitted while others decode join their batch (the linear layers' states
-    stacked by row beside the attention layers' right-aligned keys): the tokens of one
-    batch call with the same seed and row ids, log-probs within the bound."""
-    model = make_model(arch)
-    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=11)
-    rows = list(range(len(PROMPTS)))
-    batch = engine_for(model).generate(PROMPTS, SamplingParams(**{**vars(params), "row_ids": rows}))
-    engine = engine_for(model, max_batch_size=3)
-    first = [engine.submit(Request(PROMPTS[i], params, i)) for i in (0, 1)]
-    first[0].result(timeout=60)  # the others join a batch that has decoded for a while
-    later = [engine.submit(Request(PROMPTS[i], params, i)) for i in (2, 3, 4)]
-    got = [handle.result(timeout=60) for handle in first + later]
-    assert engine._merge_ok is True  # they joined running rows, not a batch of their own
-    for completion, expected in zip(got, batch, strict=True):
-        assert completion.token_ids == expected.token_ids
-    assert worst_gap(model, got) <= TOL

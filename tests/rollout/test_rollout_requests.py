@@ -7,8 +7,9 @@ about 1e-7 per op over a 2-layer model; a token itself must be equal.
 
 from __future__ import annotations
 
+import pytest
 import torch
-from rollout_models import EOS, PAD, make_model
+from rollout_models import EOS, HYBRID, PAD, make_model
 
 from ardea.rollout import InProcessEngine, Request, SamplingParams
 
@@ -36,10 +37,13 @@ def close(a, b) -> bool:
     return len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0.0) <= TOL
 
 
-def test_requests_joining_at_different_steps_sample_what_one_batch_call_does():
+@pytest.mark.parametrize("arch", ["qwen2", *HYBRID])
+def test_requests_joining_at_different_steps_sample_what_one_batch_call_does(arch):
     """Rows submitted while others run (and with a batch cap, so some wait for a free
-    slot) give the tokens of one batch call with the same seed and row ids."""
-    model = make_model("qwen2")
+    slot) give the tokens of one batch call with the same seed and row ids; they join the
+    running rows' batch (a hybrid model's linear-attention states stacked by row beside the
+    attention layers' right-aligned keys: tests/rollout/test_hybrid_models.py)."""
+    model = make_model(arch)
     params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=11)
     rows = list(range(len(PROMPTS)))
     batch = engine_for(model).generate(PROMPTS, SamplingParams(**{**vars(params), "row_ids": rows}))
@@ -52,6 +56,7 @@ def test_requests_joining_at_different_steps_sample_what_one_batch_call_does():
         assert got.token_ids == expected.token_ids
         assert close(got.logprobs, expected.logprobs)
         assert got.spans == [(0, 0)] and got.finish_reason == expected.finish_reason
+    assert engine._merge_ok is True  # joined running rows, not a batch of their own
 
 
 def test_a_resumed_completion_continues_exactly_under_the_same_weights():
