@@ -1,7 +1,8 @@
 """Generation throughput: ardea's InProcessEngine against ``transformers`` ``generate()``.
 
 Both run the same model on the same left-padded prompts (8-12 tokens) and lengths, on CPU.
-Models (``--sizes``): Qwen2 decoders with tied embeddings, vocab 110, random init:
+Models (``--sizes``): Qwen2 decoders (``--arch qwen3``: Qwen3, the same sizes with per-head
+query/key norms and no q/k/v biases) with tied embeddings, vocab 110, random init:
 
 - ``0.8M``: hidden 128, intermediate 384, 4 layers, 4 heads, 2 KV heads (ardea's default tiny
   model);
@@ -25,22 +26,28 @@ each precision from the best of ``--repeats`` runs (after one warm-up), and per 
 speed ratio engine / generate as the median over adjacent (engine, generate) pairs, which see
 similar load from other processes. One JSON line per case, then the markdown table.
 Threads: torch's default (``--threads`` to set). Target: engine ≥ 1.5× ``generate()``.
+``--generic`` also times the engine with its compact decode step off (the Hugging Face
+forward at every step, as every family the step does not cover runs): JSON fields
+``engine_generic_<precision>_tps`` and ``ratio_fast_over_generic_<precision>`` (the median of
+adjacent pairs, as above).
 
     python benchmarks/bench_rollout.py --threads 1     # the table in benchmarks/README.md
     python benchmarks/bench_rollout.py --sizes 3M --prompts 64 --new-tokens 32 --repeats 2
+    python benchmarks/bench_rollout.py --arch qwen3 --sizes 10M --generic --threads 2
     python benchmarks/bench_rollout.py --smoke         # seconds: 4 prompts, 8 new tokens, 1 run
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from ardea.model import Precision
 from ardea.model.dtype_probe import ProbeShapes
@@ -58,11 +65,16 @@ PRECISIONS = ("fp32", "auto")
 STOP_IDS = [1, 2, 3, 4]  # "sample+stop": rows end at varied lengths, as real completions do
 
 
-def qwen2(size: str, vocab: int = VOCAB) -> Qwen2ForCausalLM:
-    """The Qwen2 causal LM of ``SIZES[size]`` (fp32, eval mode, seed 0)."""
+def qwen2(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> Qwen2ForCausalLM:
+    """The Qwen2 (or ``arch="qwen3"``: Qwen3) causal LM of ``SIZES[size]`` (fp32, eval mode,
+    seed 0)."""
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
     torch.manual_seed(0)
-    config = Qwen2Config(
+    config_class, extra = (
+        (Qwen2Config, {}) if arch == "qwen2" else (Qwen3Config, {"head_dim": hidden // heads})
+    )
+    config = config_class(
+        **extra,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -73,7 +85,8 @@ def qwen2(size: str, vocab: int = VOCAB) -> Qwen2ForCausalLM:
         tie_word_embeddings=True,
         pad_token_id=PAD,
     )
-    return Qwen2ForCausalLM(config).float().eval()
+    model_class = Qwen2ForCausalLM if arch == "qwen2" else Qwen3ForCausalLM
+    return model_class(config).float().eval()
 
 
 def make_prompts(n: int, vocab: int, min_len: int = 8, max_len: int = 12) -> list[list[int]]:
@@ -111,10 +124,13 @@ def auto_precision(model, rows: int, length: int) -> Precision:
     return Precision.resolve("auto", torch.device("cpu"), torch.float32, shapes=shapes)
 
 
-def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
+def run_case(
+    model, prompts, new_tokens: int, mode: str, repeats: int, generic: bool = False
+) -> dict:
     """Both sides in both precisions on one (prompts, new tokens, mode); mode: "sample"
     (T = 1), "greedy", or "sample+stop" (T = 1 with stop tokens; each side's tok/s counts the
-    tokens it generated, whose expected number is the same for both)."""
+    tokens it generated, whose expected number is the same for both). ``generic``: the
+    engine with its compact decode step off too."""
     stops = STOP_IDS if mode == "sample+stop" else None
     greedy = mode == "greedy"
     params = SamplingParams(temperature=0.0 if greedy else 1.0, max_new_tokens=new_tokens, seed=0)
@@ -139,6 +155,14 @@ def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
         def run_engine(engine=engine, name=f"engine_{precision}"):
             record(name, [c.token_ids for c in engine.generate(prompts, params)])
 
+        if generic:
+            stock = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=stops or [],
+                                    precision=prec)  # fmt: skip
+            stock._fast = stock._decoder.fast = None  # the Hugging Face forward at every step
+            fns[f"engine_generic_{precision}"] = functools.partial(
+                run_engine, stock, f"engine_generic_{precision}"
+            )
+
         def run_hf(prec=prec, name=f"hf_{precision}"):
             with torch.inference_mode(), prec.autocast():
                 out = model.generate(
@@ -151,6 +175,8 @@ def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
     times = time_rounds(fns, repeats)
     if greedy:
         assert outputs["engine_fp32"] == outputs["hf_fp32"], "greedy outputs differ in fp32"
+    if generic:  # the same seeded rows: the same tokens in fp32
+        assert outputs["engine_generic_fp32"] == outputs["engine_fp32"], "fast ≠ generic (fp32)"
     if stops is None:
         assert {c for v in counts.values() for c in v} == {len(prompts) * new_tokens}
     result = {"compute_dtype_auto": str(auto.compute).removeprefix("torch.")}
@@ -163,6 +189,10 @@ def run_case(model, prompts, new_tokens: int, mode: str, repeats: int) -> dict:
         )
         pairs = [h / e for e, h in zip(t_engine, t_hf, strict=True)]
         result[f"ratio_{precision}"] = statistics.median(pairs) * tokens
+        if generic:
+            t_generic = times[f"engine_generic_{precision}"]
+            pairs = [g / e for e, g in zip(t_engine, t_generic, strict=True)]
+            result[f"ratio_fast_over_generic_{precision}"] = statistics.median(pairs)
     result["mean_len"] = statistics.mean(counts["engine_fp32"]) / len(prompts)
     return result
 
@@ -184,6 +214,10 @@ HEADER = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--arch", choices=("qwen2", "qwen3"), default="qwen2")
+    parser.add_argument(
+        "--generic", action="store_true", help="also the engine without its compact step"
+    )
     parser.add_argument("--prompts", type=int, nargs="+", default=[64])
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[64])
     parser.add_argument("--modes", nargs="+", default=["sample", "sample+stop"])
@@ -203,19 +237,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     print(
-        f"# Qwen2 models, fp32 weights, CPU, torch {torch.__version__}, threads "
+        f"# {args.arch} models, fp32 weights, CPU, torch {torch.__version__}, threads "
         f"{torch.get_num_threads()}, {platform.processor() or platform.machine()}; "
         "compute dtype auto: measured per case (compute_dtype_auto)"
     )
     rows = []
     for size in args.sizes:
-        model = qwen2(size)
+        model = qwen2(size, arch=args.arch)
         n_params = sum(p.numel() for p in model.parameters())
         for n_prompts in args.prompts:
             prompts = make_prompts(n_prompts, model.config.vocab_size)
             for new_tokens in args.new_tokens:
                 for mode in args.modes:
-                    r = run_case(model, prompts, new_tokens, mode, args.repeats)
+                    r = run_case(model, prompts, new_tokens, mode, args.repeats, args.generic)
                     case = {"model": size, "params": n_params, "prompts": n_prompts,
                             "new_tokens": new_tokens, "mode": mode, **r}  # fmt: skip
                     print(json.dumps(case), flush=True)

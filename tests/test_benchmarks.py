@@ -108,14 +108,16 @@ def qwen2_params(vocab, hidden, intermediate, layers, heads, kv_heads):
 
 
 def test_rollout_smoke(tmp_path):
-    out = smoke("bench_rollout.py", cwd=tmp_path)
+    out = smoke("bench_rollout.py", "--generic", cwd=tmp_path)
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["mode"] for r in rows] == ["sample", "greedy", "sample+stop"]
     assert {r["params"] for r in rows} == {qwen2_params(110, 128, 384, 4, 4, 2)} == {802_688}
-    for r in rows:  # both precisions, both sides, and the ratios of the pairs
+    sides = ("engine", "hf", "engine_generic")
+    for r in rows:  # both precisions, every side, and the ratios of the pairs
         assert r["compute_dtype_auto"] in ("bfloat16", "float32")
-        assert all(r[f"{side}_{p}_tps"] > 0 for side in ("engine", "hf") for p in ("fp32", "auto"))
+        assert all(r[f"{side}_{p}_tps"] > 0 for side in sides for p in ("fp32", "auto"))
         assert r["ratio_fp32"] > 0 and r["ratio_auto"] > 0
+        assert r["ratio_fast_over_generic_fp32"] > 0 and r["ratio_fast_over_generic_auto"] > 0
     cells = [line.split(" | ")[:6] for line in out.splitlines() if line.startswith("| 0.8M |")]
     assert [c[4] for c in cells] == ["sample", "greedy", "sample+stop"]
     assert all(c[1:4] == ["0.80M", "4", "8"] for c in cells)

@@ -51,6 +51,8 @@ def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Modu
         model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
     elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    elif arch == "qwen3":  # Qwen2 with per-head query/key RMSNorms and no q/k/v biases
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kwargs))
     elif arch in HYBRID:
         config_class, model_class, extra = HYBRID[arch]
         config = getattr(transformers, config_class)(**(kwargs | extra))

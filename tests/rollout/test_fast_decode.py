@@ -1,4 +1,4 @@
-"""The compact decode step: used for plain Qwen2 / Llama decoders, never for what it does
+"""The compact decode step: used for plain Qwen2 / Qwen3 / Llama decoders, never for what it does
 not reproduce, and equal to the Hugging Face forward (fp32) or close to it (bf16)."""
 
 import pytest
@@ -16,12 +16,13 @@ PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
     ("arch", "overrides", "fast"),
     [
         ("qwen2", {}, True),
+        ("qwen3", {}, True),
         ("llama", {}, True),
         ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, False),
         ("llama", {"mlp_bias": True}, False),
         ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, False),
     ],
-    ids=["qwen2", "llama", "rope-scaling", "mlp-bias", "sliding-window"],
+    ids=["qwen2", "qwen3", "llama", "rope-scaling", "mlp-bias", "sliding-window"],
 )
 def test_only_plain_decoders_take_the_fast_step(arch, overrides, fast):
     assert (fast_decoder(make_model(arch, **overrides), None) is not None) == fast
@@ -30,11 +31,11 @@ def test_only_plain_decoders_take_the_fast_step(arch, overrides, fast):
 def engine(model, fast: bool, precision=None) -> InProcessEngine:
     out = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=[EOS], precision=precision)
     if not fast:
-        out._fast = None  # the Hugging Face forward at every step
+        out._fast = out._decoder.fast = None  # the Hugging Face forward at every step
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 def test_fast_step_equals_the_hugging_face_forward_in_float32(arch):
     model = make_model(arch)
     params = SamplingParams(temperature=0.9, max_new_tokens=16, seed=4, n=3)
@@ -58,10 +59,11 @@ def test_weights_reach_the_fast_step_through_update_weights():
     ]
 
 
-def test_bfloat16_compute_stays_close_to_the_float32_distribution():
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_bfloat16_compute_stays_close_to_the_float32_distribution(arch):
     """bf16 matmuls (fp32 parameters, as under autocast): the behaviour log-probs of the
     sampled tokens stay within 0.05 of the float32 engine's on the same tokens."""
-    model = make_model("qwen2")
+    model = make_model(arch)
     bf16 = Precision(torch.device("cpu"), torch.float32, torch.bfloat16)
     params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7, n=2)
     low = engine(model, True, bf16).generate(PROMPTS, params)

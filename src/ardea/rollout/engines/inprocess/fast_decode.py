@@ -1,6 +1,6 @@
-"""A compact decode step for Llama-family decoders (Qwen2, Llama, Mistral): one new token per
-row against the KV cache, in a few fused tensor ops per layer instead of the dozens of small
-module calls a Hugging Face forward makes.
+"""A compact decode step for Llama-family decoders (Qwen2, Qwen3, Llama, Mistral): one new
+token per row against the KV cache, in a few fused tensor ops per layer instead of the dozens
+of small module calls a Hugging Face forward makes.
 
 Notation: ``N`` rows, ``H`` hidden size, ``Hq`` / ``Hkv`` query / key-value heads (``G =
 Hq / Hkv``), ``D`` head size, ``L`` cached positions, ``V`` vocabulary.
@@ -11,7 +11,8 @@ Per layer, for the rows' new token ``x`` (N, 1, H):
     out = h + down_proj(silu(gate) * up)                  gate, up = gate_up_proj(rmsnorm(h))
 
 with ``qkv_proj`` and ``gate_up_proj`` the concatenated projection matrices (one matmul each),
-``rope`` the rotary embedding at each row's position, and attention over the layer's cached
+``rope`` the rotary embedding at each row's position (Qwen3: after an RMSNorm of each query
+and key head over its ``D`` features, ``q_norm`` / ``k_norm``), and attention over the layer's cached
 keys and values plus the new ones, masked to the row's real tokens:
 ``softmax(q kᵀ / sqrt(D) + mask) v`` with the ``G`` query heads of a key-value head in one
 batched matmul. The math is the Hugging Face modules' (RMSNorm in float32 then cast back,
@@ -37,7 +38,8 @@ from torch import Tensor, nn
 
 from ardea.model.packed_linear import PackedLinear
 
-SUPPORTED = ("qwen2", "llama", "mistral")
+SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
+CLASSES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 
 
 def fast_decoder(model: nn.Module, compute_dtype: torch.dtype | None) -> FastDecoder | None:
@@ -60,8 +62,7 @@ def fast_decoder(model: nn.Module, compute_dtype: torch.dtype | None) -> FastDec
         or getattr(config, "mlp_bias", False)
         or getattr(config, "hidden_act", "silu") != "silu"
         or layers is None
-        or type(model).__name__
-        not in ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+        or type(model).__name__ not in CLASSES
     ):
         return None
     return FastDecoder(model, compute_dtype)
@@ -104,16 +105,18 @@ class FastDecoder:
         self.layers = []
         for layer in self.model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(
-                {
-                    "norm1": layer.input_layernorm.weight.detach(),
-                    "qkv": fused(attn.q_proj, attn.k_proj, attn.v_proj),
-                    "o": fused(attn.o_proj),
-                    "norm2": layer.post_attention_layernorm.weight.detach(),
-                    "gate_up": fused(mlp.gate_proj, mlp.up_proj),
-                    "down": fused(mlp.down_proj),
-                }
-            )
+            weights = {
+                "norm1": layer.input_layernorm.weight.detach(),
+                "qkv": fused(attn.q_proj, attn.k_proj, attn.v_proj),
+                "o": fused(attn.o_proj),
+                "norm2": layer.post_attention_layernorm.weight.detach(),
+                "gate_up": fused(mlp.gate_proj, mlp.up_proj),
+                "down": fused(mlp.down_proj),
+            }
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head query/key norms
+                weights["q_norm"] = attn.q_norm.weight.detach()
+                weights["k_norm"] = attn.k_norm.weight.detach()
+            self.layers.append(weights)
         self.final_norm = self.model.model.norm.weight.detach()
         self.head = fused(self.model.get_output_embeddings())
         self.embed = self.model.get_input_embeddings().weight.detach()
@@ -153,7 +156,12 @@ class FastDecoder:
     def _attention(self, h, weights, layer, cos, sin, mask) -> Tensor:
         n, d, heads, kv_heads = h.shape[0], self.head_dim, self.heads, self.kv_heads
         qkv = weights["qkv"](h).view(n, heads + 2 * kv_heads, 2, d // 2)  # (N, Hq+2Hkv, 2, D/2)
-        qk = rotate(qkv[:, : heads + kv_heads], cos, sin)  # (N, Hq + Hkv, 2, D/2), queries and keys
+        qk = qkv[:, : heads + kv_heads]  # (N, Hq + Hkv, 2, D/2), queries and keys
+        if "q_norm" in weights:  # each head normalised over its D features, then rotated
+            q = _rms_norm(qk[:, :heads].reshape(n, heads, d), weights["q_norm"], self.eps)
+            k = _rms_norm(qk[:, heads:].reshape(n, kv_heads, d), weights["k_norm"], self.eps)
+            qk = torch.cat([q, k], dim=1).view(n, heads + kv_heads, 2, d // 2)
+        qk = rotate(qk, cos, sin)
         k = qk[:, heads:].reshape(n, kv_heads, 1, d)
         v = qkv[:, heads + kv_heads :].reshape(n, kv_heads, 1, d)
         compute = self.compute_dtype
