@@ -2,7 +2,10 @@
 
 Both run the same model on the same left-padded prompts (8-12 tokens) and lengths, on CPU.
 Models (``--sizes``): Qwen2 decoders (``--arch qwen3``: Qwen3, the same sizes with per-head
-query/key norms and no q/k/v biases) with tied embeddings, vocab 110, random init:
+query/key norms and no q/k/v biases; ``--arch qwen3_moe``: Qwen3-MoE, every MLP 8 experts of
+half the intermediate size, 2 per token, top-k weights renormalised; it has no compact
+decode step, so both engine sides of ``--generic`` run the Hugging Face forward) with tied
+embeddings, vocab 110, random init:
 
 - ``0.8M``: hidden 128, intermediate 384, 4 layers, 4 heads, 2 KV heads (ardea's default tiny
   model);
@@ -47,7 +50,7 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+import transformers
 
 from ardea.model import Precision
 from ardea.model.dtype_probe import ProbeShapes
@@ -62,17 +65,20 @@ SIZES = {
     "10M": (384, 1152, 6, 6, 2),
 }
 PRECISIONS = ("fp32", "auto")
+ARCHS = {"qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}  # transformers' class names
 STOP_IDS = [1, 2, 3, 4]  # "sample+stop": rows end at varied lengths, as real completions do
 
 
-def qwen2(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> Qwen2ForCausalLM:
-    """The Qwen2 (or ``arch="qwen3"``: Qwen3) causal LM of ``SIZES[size]`` (fp32, eval mode,
-    seed 0)."""
+def qwen2(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> torch.nn.Module:
+    """The Qwen2 (or ``arch``: Qwen3, Qwen3-MoE; module docstring) causal LM of
+    ``SIZES[size]`` (fp32, eval mode, seed 0)."""
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
     torch.manual_seed(0)
-    config_class, extra = (
-        (Qwen2Config, {}) if arch == "qwen2" else (Qwen3Config, {"head_dim": hidden // heads})
-    )
+    config_class = getattr(transformers, ARCHS[arch] + "Config")
+    extra = {} if arch == "qwen2" else {"head_dim": hidden // heads}
+    if arch == "qwen3_moe":
+        extra |= dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                      moe_intermediate_size=intermediate // 2)  # fmt: skip
     config = config_class(
         **extra,
         vocab_size=vocab,
@@ -85,7 +91,7 @@ def qwen2(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> Qwen2ForCausalL
         tie_word_embeddings=True,
         pad_token_id=PAD,
     )
-    model_class = Qwen2ForCausalLM if arch == "qwen2" else Qwen3ForCausalLM
+    model_class = getattr(transformers, ARCHS[arch] + "ForCausalLM")
     return model_class(config).float().eval()
 
 
@@ -214,7 +220,7 @@ HEADER = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
-    parser.add_argument("--arch", choices=("qwen2", "qwen3"), default="qwen2")
+    parser.add_argument("--arch", choices=list(ARCHS), default="qwen2")
     parser.add_argument(
         "--generic", action="store_true", help="also the engine without its compact step"
     )

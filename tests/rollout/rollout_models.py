@@ -53,6 +53,11 @@ def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Modu
         model = LlamaForCausalLM(LlamaConfig(**kwargs))
     elif arch == "qwen3":  # Qwen2 with per-head query/key RMSNorms and no q/k/v biases
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kwargs))
+    elif arch == "qwen3_moe":  # Qwen3 with 4 experts, 2 per token, in every layer
+        moe = dict(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+        )
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**kwargs | moe))
     elif arch in HYBRID:
         config_class, model_class, extra = HYBRID[arch]
         config = getattr(transformers, config_class)(**(kwargs | extra))

@@ -17,12 +17,13 @@ PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
     [
         ("qwen2", {}, True),
         ("qwen3", {}, True),
+        ("qwen3_moe", {}, False),  # mixtures of experts take the Hugging Face forward
         ("llama", {}, True),
         ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, False),
         ("llama", {"mlp_bias": True}, False),
         ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, False),
     ],
-    ids=["qwen2", "qwen3", "llama", "rope-scaling", "mlp-bias", "sliding-window"],
+    ids=["qwen2", "qwen3", "qwen3-moe", "llama", "rope-scaling", "mlp-bias", "sliding-window"],
 )
 def test_only_plain_decoders_take_the_fast_step(arch, overrides, fast):
     assert (fast_decoder(make_model(arch, **overrides), None) is not None) == fast
