@@ -26,7 +26,8 @@ def test_each_transport_reloads_what_was_written(tmp_path):
     route, body = file.reload()
     assert route == "/collective_rpc" and body["method"] == "reload_weights"
     assert body["kwargs"] == {"weights_path": str(tmp_path.resolve())}
-    # safetensors: an 8-byte header length, the JSON header, then 6 float32 values = 24 bytes
+    # safetensors: an 8-byte header length, the JSON header, then the tensors' bytes: the
+    # embedding's 6 float32 values and the tied head written out beside it (the same values)
     written = (tmp_path / "model.safetensors").read_bytes()
     assert size == len(written) and written.endswith(torch.arange(6.0).numpy().tobytes())
     assert file.server_setup() == ([], {})

@@ -38,7 +38,7 @@ def engines(url, model, tmp_path, ranks=2):
     options = {"urls": [url], "timeout_s": 60.0, "sync_tolerance": 1e-4}
     built = []
     for rank in range(ranks):
-        peers = StorePeers("live", 0, rank, ranks)
+        peers = StorePeers("live", 0, rank, ranks, timeout_s=60.0)
         spec = EngineSpec.of(model, TOKENIZER, options=options, work_dir=tmp_path / f"rank{rank}",
                              peers=peers)  # fmt: skip
         built.append(make_engine("vllm", spec, module=model))

@@ -222,6 +222,9 @@ class GenerationEngine(abc.ABC):
     """
 
     in_flight: Literal["resume", "restart"] = "resume"
+    #: the ranks of a torchrun job drive this engine's servers together (``spec.peers``):
+    #: every rank must load the same sequence of versions (:mod:`ardea.rollout.worker`)
+    shared: bool = False
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

@@ -55,17 +55,16 @@ class RolloutShares:
 
     def __init__(self, dist: Ranks) -> None:
         self.dist = dist
-        self.sends = dist.active  # several ranks, each with a share
 
     @property
     def ranks(self) -> int:
         """How many ranks generate a share."""
-        return self.dist.rows.world_size if self.sends else 1
+        return self.dist.rows.world_size
 
     @property
     def rank(self) -> int:
         """This rank's place among :attr:`ranks`."""
-        return self.dist.rows.rank if self.sends else 0
+        return self.dist.rows.rank
 
     def share(self, count: int) -> range:
         """This rank's share of ``count`` prompts."""
@@ -74,7 +73,7 @@ class RolloutShares:
     def gathered(self, compute: Callable[[], Any]) -> list[Any]:
         """``compute()`` on every rank, and every rank's result in rank order; an error on
         one rank is raised on every rank (naming it on the others)."""
-        if not self.sends:
+        if not self.dist.active:
             return [compute()]
         result, error = _attempt(compute)
         gathered = self.dist.gather((result, None if error is None else repr(error)))
@@ -120,7 +119,7 @@ class RolloutShares:
         """The generation of ``examples`` from every rank's share: ``mine()`` makes this
         rank's (:meth:`share`; None when it has none), the others' arrive in their
         checkpoint form and are restored here; joined in rank order (module docstring)."""
-        if not self.sends:
+        if not self.dist.active:
             return mine()
         share, own = self.share(len(examples)), []
 

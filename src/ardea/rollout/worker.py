@@ -272,7 +272,7 @@ class RolloutWorker:
         newer = [v for v in self._snapshots if v > self.engine.version]
         if not newer:
             return None
-        return min(newer) if getattr(self.engine, "shared", False) else max(newer)
+        return min(newer) if self.engine.shared else max(newer)
 
     def _run_job(self, job: _Job) -> None:
         try:

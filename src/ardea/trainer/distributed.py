@@ -239,7 +239,8 @@ class Distributed:
         process)."""
         if self.heartbeat is None:
             return None
-        return StorePeers(name, self.heartbeat.generation, self.rank, self.world_size)
+        generation = self.heartbeat.generation
+        return StorePeers(name, generation, self.rank, self.world_size, self.timeout_s)
 
     def close(self) -> None:
         """Stop this rank's heartbeat (the process group stays for a next stage)."""

@@ -23,13 +23,15 @@ POLL_S = 1.0  # one store wait; the loop around it ends at the caller's deadline
 class StorePeers:
     """This rank among the job's ranks that drive the engine ``name`` (module docstring)."""
 
-    def __init__(self, name: str, generation: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self, name: str, generation: int, rank: int, world_size: int, timeout_s: float
+    ) -> None:
         self.rank, self.world_size, self.name = rank, world_size, name
-        store = dist.TCPStore(
+        store = dist.TCPStore(  # timeout_s: connecting, and every call but wait (POLL_S)
             os.environ["MASTER_ADDR"],
             int(os.environ["MASTER_PORT"]),
             is_master=False,
-            timeout=timedelta(seconds=POLL_S),
+            timeout=timedelta(seconds=timeout_s),
         )
         self.store = dist.PrefixStore(f"ardea/engines/{generation}/{name}/", store)
 

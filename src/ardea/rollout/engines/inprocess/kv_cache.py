@@ -44,9 +44,12 @@ def new_cache(
 
 def _known(layer) -> bool:
     """A plain attention layer, or a plain linear-attention one (module docstring)."""
-    return type(layer) is DynamicLayer or (
-        LinearAttentionLayer is not None and type(layer) is LinearAttentionLayer
-    )
+    return type(layer) is DynamicLayer or _linear(layer)
+
+
+def _linear(layer) -> bool:
+    """A plain linear-attention layer: per-row states, no sequence dimension."""
+    return LinearAttentionLayer is not None and type(layer) is LinearAttentionLayer
 
 
 class PreallocatedLayer(DynamicLayer or object):
@@ -109,7 +112,7 @@ def can_merge(cache: DynamicCache) -> bool:
     """Whether rows of caches like ``cache`` can be merged (:func:`merge_caches`): every
     layer a :class:`PreallocatedLayer` or a plain linear-attention layer."""
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(isinstance(x, PreallocatedLayer) or _known(x) for x in layers)
+    return bool(layers) and all(isinstance(x, PreallocatedLayer) or _linear(x) for x in layers)
 
 
 def merge_caches(caches: list[DynamicCache], lengths: list[int], capacity: int) -> DynamicCache:
