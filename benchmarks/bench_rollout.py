@@ -69,7 +69,7 @@ ARCHS = {"qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}  # transfo
 STOP_IDS = [1, 2, 3, 4]  # "sample+stop": rows end at varied lengths, as real completions do
 
 
-def qwen2(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> torch.nn.Module:
+def decoder(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> torch.nn.Module:
     """The Qwen2 (or ``arch``: Qwen3, Qwen3-MoE; module docstring) causal LM of
     ``SIZES[size]`` (fp32, eval mode, seed 0)."""
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
@@ -249,7 +249,7 @@ def main() -> None:
     )
     rows = []
     for size in args.sizes:
-        model = qwen2(size, arch=args.arch)
+        model = decoder(size, arch=args.arch)
         n_params = sum(p.numel() for p in model.parameters())
         for n_prompts in args.prompts:
             prompts = make_prompts(n_prompts, model.config.vocab_size)
