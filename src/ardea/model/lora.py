@@ -17,6 +17,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from transformers import AutoModelForCausalLM
 
 from ardea.errors import ArdeaError
 from ardea.model.value import ValueModel
@@ -141,6 +142,8 @@ def load_policy_weights(model: Any, directory: Path) -> None:
         state.update(load_file(file))
     # whole tensors in, each rank keeps its shards when the model is sharded (FSDP2)
     options = StateDictOptions(full_state_dict=True, strict=False)
+    if not set(state) <= set(model.state_dict()):
+        state = _converted(directory / POLICY_DIR, state)
     missing, unexpected = set_model_state_dict(model, state, options=options)
     tied = {
         k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)
@@ -150,3 +153,13 @@ def load_policy_weights(model: Any, directory: Path) -> None:
             f"checkpoint {directory} does not fit the model: missing {sorted(set(missing) - tied)[:3]}, "
             f"unexpected {unexpected[:3]}"
         )
+
+
+def _converted(directory: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The saved ``state`` in the layout the model holds in memory, for families whose
+    ``save_pretrained`` writes another (transformers' MoE families store each expert's
+    projections apart and fuse them when loading): loaded by transformers itself, on the CPU
+    in the saved dtype."""
+    dtype = next(iter(state.values())).dtype
+    loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, device_map="cpu")
+    return loaded.state_dict()
