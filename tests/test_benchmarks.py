@@ -42,6 +42,7 @@ def test_every_benchmark_has_a_smoke_test():
         "bench_reward_model.py",
         "bench_rl_vs_sft.py",
         "bench_rollout.py",
+        "bench_routing_replay.py",
         "bench_torchrun.py",
         "bench_train_pass.py",
         "bench_vllm.py",
@@ -227,6 +228,15 @@ def test_lora_sync_smoke(tmp_path):
     # + 64)) floats of 4 bytes
     assert row["adapter_bytes"] == 2 * (4 * 8 * 64 + 8 * (64 + 32 + 32 + 64)) * 4
     assert row["merged_bytes"] > 10 * row["adapter_bytes"] and row["adapter_s"] > 0
+
+
+def test_routing_replay_smoke(tmp_path):
+    out = smoke("bench_routing_replay.py", cwd=tmp_path)
+    rows = {r["replay"]: r for r in map(json.loads, filter(lambda x: x.startswith("{"), out.splitlines()))}  # fmt: skip
+    assert set(rows) == {"false", "true"}
+    assert "moe/routing_replay_changed" in rows["true"]
+    assert "moe/routing_replay_changed" not in rows["false"]
+    assert "| true |" in out
 
 
 def test_mismatch_smoke(tmp_path):

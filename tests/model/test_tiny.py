@@ -2,7 +2,12 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3MoeForCausalLM,
+)
 
 from ardea.model import build_tiny_model
 
@@ -49,6 +54,22 @@ def test_llama_and_tied_variants(tokenizer):
     assert sum(p.numel() for p in tied.parameters()) == 855_680 - 262 * 128
 
 
+def test_the_moe_variant(tokenizer):
+    """Qwen3-MoE: no q/k/v biases, per-head q/k RMSNorms (head_dim 32 each), and each of the
+    4 layers' MLP is 8 SwiGLU experts of 384 plus an 8-way router; 2 experts per token."""
+    moe = build_tiny_model(tokenizer, arch="qwen3_moe")
+    assert isinstance(moe, Qwen3MoeForCausalLM)
+    config = moe.config
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
+        8, 2, 384,
+    )  # fmt: skip
+    dense = expected_param_count(262, 128, 4, 4, 2, 384, qkv_bias=False, tied=False)
+    per_layer_extra = 2 * 32 + 7 * 3 * 128 * 384 + 8 * 128  # q/k norms, 7 more experts, router
+    assert sum(p.numel() for p in moe.parameters()) == dense + 4 * per_layer_extra
+    small = build_tiny_model(tokenizer, arch="qwen3_moe", num_experts=4, experts_per_token=1)
+    assert (small.config.num_experts, small.config.num_experts_per_tok) == (4, 1)
+
+
 def test_same_seed_same_weights_and_caller_rng_untouched(tokenizer):
     torch.manual_seed(123)
     expected_next = torch.rand(3)
@@ -66,7 +87,9 @@ def test_same_seed_same_weights_and_caller_rng_untouched(tokenizer):
 
 
 def test_rejects_bad_shapes_and_unknown_arch(tokenizer):
-    with pytest.raises(ValueError, match="unknown tiny model arch 'gpt2'; known: qwen2, llama"):
+    with pytest.raises(
+        ValueError, match="unknown tiny model arch 'gpt2'; known: qwen2, llama, qwen3_moe"
+    ):
         build_tiny_model(tokenizer, arch="gpt2")
     with pytest.raises(ValueError, match="divisible"):
         build_tiny_model(tokenizer, hidden_size=130)

@@ -97,7 +97,7 @@ def make_runner(
         tokenizer,
         build_scorer(reward, task),
         group_size=rollout.group_size,
-        params=SamplingParams.of(rollout),
+        params=SamplingParams.of(rollout, routed_experts=config.algo.moe_routing_replay),
         chat_template=config.data.chat_template,
         seed=config.trainer.seed,
         # rollout/accuracy by the task's verifier only where the prompts are its own

@@ -52,6 +52,13 @@ class AlgoConfig:
     moe_aux_loss_coef: float = option(
         0.01, "Weight of a mixture-of-experts model's load-balancing loss (0 = off)."
     )
+    moe_routing_replay: bool = option(
+        False,
+        "Online RL with an MoE policy (R3, routing replay): the engine records the experts "
+        "every token was routed to and every training forward of the rollout (policy, "
+        "proximal, reference) routes it to the same ones, gate weights from the trainer's "
+        "router; false: each forward routes itself.",
+    )
     ppo_epochs: int = option(
         1,
         "Online RL: passes over each rollout batch; advantages are computed once per rollout "

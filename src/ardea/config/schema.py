@@ -22,7 +22,8 @@ from ardea.errors import ConfigError
 DTYPES = ("float32", "bfloat16", "float16")
 COMPUTE_DTYPES = ("auto", *DTYPES)
 ATTENTIONS = ("auto", "sdpa", "eager")
-ARCHS = ("qwen2", "llama")
+ARCHS = ("qwen2", "llama", "qwen3_moe")
+MOE_ARCHS = ("qwen3_moe",)
 
 
 @dataclass
@@ -31,13 +32,21 @@ class ModelConfig:
         None, "Local Hugging Face model directory; null builds the tiny default model in code."
     )
     arch: str = option(
-        "qwen2", "Architecture of the tiny default model: qwen2 or llama.", choices=ARCHS
+        "qwen2",
+        "Architecture of the tiny default model: qwen2, llama, or qwen3_moe (a Qwen3-MoE: "
+        "every layer's MLP is model.num_experts experts of model.intermediate_size, "
+        "model.experts_per_token per token).",
+        choices=ARCHS,
     )
     hidden_size: int = option(128, "Tiny model: hidden size.")
     num_layers: int = option(4, "Tiny model: number of decoder layers.")
     num_heads: int = option(4, "Tiny model: attention heads.")
     num_kv_heads: int = option(2, "Tiny model: key/value heads (grouped-query attention).")
-    intermediate_size: int = option(384, "Tiny model: MLP inner size.")
+    intermediate_size: int = option(384, "Tiny model: MLP inner size (each expert's, for MoE).")
+    num_experts: int = option(8, "Tiny MoE model (model.arch=qwen3_moe): experts per layer.")
+    experts_per_token: int = option(
+        2, "Tiny MoE model (model.arch=qwen3_moe): experts each token is routed to."
+    )
     max_position_embeddings: int = option(256, "Tiny model: longest sequence it accepts.")
     dtype: str = option("float32", "Parameter dtype: float32, bfloat16 or float16.", choices=DTYPES)
     compute_dtype: str = option(
@@ -77,6 +86,7 @@ class ModelConfig:
         check_range("model.lora_dropout", self.lora_dropout, low=0.0, high=1.0, high_open=True)
         if self.lora_r and not self.lora_target_modules:
             raise ConfigError("model.lora_target_modules is empty; name the modules LoRA adapts")
+        self._check_experts()
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} must be divisible by "
@@ -86,6 +96,24 @@ class ModelConfig:
             raise ConfigError(
                 f"model.num_heads={self.num_heads} must be divisible by "
                 f"model.num_kv_heads={self.num_kv_heads}"
+            )
+
+    def _check_experts(self) -> None:
+        if self.arch not in MOE_ARCHS or self.path:
+            for name in ("num_experts", "experts_per_token"):
+                if getattr(self, name) != getattr(ModelConfig, name):
+                    raise ConfigError(
+                        f"model.{name}={getattr(self, name)} is read only by the tiny MoE model "
+                        f"(model.arch=qwen3_moe, no model.path); this run has "
+                        f"model.arch={self.arch}"
+                        + (f", model.path={self.path}" if self.path else "")
+                    )
+            return
+        check_range("model.experts_per_token", self.experts_per_token, low=1)
+        if self.num_experts < self.experts_per_token:
+            raise ConfigError(
+                f"model.num_experts={self.num_experts} must be at least "
+                f"model.experts_per_token={self.experts_per_token}"
             )
 
 
@@ -216,6 +244,8 @@ class ArdeaConfig:
             _check_agent_reward(
                 self.reward, "agent.workflow is set: the workflow returns the reward"
             )
+        if self.algo.moe_routing_replay:
+            _check_routing_replay(self)
         if self.reward.overlong_buffer > self.rollout.max_new_tokens:
             raise ConfigError(
                 f"reward.overlong_buffer={self.reward.overlong_buffer} exceeds "
@@ -229,6 +259,23 @@ class ArdeaConfig:
                     f"stages.{name} must map sections to overrides, e.g. "
                     f"{{algo: {{name: sft}}}}; got {overrides!r}"
                 )
+
+
+def _check_routing_replay(config: ArdeaConfig) -> None:
+    """Routing replay needs an engine that records routing, on rollouts it builds rows of."""
+    option = "algo.moe_routing_replay=true"
+    if config.rollout.engine == "vllm":
+        raise ConfigError(
+            f"{option} needs the experts each token was routed to; rollout.engine=vllm cannot "
+            "return them (vLLM 0.32 does only from its V2 model runner, not in its CPU build, "
+            "and only in non-streamed completions): use rollout.engine=in_process or "
+            "algo.moe_routing_replay=false"
+        )
+    if config.agent.plays_episodes:
+        raise ConfigError(
+            f"{option} replays single-turn rollouts; agent episodes (agent.env, "
+            "agent.workflow) are not recorded yet: set algo.moe_routing_replay=false"
+        )
 
 
 def _check_agent_reward(reward: RewardConfig, why: str) -> None:

@@ -5,8 +5,10 @@ token-aligned lists (see :mod:`ardea.data.trajectory` for the layout)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from torch import Tensor
 
 SegmentKind = Literal["prompt", "generated", "context"]
 
@@ -68,15 +70,18 @@ class Segment:
 @dataclass(frozen=True)
 class Trajectory:
     """One row before collation: its segments, outcome ``reward``, ``group_id`` (which prompt
-    or environment row it answers), ``no_eos`` (it ended at the length limit) and
+    or environment row it answers), ``no_eos`` (it ended at the length limit),
     ``rewritten_turns`` (agent rows: turns whose text the agent replaced, trained as the
-    model generated them; :mod:`ardea.agent.lineage`)."""
+    model generated them; :mod:`ardea.agent.lineage`) and ``routed_experts`` (an MoE
+    engine's routing of every token of the row, ``(S_row, L, K)``, -1 where none:
+    :attr:`ardea.data.TrajectoryBatch.routed_experts`)."""
 
     segments: tuple[Segment, ...]
     reward: float = 0.0
     group_id: int = 0
     no_eos: bool = False
     rewritten_turns: int = 0
+    routed_experts: Tensor | None = field(default=None, compare=False)
 
 
 def row_lists(trajectory: Trajectory, index: int) -> dict[str, list | None | bool]:

@@ -46,7 +46,11 @@ from ardea.data.segments import Segment, Trajectory, row_lists
 from ardea.data.trajectory_checks import PINNED_FIELDS, check_pinned, validate
 
 __all__ = ["Segment", "Trajectory", "TrajectoryBatch", "action_positions", "turn_ids_from_mask"]
-_PAD = {"turn_ids": -1, "versions": -1}  # padding of token fields other than input_ids (0)
+_PAD = {
+    "turn_ids": -1,
+    "versions": -1,
+    "routed_experts": -1,
+}  # padding of token fields other than input_ids (0)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,10 @@ class TrajectoryBatch:
     none), ``turn_ids`` (long, assistant turn on generated tokens, -1 elsewhere),
     ``versions`` (long, policy version of generated tokens, -1 elsewhere), and
     ``position_ids`` (packed rows only: positions restarting at 0 per document; the model
-    then gets no attention mask). Per row ``(N,)``: ``rewards`` (float32), ``group_ids``
+    then gets no attention mask), and ``(N, S, L, K)`` ``routed_experts`` (integer: the experts
+    each of the ``L`` MoE layers routed the token to when the engine ran it, -1 where it did
+    not; rollouts of a run with ``algo.moe_routing_replay``, replayed by every forward of the
+    rows: :mod:`ardea.model.routing_replay`). Per row ``(N,)``: ``rewards`` (float32), ``group_ids``
     (long), ``no_eos`` (bool). ``temperature``, ``top_k``, ``top_p``: the distribution the
     behaviour log-probs describe (the softmax at that temperature, truncated to its top-k /
     top-p set; 0 and 1 = no truncation); the trainer's log-probs use the same
@@ -84,6 +91,7 @@ class TrajectoryBatch:
     no_eos: Tensor
     logprobs: Tensor | None = None
     position_ids: Tensor | None = None
+    routed_experts: Tensor | None = None
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -158,6 +166,9 @@ class TrajectoryBatch:
         }
         if with_logprobs == {True}:
             tensors["logprobs"] = _padded([r["logprobs"] for r in rows], width, 0.0, torch.float32)
+        routes = [t.routed_experts for t in trajectories]
+        if any(r is not None for r in routes):
+            tensors["routed_experts"] = _padded_routes(routes, [len(r["input_ids"]) for r in rows])
         return cls(
             **tensors,
             rewards=torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32),
@@ -214,13 +225,17 @@ class TrajectoryBatch:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     def model_inputs(self) -> dict[str, Tensor | None]:
-        """Keyword arguments of the model's forward: packed rows attend by position ids."""
+        """Keyword arguments of :func:`ardea.model.sequence_logprobs`: packed rows attend by
+        position ids; rows with ``routed_experts`` replay them."""
         packed = self.position_ids is not None
-        return {
+        inputs = {
             "input_ids": self.input_ids,
             "attention_mask": None if packed else self.attention_mask,
             "position_ids": self.position_ids,
         }
+        if self.routed_experts is not None:
+            inputs["routed_experts"] = self.routed_experts
+        return inputs
 
     # --------------------------------------------------------------- row ops
     def pin(self, **fields: Tensor) -> TrajectoryBatch:
@@ -317,6 +332,23 @@ def _pad_columns(x: Tensor, width: int, value: float | int) -> Tensor:
         return x
     pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), value)
     return torch.cat([x, pad], dim=1)
+
+
+def _padded_routes(routes: list[Tensor | None], lengths: list[int]) -> Tensor:
+    """``(N, S, L, K)``: each row's ``(length, L, K)`` routes, -1 where it has none (a row
+    without, the columns past its length)."""
+    shapes = {tuple(r.shape[1:]) for r in routes if r is not None}
+    if len(shapes) > 1:
+        raise ValueError(f"trajectories carry routed experts of different shapes {sorted(shapes)}")
+    first = next(r for r in routes if r is not None)
+    out = torch.full((len(routes), max(lengths), *first.shape[1:]), -1, dtype=first.dtype)
+    for i, (r, n) in enumerate(zip(routes, lengths)):
+        if r is None:
+            continue
+        if r.shape[0] != n:
+            raise ValueError(f"trajectory {i} has {n} tokens but routed experts for {r.shape[0]}")
+        out[i, :n] = r
+    return out
 
 
 def _padded(rows: list[list], width: int, pad, dtype: torch.dtype) -> Tensor:

@@ -78,6 +78,8 @@ def validate(batch: Any) -> None:
             raise _fail("logprobs", "must be finite on trained tokens", _first_bad_row(bad))
     if batch.position_ids is not None:
         _check_tensor(batch, "position_ids", grid, "int")
+    if batch.routed_experts is not None:
+        _check_routes(batch.routed_experts, grid)
     rewards = _check_tensor(batch, "rewards", rows, "float")
     if not bool(torch.isfinite(rewards).all()):
         raise _fail("rewards", "must be finite", _first_bad_row(~torch.isfinite(rewards)))
@@ -105,6 +107,18 @@ def check_pinned(batch: Any, names: Any) -> None:
             raise _fail(name, "teacher_top_ids and teacher_top_logprobs are pinned together")
         k = ids.shape[-1] if ids.dim() == 3 and ids.shape[-1] > 0 else 1
         _check_tensor(batch, name, (*grid, k), TOP_FIELDS[name])
+
+
+def _check_routes(routes: Any, grid: tuple[int, int]) -> None:
+    """``(N, S, L, K)`` integer expert ids, -1 where none."""
+    if not isinstance(routes, Tensor) or routes.dim() != 4 or tuple(routes.shape[:2]) != grid:
+        shape = tuple(getattr(routes, "shape", ()))
+        raise _fail("routed_experts", f"must have shape (N, S, L, K) with (N, S) = {grid}, "
+                    f"got {shape}")  # fmt: skip
+    if routes.is_floating_point() or routes.dtype == torch.bool:
+        raise _fail("routed_experts", f"must have an int dtype, got {routes.dtype}")
+    if bool((routes < -1).any()):
+        raise _fail("routed_experts", "must be >= -1 (-1: none)", _first_bad_row(routes < -1))
 
 
 def _check_turn_ids(turn_ids: Tensor, trained: Tensor) -> None:

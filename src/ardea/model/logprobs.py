@@ -33,11 +33,14 @@ Mixture-of-experts models (:func:`ardea.model.moe.moe_routing`) also return thei
 router logits, one ``(N * S, E)`` tensor per MoE layer, and the family's load-balancing
 loss over the attended tokens (``aux_loss``, differentiable in the router weights).
 :func:`sequence_logits` is the full-vocabulary forward for losses that need every logit
-(e.g. label-smoothed cross-entropy); it returns the same MoE outputs.
+(e.g. label-smoothed cross-entropy); it returns the same MoE outputs. Given
+``routed_experts`` (``(N, S, L, K)``, the experts the rollout routed each token to), both
+replay them (:mod:`ardea.model.routing_replay`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,7 +55,8 @@ from ardea.model.backbone import (
     split_causal_lm,
 )
 from ardea.model.flops import count_forward, count_head
-from ardea.model.moe import load_balancing_loss, moe_routing
+from ardea.model.moe import moe_forward_kwargs, moe_outputs
+from ardea.model.routing_replay import replay_routing
 from ardea.model.truncation import truncate
 
 
@@ -70,6 +74,9 @@ class LogprobOutput:
             and their log-probs (untruncated), else ``None``.
         logprobs_at: ``(N, S, k)`` float32 log-probs (untruncated) of the ``logprobs_at``
             ids, else ``None``.
+        routing_changed: with ``routed_experts``, the fraction of replayed (token, MoE
+            layer) expert choices the model's own router would have made differently (0-d),
+            else ``None``.
     """
 
     logprobs: Tensor
@@ -79,6 +86,7 @@ class LogprobOutput:
     top_ids: Tensor | None = None
     top_logprobs: Tensor | None = None
     logprobs_at: Tensor | None = None
+    routing_changed: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class LogitsOutput:
     logits: Tensor
     aux_loss: Tensor | None = None
     router_logits: tuple[Tensor, ...] | None = None
+    routing_changed: Tensor | None = None
 
 
 def _at_least_float32(logits: Tensor) -> Tensor:
@@ -219,27 +228,13 @@ def _scatter(values: Tensor, where: tuple[Tensor, Tensor], shape: torch.Size) ->
     return out.index_put(where, values)  # differentiable
 
 
-def _moe_outputs(
-    model: nn.Module, outputs: object, attention_mask: Tensor | None
-) -> tuple[Tensor | None, tuple[Tensor, ...] | None]:
-    """``(aux_loss, router_logits)`` from a forward run with ``output_router_logits``."""
-    router = getattr(outputs, "router_logits", None)
-    if not router:
-        return None, None
-    router = tuple(router)
-    return load_balancing_loss(model, router, attention_mask), router
-
-
-def _moe_kwargs(model: nn.Module) -> dict[str, bool]:
-    return {"output_router_logits": True} if moe_routing(model) is not None else {}
-
-
 def sequence_logits(
     model: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
     *,
     position_ids: Tensor | None = None,
+    routed_experts: Tensor | None = None,
 ) -> LogitsOutput:
     """Full-vocabulary logits of ``input_ids`` (one ``(N, S, V)`` tensor in the model dtype).
 
@@ -249,15 +244,28 @@ def sequence_logits(
     """
     check_input_ids(input_ids, "logits")
     count_forward(model, input_ids, attention_mask)
-    outputs = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=resolve_position_ids(attention_mask, position_ids),
-        use_cache=False,
-        **_moe_kwargs(model),
+    with _replaying(model, routed_experts) as replay:
+        outputs = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=resolve_position_ids(attention_mask, position_ids),
+            use_cache=False,
+            **moe_forward_kwargs(model),
+        )
+    aux_loss, router = moe_outputs(model, outputs, attention_mask)
+    return LogitsOutput(
+        logits=outputs.logits,
+        aux_loss=aux_loss,
+        router_logits=router,
+        routing_changed=replay.changed_fraction() if replay is not None else None,
     )
-    aux_loss, router = _moe_outputs(model, outputs, attention_mask)
-    return LogitsOutput(logits=outputs.logits, aux_loss=aux_loss, router_logits=router)
+
+
+def _replaying(model: nn.Module, routed_experts: Tensor | None):
+    """The replay of ``routed_experts`` (its record) around a forward, or nothing."""
+    if routed_experts is None:
+        return contextlib.nullcontext()
+    return replay_routing(model, routed_experts)
 
 
 def _check_options(
@@ -286,6 +294,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     top_logprobs: int = 0,
     logprobs_at: Tensor | None = None,
+    routed_experts: Tensor | None = None,
 ) -> LogprobOutput:
     """Next-token log-probs (and optionally entropies) of ``input_ids`` under ``model``.
 
@@ -305,19 +314,19 @@ def sequence_logprobs(
         with_entropy: also return ``entropy``.
         top_logprobs: also return the ``top_logprobs`` most likely next tokens (0 = not).
         logprobs_at: ``(N, S, k)`` token ids: also return their log-probs.
+        routed_experts: ``(N, S, L, K)`` expert ids to replay (-1: own; module docstring).
 
     Returns:
         :class:`LogprobOutput` with ``logprobs (N, S)`` float32 — ``logprobs[:, t]`` scores
-        token ``t + 1`` — and what was asked for, zeros where not scored (MoE models also
-        give ``aux_loss`` and ``router_logits``).
+        token ``t + 1`` — and what was asked for, zeros where not scored (and MoE outputs).
     """
     check_input_ids(input_ids, "log-prob")
     _check_options(temperature, top_k, top_p, chunk_size, top_logprobs)
     scored = _scored_positions(input_ids, attention_mask).nonzero(as_tuple=True)  # 1 sync
     labels = input_ids[:, 1:][scored]  # (T,)
     at = _ids_at(logprobs_at, input_ids)[:, :-1][scored] if logprobs_at is not None else None
-    inputs, to_logits, aux_loss, router = _head_inputs(
-        model, input_ids, attention_mask, position_ids, scored
+    inputs, to_logits, moe = _head_inputs(
+        model, input_ids, attention_mask, position_ids, scored, routed_experts
     )
     score = _chunk_scores(to_logits, temperature, with_entropy, (top_k, top_p), top_logprobs)
     ids = at if at is not None else labels.new_empty(0)
@@ -327,11 +336,10 @@ def sequence_logprobs(
     return LogprobOutput(
         logprobs=_scatter(logprobs, scored, input_ids.shape),
         entropy=_scatter(entropy, scored, input_ids.shape) if with_entropy else None,
-        aux_loss=aux_loss,
-        router_logits=router,
         top_ids=_scatter(top_ids, scored, input_ids.shape) if top_logprobs else None,
         top_logprobs=_scatter(top_values, scored, input_ids.shape) if top_logprobs else None,
         logprobs_at=_scatter(at_values, scored, input_ids.shape) if at is not None else None,
+        **moe,
     )
 
 
@@ -341,22 +349,30 @@ def _head_inputs(
     attention_mask: Tensor | None,
     position_ids: Tensor | None,
     scored: tuple[Tensor, Tensor],
-) -> tuple[Tensor, Callable[[Tensor], Tensor], Tensor | None, tuple[Tensor, ...] | None]:
+    routed_experts: Tensor | None,
+) -> tuple[Tensor, Callable[[Tensor], Tensor], dict[str, object]]:
     """The scored positions' ``(T, H)`` hidden states and the LM head (or, for a model whose
     logits are not the head's, their ``(T, V)`` logits and the identity), with the MoE
-    outputs (module docstring)."""
+    outputs (module docstring: ``aux_loss``, ``router_logits``, ``routing_changed``)."""
     parts = split_causal_lm(model)
     if parts is None:
-        full = sequence_logits(model, input_ids, attention_mask, position_ids=position_ids)
-        return full.logits[:, :-1][scored], nn.Identity(), full.aux_loss, full.router_logits
+        full = sequence_logits(
+            model, input_ids, attention_mask, position_ids=position_ids,
+            routed_experts=routed_experts,
+        )  # fmt: skip
+        moe = dict(aux_loss=full.aux_loss, router_logits=full.router_logits,
+                   routing_changed=full.routing_changed)  # fmt: skip
+        return full.logits[:, :-1][scored], nn.Identity(), moe
     backbone, head = parts
-    outputs = backbone_forward(
-        backbone, input_ids, attention_mask, position_ids, **_moe_kwargs(model)
-    )
-    aux_loss, router = _moe_outputs(model, outputs, attention_mask)
+    with _replaying(model, routed_experts) as replay:
+        outputs = backbone_forward(
+            backbone, input_ids, attention_mask, position_ids, **moe_forward_kwargs(model)
+        )
+    aux_loss, router = moe_outputs(model, outputs, attention_mask)
     inputs = outputs.last_hidden_state[:, :-1][scored]  # (T, H)
     count_head(head, inputs)
-    return inputs, head, aux_loss, router
+    changed = replay.changed_fraction() if replay is not None else None
+    return inputs, head, dict(aux_loss=aux_loss, router_logits=router, routing_changed=changed)
 
 
 def _ids_at(ids: Tensor, input_ids: Tensor) -> Tensor:

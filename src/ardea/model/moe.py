@@ -57,3 +57,20 @@ def load_balancing_loss(
     loss_fn = getattr(family, "load_balancing_loss_func", _mixtral_load_balancing_loss)
     experts, top_k = routing
     return loss_fn(tuple(router_logits), experts, top_k, attention_mask)
+
+
+def moe_forward_kwargs(model: nn.Module) -> dict[str, bool]:
+    """What a forward of ``model`` needs to return its router logits (MoE models only)."""
+    return {"output_router_logits": True} if moe_routing(model) is not None else {}
+
+
+def moe_outputs(
+    model: nn.Module, outputs: object, attention_mask: Tensor | None
+) -> tuple[Tensor | None, tuple[Tensor, ...] | None]:
+    """``(aux_loss, router_logits)`` of a forward run with :func:`moe_forward_kwargs`
+    (``(None, None)`` for a dense model)."""
+    router = getattr(outputs, "router_logits", None)
+    if not router:
+        return None, None
+    router = tuple(router)
+    return load_balancing_loss(model, router, attention_mask), router

@@ -33,6 +33,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen2Config,
+    Qwen3MoeConfig,
 )
 
 from ardea.config.schema import ARCHS
@@ -60,9 +61,11 @@ def tiny_config(
     max_position_embeddings: int = 256,
     arch: str = "qwen2",
     tie_word_embeddings: bool = False,
+    num_experts: int = 8,
+    experts_per_token: int = 2,
 ) -> PretrainedConfig:
-    """The ``Qwen2Config`` / ``LlamaConfig`` of the tiny model; arguments as in
-    :func:`build_tiny_model`. Vocab size and special-token ids come from ``tokenizer``."""
+    """The ``Qwen2Config`` / ``LlamaConfig`` / ``Qwen3MoeConfig`` of the tiny model; arguments
+    as in :func:`build_tiny_model`. Vocab size and special-token ids come from ``tokenizer``."""
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny model arch {arch!r}; known: {', '.join(TINY_ARCHS)}")
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
@@ -90,6 +93,12 @@ def tiny_config(
     )
     if arch == "qwen2":
         return Qwen2Config(**common)
+    if arch == "qwen3_moe":  # every layer sparse; head_dim as the dense archs'
+        return Qwen3MoeConfig(
+            **common, head_dim=hidden_size // num_heads, num_experts=num_experts,
+            num_experts_per_tok=experts_per_token, moe_intermediate_size=intermediate_size,
+            norm_topk_prob=True,
+        )  # fmt: skip
     return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
 
 
@@ -105,6 +114,8 @@ def build_tiny_model(
     seed: int = 0,
     arch: str = "qwen2",
     tie_word_embeddings: bool = False,
+    num_experts: int = 8,
+    experts_per_token: int = 2,
 ) -> PreTrainedModel:
     """Build the default tiny causal LM, randomly initialised from ``seed``.
 
@@ -117,12 +128,14 @@ def build_tiny_model(
         intermediate_size: the MLP's inner size.
         max_position_embeddings: the longest sequence the model accepts.
         seed: weights are ``N(0, 0.02)`` draws from this seed (bit-identical per seed).
-        arch: ``"qwen2"`` (q/k/v biases) or ``"llama"`` (no biases).
+        arch: ``"qwen2"`` (q/k/v biases), ``"llama"`` (no biases) or ``"qwen3_moe"`` (q/k
+            norms; each MLP ``num_experts`` experts, ``experts_per_token`` per token).
         tie_word_embeddings: share the input embedding with the LM head.
 
     Returns:
-        A float32 ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` in eval mode with sdpa
-        attention; ``generation_config`` carries pad/bos and the stop ids.
+        A float32 ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen3MoeForCausalLM`` in
+        eval mode with sdpa attention; ``generation_config`` carries pad/bos and the stop
+        ids.
     """
     config = tiny_config(
         tokenizer,
@@ -134,6 +147,8 @@ def build_tiny_model(
         max_position_embeddings=max_position_embeddings,
         arch=arch,
         tie_word_embeddings=tie_word_embeddings,
+        num_experts=num_experts,
+        experts_per_token=experts_per_token,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

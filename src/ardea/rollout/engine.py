@@ -48,7 +48,10 @@ class Completion:
     update came while the completion was being generated (it then went on under the new
     weights from the tokens so far). ``version`` is the first span's: the oldest weights the
     completion holds tokens of. ``seconds``: from its submission to its end, when the engine
-    timed it (None otherwise; not compared).
+    timed it (None otherwise; not compared). ``routed_experts`` (asked for by
+    ``SamplingParams.routed_experts``, else None; not compared): ``(P + G, L, K)`` integer, the
+    experts each of the ``L`` MoE layers routed every prompt and generated token to when the
+    engine last ran it (-1 for a token it never ran: the last one).
     """
 
     prompt_ids: list[int]
@@ -58,6 +61,7 @@ class Completion:
     version: int
     spans: list[tuple[int, int]] = field(default_factory=list)
     seconds: float | None = field(default=None, compare=False)
+    routed_experts: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.spans = [(int(a), int(v)) for a, v in self.spans] or [(0, self.version)]

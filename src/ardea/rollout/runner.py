@@ -385,6 +385,7 @@ class RolloutRunner:
                 reward=rewards[i],
                 group_id=i // self.group_size,
                 no_eos=c.finish_reason == "length",
+                routed_experts=c.routed_experts,
             )
             for i, c in ((i, completions[i]) for i in rows)
         ]

@@ -51,6 +51,13 @@ class SamplingParams:
         metadata={"help": "Seed for a reproducible call, independent of the global RNG state."},
     )
     n: int = field(default=1, metadata={"help": "Completions per prompt, grouped by prompt."})
+    routed_experts: bool = field(
+        default=False,
+        metadata={
+            "help": "Also return the experts each MoE layer routed every token to "
+            "(Completion.routed_experts), for routing replay; an engine that cannot refuses."
+        },
+    )
     row_ids: list[int] | None = field(
         default=None,
         metadata={
@@ -62,12 +69,16 @@ class SamplingParams:
     )
 
     @classmethod
-    def of(cls, rollout: Any, *, greedy: bool = False) -> SamplingParams:
+    def of(
+        cls, rollout: Any, *, greedy: bool = False, routed_experts: bool = False
+    ) -> SamplingParams:
         """The sampling options of a run's ``rollout`` config section; ``greedy``: argmax
-        decoding (temperature 0, no truncation, no forced length)."""
+        decoding (temperature 0, no truncation, no forced length); ``routed_experts``: see
+        the field."""
         if greedy:
             return cls(temperature=0.0, max_new_tokens=rollout.max_new_tokens)
         return cls(
+            routed_experts=routed_experts,
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
@@ -92,6 +103,8 @@ class SamplingParams:
         check_int("max_new_tokens", self.max_new_tokens, 1)
         check_int("min_new_tokens", self.min_new_tokens, 0, upper=self.max_new_tokens)
         check_int("n", self.n, 1)
+        if not isinstance(self.routed_experts, bool):
+            raise ValueError(f"routed_experts must be a bool, got {self.routed_experts!r}")
         if self.row_ids is not None:
             if isinstance(self.row_ids, str | bytes) or not isinstance(self.row_ids, Sequence):
                 raise ValueError(f"row_ids must be a list of ints or None, got {self.row_ids!r}")

@@ -11,6 +11,10 @@ strategy then adds ``algo.moe_aux_loss_coef * aux`` to its loss and logs:
 - ``moe/load_imbalance_mean``: ``mean_e |c_e / c_ideal - 1|``;
 - ``moe/load_imbalance_max``: ``max_e c_e / c_ideal``;
 
+- ``moe/routing_replay_changed`` (``algo.moe_routing_replay``): the fraction of the
+  replayed (token, layer) expert choices that the trainer's router would have made
+  differently, the routing mismatch the replay removes;
+
 where ``c_e`` is the number of top-k assignments of counted tokens to expert ``e`` and
 ``c_ideal = mean_e c_e = T K / E`` (``T`` tokens, ``K`` experts per token, ``E`` experts),
 clamped to at least 1 as in seed 002 so that an empty batch gives finite values. Each router
@@ -117,4 +121,7 @@ class MoETerms:
         metrics = {"train/moe_aux_loss": aux.detach() * share}
         for name, value in router_diagnostics(output.router_logits, self.top_k, mask).items():
             metrics[name] = value * share
+        changed = getattr(output, "routing_changed", None)  # rows replaying their routing
+        if changed is not None:
+            metrics["moe/routing_replay_changed"] = changed.detach() * share
         return loss + (self.coef * share) * aux.to(loss.dtype), metrics

@@ -20,6 +20,8 @@ from ardea.model import (
 )
 from ardea.model.dtype_probe import ProbeShapes
 from ardea.model.lora import apply_lora
+from ardea.model.moe import moe_routing
+from ardea.model.routing_replay import moe_blocks
 from ardea.trainer.checkpoint import checkpoint_problem, latest_checkpoint, list_checkpoints
 from ardea.trainer.strategies import OnlineStrategy, strategy_class
 
@@ -63,6 +65,8 @@ def build_policy(
         max_position_embeddings=model_config.max_position_embeddings,
         seed=seed,
         arch=model_config.arch,
+        num_experts=model_config.num_experts,
+        experts_per_token=model_config.experts_per_token,
     )
     dtype = getattr(torch, model_config.dtype)
     model = model.to(device=device, dtype=dtype)
@@ -81,6 +85,7 @@ def build_trainable_policy(
     model, tokenizer = build_policy(
         config.model, seed=config.trainer.seed, device=device, head=head
     )
+    check_routing_replay(config, model)
     m = config.model
     if lora and m.lora_r:
         model = apply_lora(
@@ -92,6 +97,23 @@ def build_trainable_policy(
             task_type="SEQ_CLS" if head == "scorer" else "CAUSAL_LM",
         ).to(device)
     return model, tokenizer
+
+
+def check_routing_replay(config: ArdeaConfig, policy: torch.nn.Module) -> None:
+    """``algo.moe_routing_replay`` on a run it can act on: online RL with an MoE policy."""
+    if not config.algo.moe_routing_replay:
+        return
+    option = "algo.moe_routing_replay=true"
+    if not issubclass(strategy_class(config.algo.name), OnlineStrategy):
+        raise ConfigError(
+            f"{option} replays the routing of rollouts; algo.name={config.algo.name} trains "
+            "on data (set algo.moe_routing_replay=false)"
+        )
+    if moe_routing(policy) is None or not moe_blocks(policy):
+        raise ConfigError(
+            f"{option} needs a mixture-of-experts policy; {type(policy).__name__} routes no "
+            "tokens to experts (set algo.moe_routing_replay=false)"
+        )
 
 
 def check_distributed(config: ArdeaConfig, dist: Any) -> None:

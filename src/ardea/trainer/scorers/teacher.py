@@ -91,7 +91,7 @@ class Teacher:
         check_same_vocabulary(section.path, teacher_tokenizer, tokenizer)
         check_top_k(section, model.get_output_embeddings().weight.shape[0])
         wrapped = wrap(model.requires_grad_(False).eval(), trainable=False)
-        scorer = TokenScorer(wrapped, config.model.logprob_chunk_size)
+        scorer = TokenScorer(wrapped, config.model.logprob_chunk_size, replays_routing=False)
         return cls(scorer, kl=section.kl, coef=section.coef, top_k=section.top_k)
 
     def close(self) -> None:

@@ -30,11 +30,14 @@ class TokenScorer:
         model: the frozen model (eval mode, no gradients), wrapped for data parallelism as
             the policy is.
         chunk_size: token positions per LM-head chunk (``model.logprob_chunk_size``).
+        replays_routing: forwards of rows carrying ``routed_experts`` replay them (a
+            reference of the policy's own architecture); False for another model (a teacher).
     """
 
-    def __init__(self, model: nn.Module, chunk_size: int) -> None:
+    def __init__(self, model: nn.Module, chunk_size: int, *, replays_routing: bool = True) -> None:
         self.model = model
         self.chunk_size = chunk_size
+        self.replays_routing = replays_routing
         self.rows_scored = 0
 
     @torch.no_grad()
@@ -48,9 +51,12 @@ class TokenScorer:
         tokens and their log-probs (``top_ids``, ``top_logprobs``, ``(N, S, top)``, at the
         batch's temperature without truncation), in the same forward."""
         self.rows_scored += batch.rows
+        inputs = batch.model_inputs()
+        if not self.replays_routing:
+            inputs.pop("routed_experts", None)
         return sequence_logprobs(
-            self.model, **batch.model_inputs(), chunk_size=self.chunk_size,
-            top_logprobs=top, **batch.sampling(),
+            self.model, **inputs, chunk_size=self.chunk_size, top_logprobs=top,
+            **batch.sampling(),
         )  # fmt: skip
 
     def close(self) -> None:

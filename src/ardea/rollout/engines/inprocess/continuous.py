@@ -17,11 +17,13 @@ padding until half of it has ended (then they are dropped with a copy of the cac
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from ardea.model.routing_replay import record_routing
 from ardea.rollout.engine import Request, SamplingParams
 from ardea.rollout.engines.inprocess.decode_batch import DecodeBatch, Kind, Row
 from ardea.rollout.engines.inprocess.fast_decode import FastDecoder
@@ -114,7 +116,12 @@ class Decoder:
         capacity = width + DecodeBatch.needed(rows)
         dtype = self.fast.compute_dtype if self.fast is not None else None
         cache = new_cache(self.model, capacity, dtype)
-        logits = self.forward(input_ids, mask, positions, cache)  # (U, V)
+        record = rows[0].kind is not None and rows[0].kind.routed_experts
+        logits, routes = self.forward(input_ids, mask, positions, cache, record=record)  # (U, V)
+        if routes is not None:  # (U * P, L, K): each row's input, right-aligned
+            routes = routes.view(len(unique), width, *routes.shape[1:]).cpu()
+            for row, u in zip(rows, inverse):
+                row.routes = routes[u, width - len(row.input_ids) :]
         full = torch.ones(len(unique), capacity, dtype=torch.bool, device=device)
         full[:, :width] = keys
         if len(unique) < len(rows):
@@ -146,9 +153,9 @@ class Decoder:
         done = []
         if ended:
             stops = stopped[ended].tolist()
-            for i, output, stop in zip(ended, batch.new_outputs(ended), stops):
+            for i, (tokens, logprobs, routes), stop in zip(ended, batch.new_outputs(ended), stops):
                 row = batch.rows[i]
-                row.extend(*output, batch.version)
+                row.extend(tokens, logprobs, batch.version, routes)
                 done.append((row, "stop" if stop else "length"))
         if kind.stop and done:
             self.watches[kind].forget([row for row, _ in done])
@@ -159,11 +166,16 @@ class Decoder:
             tok = tok[keep]
             batch.select(keep)
         feed = torch.where(batch.alive, tok, self.pad)
-        if self.fast is not None:
+        if self.fast is not None and not kind.routed_experts:
             batch.logits = self.fast.step(feed, batch.positions, batch.step_keys(), batch.cache)
         else:
             mask = batch.step_mask(self.mask_dtype)
-            batch.logits = self.forward(feed[:, None], mask, batch.positions[:, None], batch.cache)
+            batch.logits, routes = self.forward(
+                feed[:, None], mask, batch.positions[:, None], batch.cache,
+                record=kind.routed_experts,
+            )  # fmt: skip
+            if routes is not None:
+                batch.record_routes(routes)
         batch.advance()
         return done
 
@@ -176,8 +188,12 @@ class Decoder:
             self.stops[kind] = (ids, cols)
         return self.stops[kind]
 
-    def forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """One cached forward of input_ids (N, S); returns the last position's logits (N, V)."""
+    def forward(
+        self, input_ids, attention_mask, position_ids, cache, *, record: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One cached forward of input_ids (N, S); the last position's logits (N, V) and,
+        when ``record``, the experts every MoE layer routed each input token to
+        ``(N * S, L, K)`` (:mod:`ardea.model.routing_replay`), else None."""
         kwargs = {self.cache_kwarg: cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
@@ -185,13 +201,15 @@ class Decoder:
         training = [m for m in self.modules if m.training]
         for m in training:
             m.training = False
+        recording = record_routing(self.model) if record else contextlib.nullcontext()
         try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids, **kwargs)  # fmt: skip
+            with recording as routing:
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids, **kwargs)  # fmt: skip
         finally:
             for m in training:
                 m.training = True
-        return out.logits[:, -1, :]
+        return out.logits[:, -1, :], routing.routes() if record else None
 
 
 def additive_mask_dtype(model: torch.nn.Module) -> torch.dtype | None:

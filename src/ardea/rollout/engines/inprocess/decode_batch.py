@@ -35,11 +35,13 @@ class Kind:
     top_p: float
     stop_ids: tuple[int, ...]
     stop: tuple[str, ...]
+    routed_experts: bool = False  # record each token's experts (routing replay)
 
     @classmethod
     def of(cls, params, eos_ids) -> Kind:
         stops = tuple(sorted(set(eos_ids) | set(params.stop_token_ids)))
-        return cls(params.temperature, params.top_k, params.top_p, stops, tuple(params.stop))
+        return cls(params.temperature, params.top_k, params.top_p, stops, tuple(params.stop),
+                   params.routed_experts)  # fmt: skip
 
 
 @dataclasses.dataclass(eq=False)
@@ -89,6 +91,7 @@ class DecodeBatch:
         self.token_logprobs = torch.zeros(len(rows), width, device=device)  # (N, T)
         self.alive = torch.ones(len(rows), dtype=torch.bool, device=device)
         self.n_alive = len(rows)
+        self.routes: torch.Tensor | None = None  # (N, T, L, K) of fed tokens, -1 elsewhere
 
     @property
     def capacity(self) -> int:
@@ -122,14 +125,30 @@ class DecodeBatch:
         self.n_alive = int(self.alive.sum())
         return ended.nonzero()[:, 0].tolist()
 
-    def new_outputs(self, rows: list[int]) -> list[tuple[list[int], list[float]]]:
-        """Per row index of ``rows``, its tokens and log-probs generated since it joined."""
+    def record_routes(self, routes: torch.Tensor) -> None:
+        """The experts ``(N, L, K)`` that routed each running row's token just fed (its
+        last one, at ``count - 1``)."""
+        if self.routes is None:
+            shape = (len(self.rows), self.tokens.shape[1], *routes.shape[1:])
+            self.routes = torch.full(shape, -1, dtype=routes.dtype, device=routes.device)
+        index = torch.arange(len(self.rows), device=routes.device)
+        at = (self.count - 1).clamp(0, self.tokens.shape[1] - 1)
+        self.routes[index, at] = torch.where(self.alive[:, None, None], routes,
+                                             self.routes[index, at])  # fmt: skip
+
+    def new_outputs(self, rows: list[int]) -> list[tuple]:
+        """Per row index of ``rows``, its tokens and log-probs generated since it joined,
+        and their routes (``(G, L, K)``, -1 for a token not fed) when recorded, else None."""
         if not rows:
             return []
         index = torch.tensor(rows, device=self.tokens.device)
         first, end = self.first[index].tolist(), self.count[index].tolist()
         tokens, logprobs = self.tokens[index].tolist(), self.token_logprobs[index].tolist()
-        return [(t[a:b], lp[a:b]) for t, lp, a, b in zip(tokens, logprobs, first, end)]
+        routes = [None] * len(rows) if self.routes is None else self.routes[index].cpu()
+        return [
+            (t[a:b], lp[a:b], None if r is None else r[a:b])
+            for t, lp, r, a, b in zip(tokens, logprobs, routes, first, end)
+        ]
 
     def step_keys(self) -> torch.Tensor:
         """(N, C) bool: the real keys when feeding the new tokens (column ``length``)."""
@@ -161,6 +180,8 @@ class DecodeBatch:
             setattr(self, name, getattr(self, name)[keep])
         if self.uniforms is not None:
             self.uniforms = self.uniforms[keep]
+        if self.routes is not None:
+            self.routes = self.routes[keep]
         if self._additive is not None:
             self._additive = self._additive[keep]
         select_rows(self.cache, keep)
@@ -197,8 +218,8 @@ class DecodeBatch:
         """Move each running row's new tokens into the row itself (before the batch is
         rebuilt or abandoned) so that the next batch starts counting from there."""
         running = self.running().tolist()
-        for i, (tokens, logprobs) in zip(running, self.new_outputs(running)):
-            self.rows[i].extend(tokens, logprobs, self.version)
+        for i, (tokens, logprobs, routes) in zip(running, self.new_outputs(running)):
+            self.rows[i].extend(tokens, logprobs, self.version, routes)
         self.first = self.count.clone()
 
 

@@ -92,6 +92,16 @@ PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
 WAIT_TIMEOUTS = 10
 
 
+#: why routing replay is refused here: vLLM 0.32 returns routed experts only from its V2 model
+#: runner, which its CPU build cannot run without Triton's CPU backend (absent); its streamed
+#: completions, which this engine reads, carry none on any device
+NO_ROUTED_EXPERTS = (
+    "the vllm engine cannot return routed experts (SamplingParams.routed_experts, "
+    "algo.moe_routing_replay): vLLM 0.32 returns them only from its V2 model runner (not in "
+    "its CPU build) and only in non-streamed completions; use rollout.engine=in_process"
+)
+
+
 class VLLMEngine(GenerationEngine):
     """Generates on vLLM servers (module docstring).
 
@@ -181,7 +191,7 @@ class VLLMEngine(GenerationEngine):
     def submit(self, request: Request) -> RequestHandle:
         """Stream ``request`` on the server of its row id (module docstring)."""
         ids, left = request_input(request)
-        self._check([ids], left)
+        self._check([ids], left, request.params)
         return self.requests.submit(request, request.row_id)
 
     def abort(self, handles: Sequence[RequestHandle]) -> list[Completion]:
@@ -191,7 +201,7 @@ class VLLMEngine(GenerationEngine):
         """``len(prompts) * params.n`` completions, prompt-major (module docstring)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        self._check(prompts, params.max_new_tokens)
+        self._check(prompts, params.max_new_tokens, params)
         rows = params.rows(len(prompts) * params.n)
         # a call that names its rows keeps each on one server (an episode's calls share one)
         named = params.row_ids is not None
@@ -243,7 +253,9 @@ class VLLMEngine(GenerationEngine):
         self.http.close()
 
     # ------------------------------------------------------------ requests
-    def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+    def _check(self, prompts: list[list[int]], max_new_tokens: int, params=None) -> None:
+        if params is not None and params.routed_experts:
+            raise ValueError(NO_ROUTED_EXPERTS)
         vocab = int(self.spec.model_config.vocab_size)
         check_prompts(prompts, vocab_size=vocab, max_new_tokens=max_new_tokens,
                       max_positions=self._max_context)  # fmt: skip
