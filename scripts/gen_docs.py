@@ -4,7 +4,8 @@ changing a config field, a command-line option or a registry, and commit what it
 - docs/reference/config.md: every config key, from the config dataclasses' help texts;
 - docs/reference/cli.md: every command's arguments, from the command-line parser;
 - the regions of hand-written pages between `<!-- generated: NAME -->` and
-  `<!-- end generated -->`: lists of registered names, from the registries.
+  `<!-- end generated -->`: lists of registered names, from the registries; the model
+  families' support matrix, from the table its test checks.
 
 `python scripts/gen_docs.py --check` writes nothing and exits 1 naming the files that are
 not current (tests/test_docs.py checks the same).
@@ -62,7 +63,22 @@ def names_table() -> str:
 
 
 #: the generated regions of hand-written pages: page -> region name -> its content
-REGIONS = {"docs/howto/configure.md": {"names": names_table}}
+def support_matrix_table() -> str:
+    """The support matrix of docs/reference/models.md, from the test's own table
+    (tests/families/model_families.py: what tests/families/test_support_matrix.py checks)."""
+    import importlib.util
+
+    path = REPO / "tests" / "families" / "model_families.py"
+    spec = importlib.util.spec_from_file_location("model_families", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.support_matrix_markdown()
+
+
+REGIONS = {
+    "docs/howto/configure.md": {"names": names_table},
+    "docs/reference/models.md": {"support_matrix": support_matrix_table},
+}
 
 
 def cli_reference_markdown() -> str:

@@ -40,6 +40,7 @@ rollout: rank 0's leads (starts them, loads the weights), the others follow
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ from ardea.rollout.engine import (
 )
 from ardea.rollout.engines.vllm.followers import PeerSync, counts
 from ardea.rollout.engines.vllm.launch import launch_servers
+from ardea.rollout.engines.vllm.limits import NO_ROUTED_EXPERTS, sync_hint
 from ardea.rollout.engines.vllm.pool import PoolServer, ServerPool, VLLMServerDown
 from ardea.rollout.engines.vllm.requests import (
     Running,
@@ -82,24 +84,16 @@ from ardea.rollout.engines.vllm.weights import (
     LORA_NAME,
     AdapterSync,
     adopt,
+    checkpoint_layout,
     probe_gap,
     write_model_dir,
 )
 
 PROBE_TOKENS = 8  # greedy tokens of the weight-sync probe
+LOG_SETTLE_S = 1.0  # a server that failed a generation logs why after it answers: wait this long
 # how many request timeouts a rank waits for the others at a weight load (a follower: for
 # rank 0's reloads and probes; rank 0: for a follower's background worker to end its step)
 WAIT_TIMEOUTS = 10
-
-
-#: why routing replay is refused here: vLLM 0.32 returns routed experts only from its V2 model
-#: runner, which its CPU build cannot run without Triton's CPU backend (absent); its streamed
-#: completions, which this engine reads, carry none on any device
-NO_ROUTED_EXPERTS = (
-    "the vllm engine cannot return routed experts (SamplingParams.routed_experts, "
-    "algo.moe_routing_replay): vLLM 0.32 returns them only from its V2 model runner (not in "
-    "its CPU build) and only in non-streamed completions; use rollout.engine=in_process"
-)
 
 
 class VLLMEngine(GenerationEngine):
@@ -236,7 +230,8 @@ class VLLMEngine(GenerationEngine):
             if self.adapter is not None:  # the adapter alone; the servers keep the base
                 self._metrics["vllm/sync_bytes"] = self.adapter.write(tensors)
             else:  # a directory is rewritten too: save_pretrained leaves a tied head out
-                self._metrics["vllm/sync_bytes"] = self.transport.write(tensors)
+                saved = checkpoint_layout(self.module, tensors)
+                self._metrics["vllm/sync_bytes"] = self.transport.write(saved)
             self.pool.restart_dead()  # launched servers that died start on these weights
             self._reload_all()
             self._probe()
@@ -269,7 +264,10 @@ class VLLMEngine(GenerationEngine):
             model=self.model_name,
         )  # fmt: skip
         return self.pool.stream(
-            run.key, lambda url: stream_segment(self.http, url, body, run, version, self._log(url))
+            run.key,
+            lambda url: stream_segment(
+                self.http, url, body, run, version, lambda: self._log(url, settle=True)
+            ),
         )
 
     def _request(self, url: str, path: str, body: dict[str, Any] | None, call: str) -> Any:
@@ -296,11 +294,13 @@ class VLLMEngine(GenerationEngine):
             return {}
         return response.json()
 
-    def _log(self, url: str) -> str:
-        """The end of the log of the launched server at ``url`` ('' for a user's)."""
+    def _log(self, url: str, *, settle: bool = False) -> str:
+        """The end of the log of the launched server at ``url`` ('' for a user's); ``settle``:
+        after a second, for a server that failed a generation and logs why after it answers."""
         pool = getattr(self, "pool", None)  # None while the servers start
         for server in pool.servers if pool is not None else ():
             if server.url == url and server.launched is not None:
+                time.sleep(LOG_SETTLE_S if settle else 0.0)
                 path = server.launched.log_path
                 return f"; its log {path} ends:\n{log_tail(path)}"
         return ""
@@ -381,6 +381,7 @@ class VLLMEngine(GenerationEngine):
                 f"after the weight reload the vLLM servers' log-probs of a probe completion "
                 f"differ from the policy's by {worst:.2e} > rollout.vllm.sync_tolerance="
                 f"{tolerance}: the servers did not load the trained weights"
+                + sync_hint(self.module)
             )
 
 

@@ -227,12 +227,24 @@ def completion_body(
     return body
 
 
+def _choice(event: dict[str, Any], url: str, server_log: Callable[[], str]) -> dict[str, Any]:
+    """The choice of a streamed event; vLLM streams a failed generation as an error event."""
+    if not event.get("choices"):
+        raise VLLMServerError(
+            f"the vLLM server {url} failed a generation: "
+            f"{str(event.get('error', event))[:500]}{server_log()}"
+        )
+    return event["choices"][0]
+
+
 def stream_segment(
-    http: httpx.Client, url: str, body: dict[str, Any], run: Running, version: int, log: str
-) -> tuple[str | None, int]:
+    http: httpx.Client, url: str, body: dict[str, Any], run: Running, version: int,
+    server_log: Callable[[], str],
+) -> tuple[str | None, int]:  # fmt: skip
     """Stream ``body`` from ``url`` into ``run`` (its tokens under ``version``): the finish
-    reason (None when stopped) and the tokens received; ``log``: the end of the server's
-    log for errors. A server that fails or stalls raises :class:`VLLMServerDown`."""
+    reason (None when stopped) and the tokens received; ``server_log()``: the end of the
+    server's log for errors, read when one happens (a server logs why after it answers). A
+    server that fails or stalls raises :class:`VLLMServerDown`."""
     received, finish = 0, None
     try:
         with http.stream(
@@ -243,14 +255,14 @@ def stream_segment(
                 response.read()
                 raise VLLMServerError(
                     f"the vLLM server {url} answered a generation with HTTP "
-                    f"{response.status_code}: {response.text[:500]}{log}"
+                    f"{response.status_code}: {response.text[:500]}{server_log()}"
                 )
             for line in _event_lines(response):
                 if run.stop.is_set():
                     return None, received
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
-                choice = json.loads(line[6:])["choices"][0]
+                choice = _choice(json.loads(line[6:]), url, server_log)
                 ids = [int(t) for t in choice.get("token_ids") or ()]
                 logprobs = [
                     float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or ()
@@ -268,14 +280,16 @@ def stream_segment(
         if isinstance(error, httpx.TimeoutException):
             raise VLLMServerDown(
                 f"the vLLM server {url} did not answer a generation within "
-                f"{http.timeout.read:.0f} s (rollout.vllm.timeout_s){log}"
+                f"{http.timeout.read:.0f} s (rollout.vllm.timeout_s){server_log()}"
             ) from None
-        raise VLLMServerDown(f"the vLLM server {url} failed a generation: {error}{log}") from None
+        raise VLLMServerDown(
+            f"the vLLM server {url} failed a generation: {error}{server_log()}"
+        ) from None
     if run.stop.is_set() and finish is None:
         return None, received
     if finish is None:
         raise VLLMServerDown(
-            f"the vLLM server {url} ended a generation without a finish reason{log}"
+            f"the vLLM server {url} ended a generation without a finish reason{server_log()}"
         )
     return ("stop" if finish == "stop" else "length"), received
 

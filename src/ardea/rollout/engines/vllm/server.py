@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -43,11 +44,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
+#: an exception's last line in a log ("... ValueError: ..."), after vLLM's line prefix
+EXCEPTION_LINE = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w.]*)?(?:Error|Exception)(?::| \d).*)$")
+
+
+def log_tail(path: Path, lines: int = 15, errors: int = 6) -> str:
+    """The exceptions a server logged (their last lines, each once: the root cause of a
+    failed start is often far above the log's end), then its last ``lines`` lines."""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        text = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    found: list[str] = []
+    for line in text:
+        match = EXCEPTION_LINE.search(line)
+        if match and match.group(1) not in found and "Warning" not in match.group(1):
+            found.append(match.group(1))
+    head = (
+        ("exceptions logged:\n  " + "\n  ".join(found[:errors]) + "\nlast lines:\n")
+        if found
+        else ""
+    )
+    return head + "\n".join(text[-lines:])
 
 
 class LaunchedServer:

@@ -4,7 +4,10 @@ module adopting the weights, its log-probs for the sync probe).
 
 Full weights: one safetensors file in the model directory (``lm_head.weight`` written out
 for a tied head: vLLM keeps its old head when the file lacks it), which every server
-reloads (``/collective_rpc reload_weights``).
+reloads (``/collective_rpc reload_weights``), in the layout of the family's checkpoints
+(:func:`checkpoint_layout`: transformers fuses an MoE layer's experts into one tensor in
+memory; vLLM loads the per-expert tensors ``save_pretrained`` writes and ignores names it
+does not know).
 
 A LoRA policy (a ``peft`` model): the servers start on its frozen base weights once (the
 ``peft`` names mapped back to the base model's: ``q_proj.base_layer.weight`` →
@@ -19,14 +22,17 @@ model's.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from transformers.core_model_loading import revert_weight_conversion
 
 from ardea.errors import ConfigError
+from ardea.model.unwrap import unwrap_peft
 from ardea.rollout.engines.vllm.server import VLLMServerError
 
 WEIGHTS_FILE = "model.safetensors"
@@ -34,6 +40,15 @@ ADAPTER_DIR = "adapter"
 LORA_NAME = "ardea-lora"
 #: what a server needs to take LoRA adapters at runtime (flags, environment)
 LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def checkpoint_layout(
+    module: torch.nn.Module, weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``weights`` (the module's in-memory names) as ``save_pretrained`` writes them:
+    transformers' own reverse of the conversions it applies when loading (per-expert tensors
+    of fused MoE experts; nothing for most dense families)."""
+    return revert_weight_conversion(unwrap_peft(module), dict(weights))
 
 
 def write_weights(directory: Path, weights: Mapping[str, torch.Tensor]) -> Path:
@@ -54,12 +69,15 @@ def write_model_dir(
     """The model directory servers start from: ``spec``'s config and tokenizer, the
     module's generation config, ``weights``."""
     directory.mkdir(parents=True, exist_ok=True)
-    spec.model_config.save_pretrained(directory)
+    config = copy.deepcopy(spec.model_config)
+    if not getattr(config, "architectures", None):  # a model built from a config has none
+        config.architectures = [type(unwrap_peft(module)).__name__]  # vLLM picks its class by it
+    config.save_pretrained(directory)
     spec.tokenizer.save_pretrained(directory)
     generation = getattr(module, "generation_config", None)
     if generation is not None:
         generation.save_pretrained(directory)
-    write_weights(directory, weights)
+    write_weights(directory, checkpoint_layout(module, weights))
 
 
 @torch.no_grad()
