@@ -9,6 +9,7 @@ name them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -113,3 +114,27 @@ def test_background_rollouts_keep_their_routing_across_a_resume(tmp_path):
     assert resumed.step == 3 and len(again) == 1  # step 3, from the checkpoint's completions
     routes, expected = again[0].batch.routed_experts, seen[2].batch.routed_experts
     assert routes is not None and torch.equal(routes, expected)
+
+
+def test_an_engine_that_leaves_out_the_routing_fails_the_run(tmp_path):
+    """A registered engine that ignores SamplingParams.routed_experts (here: the in-process
+    engine with its recording taken out) would train without the replay: the run stops
+    naming it."""
+    from ardea.rollout import InProcessEngine
+
+    class Forgetful(InProcessEngine):
+        def generate(self, prompts, params):
+            return [dataclasses.replace(c, routed_experts=None)
+                    for c in super().generate(prompts, params)]  # fmt: skip
+
+    model = _saved_moe(tmp_path / "model")
+    trainer = Trainer(load_config(None, [
+        f"model.path={model}", "model.compute_dtype=float32", "algo.name=online_grpo",
+        "algo.moe_routing_replay=true", "rollout.max_new_tokens=4", "rollout.group_size=2",
+        "trainer.batch_size=2", "trainer.max_steps=1", f"trainer.output_dir={tmp_path / 'run'}",
+        *QUIET,
+    ]))  # fmt: skip
+    engine = trainer.service.runner.engine
+    engine.__class__ = Forgetful
+    with pytest.raises(ConfigError, match="Forgetful returned completions without the experts"):
+        trainer.train()

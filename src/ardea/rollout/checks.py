@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
+from ardea.errors import ConfigError
+
 Weights = Mapping[str, torch.Tensor] | str | os.PathLike
 
 
@@ -128,3 +130,14 @@ def frozen_base(module: torch.nn.Module) -> frozenset[str]:
     if not is_peft(module):
         return frozenset()
     return frozenset(k for k in module.state_dict() if "lora_" not in k)
+
+
+def check_routed(params: Any, completions: Sequence[Any], engine: object) -> None:
+    """Completions asked for their routed experts (routing replay) carry them: an engine
+    that leaves them out would have the run train without the replay it was told to do."""
+    if params.routed_experts and any(c.routed_experts is None for c in completions):
+        raise ConfigError(
+            f"the {type(engine).__name__} returned completions without the experts each "
+            "token was routed to, which algo.moe_routing_replay replays; use "
+            "rollout.engine=in_process"
+        )

@@ -44,6 +44,7 @@ from ardea.reward import (
     overlong_penalty,
     vocab_id,
 )
+from ardea.rollout.checks import check_routed
 from ardea.rollout.engine import Completion, GenerationEngine, SamplingParams
 
 SAMPLES_KEPT = 4  # prompts per rollout whose first completion is kept for samples.jsonl
@@ -208,6 +209,7 @@ class RolloutRunner:
             ],
         )
         completions = (engine or self.engine).generate(prompts, params)
+        check_routed(params, completions, engine or self.engine)
         tail = tail_seconds([c.seconds for c in completions if c.seconds is not None])
         seconds = time.perf_counter() - start
         generation = Generation(list(examples), prompts, completions, seconds, tail)
