@@ -4,7 +4,8 @@ Both run the same model on the same left-padded prompts (8-12 tokens) and length
 Models (``--sizes``): Qwen2 decoders (``--arch qwen3``: Qwen3, the same sizes with per-head
 query/key norms and no q/k/v biases; ``--arch qwen3_moe``: Qwen3-MoE, every MLP 8 experts of
 half the intermediate size, 2 per token, top-k weights renormalised; it has no compact
-decode step, so both engine sides of ``--generic`` run the Hugging Face forward) with tied
+decode step, so both engine sides of ``--generic`` run the Hugging Face forward; the
+other families of docs/reference/models.md by name, :data:`FAMILIES`) with tied
 embeddings, vocab 110, random init:
 
 - ``0.8M``: hidden 128, intermediate 384, 4 layers, 4 heads, 2 KV heads (ardea's default tiny
@@ -66,6 +67,49 @@ SIZES = {
 }
 PRECISIONS = ("fp32", "auto")
 ARCHS = {"qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}  # transformers' class names
+
+
+def cycle(pattern: list[str], layers: int) -> list[str]:
+    """``pattern`` repeated over ``layers`` layers, the last one full attention."""
+    return [pattern[k % len(pattern)] for k in range(layers - 1)] + ["full_attention"]
+
+
+#: the other families of docs/reference/models.md at these sizes: (config class, model class,
+#: their own options given the size's hidden, intermediate, layers and heads); MoE layers get
+#: 8 experts of half the intermediate size, 2 per token, sliding windows 32 tokens (they bind
+#: from the 32nd position), hybrids one full-attention layer in three
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", lambda h, i, n, a: {}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", lambda h, i, n, a: dict(
+        sliding_window=32, layer_types=cycle(["sliding_attention", "sliding_attention", "full_attention"], n))),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", lambda h, i, n, a: dict(
+        sliding_window=32, layer_types=cycle(["sliding_attention", "full_attention"], n))),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", lambda h, i, n, a: dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=i // 2)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", lambda h, i, n, a: dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=i // 2, sliding_window=32,
+        layer_types=cycle(["sliding_attention", "full_attention"], n))),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", lambda h, i, n, a: dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=i // 2,
+        first_k_dense_replace=1, n_group=2, topk_group=1, n_shared_experts=1,
+        kv_lora_rank=h // 3, q_lora_rank=None, qk_rope_head_dim=h // a // 2,
+        qk_nope_head_dim=h // a // 2, v_head_dim=h // a, head_dim=h // a // 2,
+        num_key_value_heads=a)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", lambda h, i, n, a: dict(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=i // 2,
+        first_k_dense_replace=0, n_group=1, topk_group=1, n_shared_experts=1)),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", lambda h, i, n, a: dict(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=i // 2,
+        shared_expert_intermediate_size=i // 2, linear_num_value_heads=a,
+        linear_num_key_heads=a // 2, linear_key_head_dim=h // a, linear_value_head_dim=h // a,
+        layer_types=cycle(["linear_attention", "linear_attention", "full_attention"], n))),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", lambda h, i, n, a: dict(
+        linear_num_value_heads=a, linear_num_key_heads=a // 2, linear_key_head_dim=h // a,
+        linear_value_head_dim=h // a,
+        layer_types=cycle(["linear_attention", "linear_attention", "full_attention"], n))),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", lambda h, i, n, a: dict(
+        layer_types=cycle(["conv", "conv", "full_attention"], n))),
+}  # fmt: skip
 STOP_IDS = [1, 2, 3, 4]  # "sample+stop": rows end at varied lengths, as real completions do
 
 
@@ -74,6 +118,8 @@ def decoder(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> torch.nn.Modu
     ``SIZES[size]`` (fp32, eval mode, seed 0)."""
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
     torch.manual_seed(0)
+    if arch in FAMILIES:
+        return family(arch, hidden, intermediate, layers, heads, kv_heads, vocab)
     config_class = getattr(transformers, ARCHS[arch] + "Config")
     extra = {} if arch == "qwen2" else {"head_dim": hidden // heads}
     if arch == "qwen3_moe":
@@ -93,6 +139,20 @@ def decoder(size: str, vocab: int = VOCAB, arch: str = "qwen2") -> torch.nn.Modu
     )
     model_class = getattr(transformers, ARCHS[arch] + "ForCausalLM")
     return model_class(config).float().eval()
+
+
+def family(arch, hidden, intermediate, layers, heads, kv_heads, vocab) -> torch.nn.Module:
+    """One of :data:`FAMILIES` at these sizes (fp32, eval mode; the caller seeds)."""
+    config_name, model_name, options = FAMILIES[arch]
+    kwargs = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                  num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, head_dim=hidden // heads,
+                  max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=PAD,
+                  bos_token_id=None, eos_token_id=None)  # fmt: skip
+    config = getattr(transformers, config_name)(
+        **(kwargs | options(hidden, intermediate, layers, heads))
+    )
+    return getattr(transformers, model_name)(config).float().eval()
 
 
 def make_prompts(n: int, vocab: int, min_len: int = 8, max_len: int = 12) -> list[list[int]]:
@@ -220,7 +280,7 @@ HEADER = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
-    parser.add_argument("--arch", choices=list(ARCHS), default="qwen2")
+    parser.add_argument("--arch", choices=[*ARCHS, *FAMILIES], default="qwen2")
     parser.add_argument(
         "--generic", action="store_true", help="also the engine without its compact step"
     )

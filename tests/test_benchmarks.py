@@ -124,6 +124,17 @@ def test_rollout_smoke(tmp_path):
     assert all(c[1:4] == ["0.80M", "4", "8"] for c in cells)
 
 
+def test_rollout_smoke_on_a_hybrid_family(tmp_path):
+    """--arch takes docs/reference/models.md's families: Qwen3-Next (gated delta nets, MoE)
+    is built at the smoke's size and greedy-decodes the same tokens on both sides (the
+    script asserts it in fp32)."""
+    out = smoke("bench_rollout.py", "--arch", "qwen3_next", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["mode"] for r in rows] == ["sample", "greedy", "sample+stop"]
+    assert all(r["engine_fp32_tps"] > 0 and r["hf_fp32_tps"] > 0 for r in rows)
+    assert "# qwen3_next models" in out
+
+
 def test_distillation_smoke(tmp_path):
     out = smoke("bench_distillation.py", cwd=tmp_path)
     arms = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| 0 |")]
