@@ -29,6 +29,21 @@ def _row(c) -> torch.Tensor:
     return torch.tensor([c.prompt_ids + c.token_ids])
 
 
+#: the router probabilities of the engine's incremental forwards and of one full forward
+#: differ by at most the log-probs' float32 bound (1e-5, tests/rollout/test_hybrid_models.py)
+#: times a probability <= 1; a token's experts can differ only where its 2nd and 3rd most
+#: likely experts are closer than twice that
+NEAR_TIE = 2e-5
+
+
+def _min_gap(model, row: torch.Tensor) -> float:
+    """The smallest gap between a token's 2nd and 3rd router probabilities, any layer."""
+    with torch.no_grad():
+        logits = model(row, output_router_logits=True).router_logits
+    probs = [torch.softmax(x.float(), -1).sort(-1, descending=True).values for x in logits]
+    return min(float((p[:, 1] - p[:, 2]).min()) for p in probs)
+
+
 def test_each_token_carries_the_experts_the_engine_routed_it_to():
     model = make_model("qwen3_moe")
     completions = _generate(model, routed_experts=True)
@@ -36,6 +51,8 @@ def test_each_token_carries_the_experts_the_engine_routed_it_to():
         routes = c.routed_experts  # (P + G, L, K)
         assert routes.shape == (len(c.prompt_ids) + len(c.token_ids), 2, 2)
         assert bool((routes[-1] == -1).all())  # the last token never ran through the model
+        # equality below is derived, not lucky: no token is near a tie (about 6e-4 here)
+        assert _min_gap(model, _row(c)) > NEAR_TIE
         with torch.no_grad(), record_routing(model) as whole:
             model(_row(c))
         assert torch.equal(routes[:-1], whole.routes()[:-1])
@@ -63,6 +80,7 @@ def test_recorded_routing_replays_bit_for_bit_into_a_moved_router():
         engine = torch.tensor(c.logprobs)
         # float32 engine and trainer: the bound of tests/rollout/test_hybrid_models.py
         torch.testing.assert_close(out.logprobs[0, prompt - 1 : -1], engine, atol=1e-5, rtol=0)
+        assert _min_gap(model, _row(c)) > NEAR_TIE  # so the trainer routes as the engine did
         assert float(out.routing_changed) == 0.0
     assert max(changed) > 0  # the moved router would have routed some tokens elsewhere
 

@@ -47,7 +47,7 @@ def test_rollouts_carry_their_routing_and_the_policy_replays_it(tmp_path):
     run = tmp_path / "run"
     trainer = Trainer(load_config(None, [
         f"model.path={model}", "model.compute_dtype=float32", "algo.name=online_grpo",
-        "algo.moe_routing_replay=true", "algo.ppo_mini_batches=2",
+        "algo.moe_routing_replay=true",
         'reward.functions=[{name: format_regex, kwargs: {pattern: "[0-4]"}}]',
         "rollout.max_new_tokens=6", "rollout.group_size=4", "trainer.batch_size=4",
         "trainer.max_steps=2", f"trainer.output_dir={run}", *QUIET,
@@ -69,8 +69,11 @@ def test_rollouts_carry_their_routing_and_the_policy_replays_it(tmp_path):
     assert len(steps) == 2
     for step in steps:
         assert step["mismatch/abs_diff_max"] <= 1e-5
-        # mini-batch 1 of 2 trains on the engine's weights; mini-batch 2 on updated ones
-        assert 0.0 <= step["moe/routing_replay_changed"] <= 1.0
+        # one update a step, on the weights the engine sampled with: the trainer's router
+        # chooses as the engine's did but at a near-tie within float32 rounding (none in the
+        # engine's test, tests/rollout/test_routing_record.py); a replay that misplaced the
+        # routes (another row's, a shifted column) would change most of the ~400 choices
+        assert step["moe/routing_replay_changed"] <= 0.01
     assert not torch.equal(router.detach(), before)  # the router's gate weights train
 
 

@@ -44,6 +44,7 @@ from ardea.model.unwrap import unwrap_peft
 __all__ = ["RoutingRecord", "moe_blocks", "record_routing", "replay_routing", "routes_dtype"]
 
 _LAYER = "_ardea_routing_layer"  # attribute on each tapped block: its MoE layer index
+_LAYOUT = "_ardea_routing_layout"  # attribute on a tapped model: (L, K, E)
 _local = threading.local()  # .state: the RoutingRecord of this thread's forward, or None
 
 
@@ -105,9 +106,8 @@ class _TopKMode(TorchFunctionMode):
         k = args[1] if len(args) > 1 else kwargs.get("k")
         dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
         record = self.record
-        if scores.dim() != 2 or scores.shape[-1] != record.experts or k != record.top_k:
-            return func(*args, **kwargs)
-        if dim not in (-1, 1):
+        choice = scores.dim() == 2 and dim in (-1, 1) and k == record.top_k
+        if not choice or scores.shape[-1] != record.experts:
             return func(*args, **kwargs)
         result = func(*args, **kwargs)
         ids = result.indices
@@ -147,7 +147,11 @@ def _leave(block: nn.Module, args, output) -> None:
 
 
 def _tap(model: nn.Module) -> tuple[int, int, int]:
-    """Hook ``model``'s MoE blocks once (idempotent); ``(L, K, E)``."""
+    """``(L, K, E)`` of ``model``, its MoE blocks hooked at the first call (the engine calls
+    this at every decode step: later calls read the layout kept on the model)."""
+    layout = getattr(model, _LAYOUT, None)
+    if layout is not None:
+        return layout
     routing = moe_routing(model)
     blocks = moe_blocks(model)
     if routing is None or not blocks:
@@ -165,7 +169,9 @@ def _tap(model: nn.Module) -> tuple[int, int, int]:
             block.register_forward_pre_hook(_enter)
             block.register_forward_hook(_leave, always_call=True)
     experts, top_k = routing
-    return len(blocks), top_k, experts
+    layout = (len(blocks), top_k, experts)
+    setattr(model, _LAYOUT, layout)
+    return layout
 
 
 @contextlib.contextmanager

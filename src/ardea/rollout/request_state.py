@@ -67,11 +67,10 @@ class RequestState:
                           self._routes())  # fmt: skip
 
     def _routes(self) -> torch.Tensor | None:
-        """The routes of prompt and tokens, -1 for any the engine has not run."""
+        """The routes of prompt and tokens, -1 for a token the engine has not run (a row that
+        ended at the token its prefill sampled has routes for its input only)."""
         if self.routes is None:
             return None
-        size = len(self.request.prompt_ids) + len(self.tokens)
-        if self.routes.shape[0] >= size:
-            return self.routes[:size]
-        missing = self.routes.new_full((size - self.routes.shape[0], *self.routes.shape[1:]), -1)
-        return torch.cat([self.routes, missing])
+        missing = len(self.request.prompt_ids) + len(self.tokens) - self.routes.shape[0]
+        pad = self.routes.new_full((missing, *self.routes.shape[1:]), -1)
+        return torch.cat([self.routes, pad])
