@@ -170,3 +170,19 @@ def test_mixed_logprobs_are_refused():
         Segment.generated([2, 3], [-0.1])
     with pytest.raises(ValueError, match="a context segment carries no log-probs"):
         Segment("context", (1,), (-0.1,))
+
+
+def test_routed_experts_collate_with_minus_one_where_a_row_has_none():
+    routed = torch.tensor([[[0, 1]], [[2, 3]], [[1, 2]]], dtype=torch.int8)  # 3 tokens, L 1, K 2
+    rows = [
+        Trajectory((Segment.prompt([5, 6]), Segment.generated([7])), routed_experts=routed),
+        Trajectory((Segment.prompt([5]), Segment.generated([8]))),
+    ]
+    batch = TrajectoryBatch.from_trajectories(rows, pad_token_id=0)
+    assert batch.routed_experts.shape == (2, 3, 1, 2)
+    assert torch.equal(batch.routed_experts[0], routed)
+    assert bool((batch.routed_experts[1] == -1).all())
+    assert torch.equal(batch.model_inputs()["routed_experts"], batch.routed_experts)
+    short = Trajectory((Segment.prompt([5]), Segment.generated([8])), routed_experts=routed)
+    with pytest.raises(ValueError, match="trajectory 0 has 2 tokens but routed experts for 3"):
+        TrajectoryBatch.from_trajectories([short], pad_token_id=0)

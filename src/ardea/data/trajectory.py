@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from ardea.algo import AdvantageInputs, next_token_align
 from ardea.data.segments import Segment, Trajectory, row_lists
@@ -341,14 +342,12 @@ def _padded_routes(routes: list[Tensor | None], lengths: list[int]) -> Tensor:
     if len(shapes) > 1:
         raise ValueError(f"trajectories carry routed experts of different shapes {sorted(shapes)}")
     first = next(r for r in routes if r is not None)
-    out = torch.full((len(routes), max(lengths), *first.shape[1:]), -1, dtype=first.dtype)
     for i, (r, n) in enumerate(zip(routes, lengths)):
-        if r is None:
-            continue
-        if r.shape[0] != n:
+        if r is not None and r.shape[0] != n:
             raise ValueError(f"trajectory {i} has {n} tokens but routed experts for {r.shape[0]}")
-        out[i, :n] = r
-    return out
+    rows = [first.new_full((n, *first.shape[1:]), -1) if r is None else r
+            for r, n in zip(routes, lengths)]  # fmt: skip
+    return pad_sequence(rows, batch_first=True, padding_value=-1)
 
 
 def _padded(rows: list[list], width: int, pad, dtype: torch.dtype) -> Tensor:
