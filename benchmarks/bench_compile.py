@@ -74,7 +74,7 @@ def decode_sides(work: Workload, tokenizer, model, prompts, backend: str):
 
         return run
 
-    return side(eager_step), side(lambda *args: compiled(fast, *args))
+    return side(eager_step), side(lambda *args, **kw: compiled(fast, *args, **kw))
 
 
 def train_sides(work: Workload, model, prompts, backend: str):

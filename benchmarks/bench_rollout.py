@@ -3,8 +3,8 @@
 Both run the same model on the same left-padded prompts (8-12 tokens) and lengths, on CPU.
 Models (``--sizes``): Qwen2 decoders (``--arch qwen3``: Qwen3, the same sizes with per-head
 query/key norms and no q/k/v biases; ``--arch qwen3_moe``: Qwen3-MoE, every MLP 8 experts of
-half the intermediate size, 2 per token, top-k weights renormalised; it has no compact
-decode step, so both engine sides of ``--generic`` run the Hugging Face forward; the
+half the intermediate size, 2 per token, top-k weights renormalised, which the compact
+step decodes with batched experts, as Mixtral (``--arch mixtral``); the
 other families of docs/reference/models.md by name, :data:`FAMILIES`) with tied
 embeddings, vocab 110, random init:
 
@@ -44,6 +44,7 @@ adjacent pairs, as above).
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import platform
@@ -191,12 +192,16 @@ def auto_precision(model, rows: int, length: int) -> Precision:
 
 
 def run_case(
-    model, prompts, new_tokens: int, mode: str, repeats: int, generic: bool = False
-) -> dict:
+    model, prompts, new_tokens: int, mode: str, repeats: int, generic: bool = False,
+    stock=None,
+) -> dict:  # fmt: skip
     """Both sides in both precisions on one (prompts, new tokens, mode); mode: "sample"
     (T = 1), "greedy", or "sample+stop" (T = 1 with stop tokens; each side's tok/s counts the
     tokens it generated, whose expected number is the same for both). ``generic``: the
-    engine with its compact decode step off too."""
+    engine with its compact decode step off too. ``stock``: the model ``generate()`` runs
+    (default ``model``): a copy taken before any engine switched its MoE experts to the
+    compute dtype, so that side is transformers as shipped."""
+    stock = model if stock is None else stock
     stops = STOP_IDS if mode == "sample+stop" else None
     greedy = mode == "greedy"
     params = SamplingParams(temperature=0.0 if greedy else 1.0, max_new_tokens=new_tokens, seed=0)
@@ -222,16 +227,16 @@ def run_case(
             record(name, [c.token_ids for c in engine.generate(prompts, params)])
 
         if generic:
-            stock = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=stops or [],
+            plain = InProcessEngine(model, pad_token_id=PAD, eos_token_ids=stops or [],
                                     precision=prec)  # fmt: skip
-            stock._fast = stock._decoder.fast = None  # the Hugging Face forward at every step
+            plain._fast = plain._decoder.fast = None  # the Hugging Face forward at every step
             fns[f"engine_generic_{precision}"] = functools.partial(
-                run_engine, stock, f"engine_generic_{precision}"
+                run_engine, plain, f"engine_generic_{precision}"
             )
 
         def run_hf(prec=prec, name=f"hf_{precision}"):
             with torch.inference_mode(), prec.autocast():
-                out = model.generate(
+                out = stock.generate(
                     ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=stops,
                     pad_token_id=PAD, **hf_kwargs,
                 )  # fmt: skip
@@ -310,12 +315,15 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         model = decoder(size, arch=args.arch)
+        stock = copy.deepcopy(model)  # generate()'s, never switched (run_case)
         n_params = sum(p.numel() for p in model.parameters())
         for n_prompts in args.prompts:
             prompts = make_prompts(n_prompts, model.config.vocab_size)
             for new_tokens in args.new_tokens:
                 for mode in args.modes:
-                    r = run_case(model, prompts, new_tokens, mode, args.repeats, args.generic)
+                    r = run_case(
+                        model, prompts, new_tokens, mode, args.repeats, args.generic, stock
+                    )
                     case = {"model": size, "params": n_params, "prompts": n_prompts,
                             "new_tokens": new_tokens, "mode": mode, **r}  # fmt: skip
                     print(json.dumps(case), flush=True)

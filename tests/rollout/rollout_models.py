@@ -24,6 +24,18 @@ HYBRID = {
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(layer_types=["conv", "full_attention"])),
 }  # fmt: skip
 
+#: mixtures of experts (transformers' classes)
+EXPERTS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       norm_topk_prob=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=48)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)),
+}  # fmt: skip
+
 
 def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Module:
     """A 2-layer, hidden-64 fp32 causal LM.
@@ -53,11 +65,10 @@ def make_model(arch: str = "qwen2", seed: int = 0, **overrides) -> torch.nn.Modu
         model = LlamaForCausalLM(LlamaConfig(**kwargs))
     elif arch == "qwen3":  # Qwen2 with per-head query/key RMSNorms and no q/k/v biases
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kwargs))
-    elif arch == "qwen3_moe":  # Qwen3 with 4 experts, 2 per token, in every layer
-        moe = dict(
-            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
-        )
-        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**kwargs | moe))
+    elif arch in EXPERTS:  # 4 experts, 2 per token, in every layer (Qwen2-MoE: + a shared one)
+        config_class, model_class, extra = EXPERTS[arch]
+        config = getattr(transformers, config_class)(**(kwargs | extra))
+        model = getattr(transformers, model_class)(config)
     elif arch in HYBRID:
         config_class, model_class, extra = HYBRID[arch]
         config = getattr(transformers, config_class)(**(kwargs | extra))

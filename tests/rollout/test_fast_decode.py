@@ -1,15 +1,23 @@
-"""The compact decode step: used for plain Qwen2 / Qwen3 / Llama decoders, never for what it does
-not reproduce, and equal to the Hugging Face forward (fp32) or close to it (bf16)."""
+"""The compact decode step: used for plain Qwen2 / Qwen3 / Llama decoders and their mixtures of
+experts, never for what it does not reproduce, and equal to the Hugging Face forward (fp32) or
+close to it (bf16)."""
 
 import pytest
 import torch
 from rollout_models import EOS, PAD, make_model
 
 from ardea.model import Precision
+from ardea.model.autocast_experts import follow_autocast
 from ardea.rollout import InProcessEngine, SamplingParams
 from ardea.rollout.engines.inprocess.fast_decode import fast_decoder
+from ardea.rollout.engines.inprocess.fast_experts import RoutedExperts
 
 PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
+#: RoPE scalings whose frequencies are fixed at load (factors chosen to bind within 64 positions)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16, "rope_theta": 10000.0}  # fmt: skip
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10000.0}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -17,13 +25,33 @@ PROMPTS = [[5, 6, 7], [8, 9], [20, 21, 22, 23]]
     [
         ("qwen2", {}, True),
         ("qwen3", {}, True),
-        ("qwen3_moe", {}, False),  # mixtures of experts take the Hugging Face forward
+        ("qwen3_moe", {}, True),
+        ("qwen2_moe", {}, True),
+        ("mixtral", {}, True),
+        ("qwen3_moe", {"experts_implementation": "eager"}, False),  # per-expert F.linear
         ("llama", {}, True),
-        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, False),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, True),
+        ("llama", {"rope_scaling": LLAMA3}, True),
+        ("qwen3", {"rope_scaling": YARN}, True),
+        ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, False),
         ("llama", {"mlp_bias": True}, False),
         ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, False),
     ],
-    ids=["qwen2", "qwen3", "qwen3-moe", "llama", "rope-scaling", "mlp-bias", "sliding-window"],
+    ids=[
+        "qwen2",
+        "qwen3",
+        "qwen3-moe",
+        "qwen2-moe",
+        "mixtral",
+        "eager-experts",
+        "llama",
+        "linear-rope",
+        "llama3-rope",
+        "yarn",
+        "dynamic-rope",
+        "mlp-bias",
+        "sliding-window",
+    ],
 )
 def test_only_plain_decoders_take_the_fast_step(arch, overrides, fast):
     assert (fast_decoder(make_model(arch, **overrides), None) is not None) == fast
@@ -36,9 +64,14 @@ def engine(model, fast: bool, precision=None) -> InProcessEngine:
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
-def test_fast_step_equals_the_hugging_face_forward_in_float32(arch):
-    model = make_model(arch)
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [("qwen2", {}), ("qwen3", {}), ("llama", {}), ("llama", {"rope_scaling": LLAMA3}),
+     ("qwen3", {"rope_scaling": YARN}), ("qwen3_moe", {}), ("qwen2_moe", {}), ("mixtral", {})],
+    ids=["qwen2", "qwen3", "llama", "llama3-rope", "yarn", "qwen3-moe", "qwen2-moe", "mixtral"],
+)  # fmt: skip
+def test_fast_step_equals_the_hugging_face_forward_in_float32(arch, overrides):
+    model = make_model(arch, **overrides)
     params = SamplingParams(temperature=0.9, max_new_tokens=16, seed=4, n=3)
     fast, stock = (
         engine(model, True).generate(PROMPTS, params),
@@ -58,6 +91,21 @@ def test_weights_reach_the_fast_step_through_update_weights():
     assert [c.token_ids for c in fast.generate(PROMPTS, greedy)] == [
         c.token_ids for c in engine(other, False).generate(PROMPTS, greedy)
     ]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["compact-step", "hugging-face-step"])
+def test_new_weights_reach_an_moe_decoding_in_bf16(fast):
+    """Both paths keep the experts cast to bf16 between steps (the step's copies, the
+    Hugging Face forward's kept casts): update_weights must reach them."""
+    bf16 = Precision(torch.device("cpu"), torch.float32, torch.bfloat16)
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    old, new = make_model("qwen3_moe", seed=0), make_model("qwen3_moe", seed=1)
+    updated = engine(old, fast, bf16)
+    before = [c.token_ids for c in updated.generate(PROMPTS, greedy)]
+    updated.update_weights(new.state_dict(), 1)
+    after = [c.token_ids for c in updated.generate(PROMPTS, greedy)]
+    assert after != before
+    assert after == [c.token_ids for c in engine(new, fast, bf16).generate(PROMPTS, greedy)]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
@@ -83,6 +131,29 @@ def test_bfloat16_compute_stays_close_to_the_float32_distribution(arch):
             worst, float((exact - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max())
         )
     assert 1e-4 < worst < 0.05  # bf16 is visibly not fp32, and close to it
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral"])
+def test_experts_on_the_step_compute_what_the_trainers_block_does_in_bf16(arch):
+    """The step's batched experts (weights cast once) against the model's own MoE block under
+    bf16 autocast, as the trainer runs it (experts switched to the compute dtype): the same
+    experts, and outputs equal up to the order a kernel sums in. Both accumulate in float32
+    and round each bf16 intermediate once; another order changes a rounding by at most an ulp
+    (2^-8 relative), which the gated product and the down projection carry to a few ulps of
+    the output's scale: 2^-6 of its largest entry bounds it (measured: equal bit for bit on an
+    AMX Xeon)."""
+    model = make_model(arch)
+    follow_autocast(model)
+    block = model.model.layers[0].mlp
+    x = torch.randn(32, 1, 64, generator=torch.Generator().manual_seed(2))
+    step = RoutedExperts(block, torch.bfloat16)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, theirs = step(x), block(x)
+        _, _, chosen = block.gate(x.view(32, 64))
+    assert torch.equal(step.chosen, chosen)
+    assert ours.dtype == theirs.dtype == torch.float32
+    bound = 2**-6 * float(theirs.abs().max())
+    torch.testing.assert_close(ours, theirs, atol=bound, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -19,8 +19,10 @@ from ardea.rollout import InProcessEngine, SamplingParams
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
 
 
-def _generate(model, **params):
+def _generate(model, fast: bool = True, **params):
     engine = InProcessEngine(model, pad_token_id=0, eos_token_ids=[1], max_batch_size=3)
+    if not fast:  # the Hugging Face forward at every step, recorded through its MoE blocks
+        engine._fast = engine._decoder.fast = None
     params = SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=3, **params)
     return engine.generate(PROMPTS, params)  # 6 rows, 3 at a time: the others join later
 
@@ -44,9 +46,10 @@ def _min_gap(model, row: torch.Tensor) -> float:
     return min(float((p[:, 1] - p[:, 2]).min()) for p in probs)
 
 
-def test_each_token_carries_the_experts_the_engine_routed_it_to():
+@pytest.mark.parametrize("fast", [True, False], ids=["compact-step", "hugging-face-step"])
+def test_each_token_carries_the_experts_the_engine_routed_it_to(fast):
     model = make_model("qwen3_moe")
-    completions = _generate(model, routed_experts=True)
+    completions = _generate(model, fast, routed_experts=True)
     for c in completions:
         routes = c.routed_experts  # (P + G, L, K)
         assert routes.shape == (len(c.prompt_ids) + len(c.token_ids), 2, 2)
@@ -56,7 +59,7 @@ def test_each_token_carries_the_experts_the_engine_routed_it_to():
         with torch.no_grad(), record_routing(model) as whole:
             model(_row(c))
         assert torch.equal(routes[:-1], whole.routes()[:-1])
-    assert all(c.routed_experts is None for c in _generate(model))
+    assert all(c.routed_experts is None for c in _generate(model, fast))
 
 
 def test_recorded_routing_replays_bit_for_bit_into_a_moved_router():
@@ -85,6 +88,7 @@ def test_recorded_routing_replays_bit_for_bit_into_a_moved_router():
     assert max(changed) > 0  # the moved router would have routed some tokens elsewhere
 
 
-def test_a_dense_model_asked_for_routing_fails_the_call():
+@pytest.mark.parametrize("fast", [True, False], ids=["compact-step", "hugging-face-step"])
+def test_a_dense_model_asked_for_routing_fails_the_call(fast):
     with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
-        _generate(make_model("qwen3"), routed_experts=True)
+        _generate(make_model("qwen3"), fast, routed_experts=True)

@@ -136,7 +136,10 @@ class ChatTemplate:
         rendered = self.render([*parent.messages, placeholder, *new], tools, generation=True)
         after = rendered[rendered.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
         found = [(after.find(t), t) for t in self.stop_texts if after.find(t) >= 0]
-        if not found:
+        if not found:  # the template closes the turn with a marker the model does not stop at
+            end = self._own_turn_end(parent, tools)
+            if self._stopped(parent) and after.startswith(end):
+                after = after[len(end) :]
             return Prompt(parent.tokens + self.encode(after), None)
         at, marker = min(found)
         glue = after[at + len(marker) :] if self._generated(parent, marker) else after[at:]
@@ -159,21 +162,36 @@ class ChatTemplate:
         answered = self.render([*parent.messages, parent.reply.message], tools, generation=False)
         if not rendered.startswith(answered):
             return None
-        return self._turn_end(answered, parent) + rendered[len(answered) :]
+        return self._turn_end(answered, parent, tools) + rendered[len(answered) :]
 
-    def _turn_end(self, answered: str, parent: Interaction) -> str:
+    def _turn_end(self, answered: str, parent: Interaction, tools) -> str:
         """The text after the reply's last generated token up to the end of ``answered``:
         the template's turn end, minus the stop token when the model generated that one."""
         at, marker = max(((answered.rfind(t), t) for t in self.stop_texts), default=(-1, ""))
-        if at < 0:
-            return ""
+        if at < 0:  # the template closes the turn with a marker the model does not stop at
+            return "" if self._stopped(parent) else self._own_turn_end(parent, tools)
         return answered[at + len(marker) :] if self._generated(parent, marker) else answered[at:]
+
+    def _own_turn_end(self, parent: Interaction, tools) -> str:
+        """The text the template closes an assistant turn with (after its content), where
+        that is no stop token of the model's: gpt-oss's ``<|end|>``, which its model never
+        generates (it stops a final answer at ``<|return|>``, a tool call at ``<|call|>``).
+        A turn the model stopped already has its end, the stop token, so the row does not
+        hold both; a turn cut at the length limit is closed with this text."""
+        placeholder = {"role": "assistant", "content": PLACEHOLDER}
+        closed = self.render([*parent.messages, placeholder], tools, generation=False)
+        return closed[closed.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
 
     def _generated(self, parent: Interaction, marker: str) -> bool:
         """Whether the parent's last generated token is the stop token ``marker``."""
         last = parent.output_ids[-1:]
         tokens = self.tokenizer.convert_ids_to_tokens(last) if last else []
         return parent.stop_reason == "stop" and tokens == [marker]
+
+    def _stopped(self, parent: Interaction) -> bool:
+        """Whether the parent's reply ended at one of the model's stop tokens."""
+        last = parent.output_ids[-1:]
+        return parent.stop_reason == "stop" and bool(last) and last[0] in self.stop_ids
 
 
 def reply_to(template: ChatTemplate, completion: Completion, parser: ToolParser | None) -> Reply:

@@ -33,6 +33,7 @@ import torch
 
 from ardea.config.schema import ATTENTIONS, COMPUTE_DTYPES
 from ardea.errors import ConfigError
+from ardea.model.autocast_experts import follow_autocast
 from ardea.model.dtype_probe import ProbeResult, ProbeShapes, probe
 
 EAGER_MAX_TOKENS = 128
@@ -122,7 +123,8 @@ class Precision:
     def forward(self, model: torch.nn.Module, seq_len: int):
         """Run a training or log-prob forward of ``model`` over ``seq_len`` tokens: under
         :meth:`autocast`, with the kernel of :meth:`attention_for` (the model's own kernel is
-        restored afterwards). Models that cannot switch kernels keep theirs."""
+        restored afterwards; models that cannot switch kernels keep theirs) and its experts in
+        the compute dtype (:mod:`ardea.model.autocast_experts`)."""
         wanted = self.attention_for(seq_len)
         config = getattr(model, "config", None)
         current = getattr(config, "_attn_implementation", None)
@@ -134,6 +136,7 @@ class Precision:
         )
         if switch:
             model.set_attn_implementation(wanted)
+        follow_autocast(model)
         try:
             with self.autocast():
                 yield

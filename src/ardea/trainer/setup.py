@@ -18,6 +18,7 @@ from ardea.model import (
     load_scorer_and_tokenizer,
     scorer_from_causal_lm,
 )
+from ardea.model.autocast_experts import follow_autocast
 from ardea.model.dtype_probe import ProbeShapes
 from ardea.model.lora import apply_lora
 from ardea.model.moe import moe_routing
@@ -85,6 +86,7 @@ def build_trainable_policy(
     model, tokenizer = build_policy(
         config.model, seed=config.trainer.seed, device=device, head=head
     )
+    follow_autocast(model)  # before anything evaluates or generates with it
     check_routing_replay(config, model)
     m = config.model
     if lora and m.lora_r:

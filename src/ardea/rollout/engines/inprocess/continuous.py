@@ -166,16 +166,18 @@ class Decoder:
             tok = tok[keep]
             batch.select(keep)
         feed = torch.where(batch.alive, tok, self.pad)
-        if self.fast is not None and not kind.routed_experts:
-            batch.logits = self.fast.step(feed, batch.positions, batch.step_keys(), batch.cache)
+        if self.fast is not None:
+            batch.logits, routes = self.fast.step(
+                feed, batch.positions, batch.step_keys(), batch.cache, record=kind.routed_experts
+            )
         else:
             mask = batch.step_mask(self.mask_dtype)
             batch.logits, routes = self.forward(
                 feed[:, None], mask, batch.positions[:, None], batch.cache,
                 record=kind.routed_experts,
             )  # fmt: skip
-            if routes is not None:
-                batch.record_routes(routes)
+        if routes is not None:
+            batch.record_routes(routes)
         batch.advance()
         return done
 

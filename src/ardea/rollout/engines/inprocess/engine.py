@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from ardea.model import Precision
+from ardea.model.autocast_experts import follow_autocast, forget_casts, keep_casts
 from ardea.model.flops import count_decode, count_prefill
 from ardea.rollout.checks import frozen_base, request_input, whole
 from ardea.rollout.engine import (
@@ -136,6 +137,7 @@ class InProcessEngine(GenerationEngine):
         self._version = version
         self._precision = precision
         params = inspect.signature(model.forward).parameters
+        follow_autocast(model)  # its experts computed as the trainer's (in the compute dtype)
         mask_dtype = additive_mask_dtype(model)
         compute = precision.compute if precision is not None else None
         self._fast = fast_decoder(model, compute) if mask_dtype is not None else None
@@ -244,6 +246,7 @@ class InProcessEngine(GenerationEngine):
                 for name, tensor in named_tensors.items():  # a shard: gathered here
                     if isinstance(tensor, DTensor) or own[name].data_ptr() != tensor.data_ptr():
                         own[name].copy_(whole(tensor))
+            forget_casts(self._model)
             if self._fast is not None:
                 self._fast.refresh()
             self._version = version
@@ -287,7 +290,7 @@ class InProcessEngine(GenerationEngine):
     def _iterate(self, joining: list[Row]) -> None:
         """Let ``joining`` in, then one decode step of every kind (module docstring)."""
         autocast = self._precision.autocast() if self._precision else contextlib.nullcontext()
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), autocast, keep_casts():  # dropped at update_weights
             by_kind: dict[Kind, list[Row]] = {}
             for row in joining:
                 by_kind.setdefault(row.kind, []).append(row)

@@ -1,6 +1,7 @@
-"""A compact decode step for Llama-family decoders (Qwen2, Qwen3, Llama, Mistral): one new
-token per row against the KV cache, in a few fused tensor ops per layer instead of the dozens
-of small module calls a Hugging Face forward makes.
+"""A compact decode step for Llama-family decoders (Qwen2, Qwen3, Llama, Mistral) and their
+mixtures of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): one new token per row against the KV
+cache, in a few fused tensor ops per layer instead of the dozens of small module calls a
+Hugging Face forward makes.
 
 Notation: ``N`` rows, ``H`` hidden size, ``Hq`` / ``Hkv`` query / key-value heads (``G =
 Hq / Hkv``), ``D`` head size, ``L`` cached positions, ``V`` vocabulary.
@@ -10,8 +11,11 @@ Per layer, for the rows' new token ``x`` (N, 1, H):
     h   = x + o_proj(attention(rope(q), rope(k), v))      q, k, v = qkv_proj(rmsnorm(x))
     out = h + down_proj(silu(gate) * up)                  gate, up = gate_up_proj(rmsnorm(h))
 
-with ``qkv_proj`` and ``gate_up_proj`` the concatenated projection matrices (one matmul each),
-``rope`` the rotary embedding at each row's position (Qwen3: after an RMSNorm of each query
+with ``qkv_proj`` and ``gate_up_proj`` the concatenated projection matrices (one matmul each)
+— or, where the layer's feed-forward is a mixture of experts, that block's router, then the
+experts (:mod:`ardea.rollout.engines.inprocess.fast_experts`), then its shared experts —
+``rope`` the rotary embedding at each row's position (the model's own frequencies and
+scale: Llama 3's and YaRN's included; Qwen3: after an RMSNorm of each query
 and key head over its ``D`` features, ``q_norm`` / ``k_norm``), and attention over the layer's cached
 keys and values plus the new ones, masked to the row's real tokens:
 ``softmax(q kᵀ / sqrt(D) + mask) v`` with the ``G`` query heads of a key-value head in one
@@ -26,8 +30,10 @@ the parameters' dtype and attention scores are scaled in the compute dtype and m
 normalised in float32, as under ``torch.autocast`` with the eager attention. RoPE rotates the
 query and key heads in one pass, viewing each head as two halves: ``x cos + swap(x) (−sin,
 +sin)`` (``swap`` exchanging the halves) is ``x cos + rotate_half(x) sin`` term for term. Anything this does not reproduce exactly
-(another architecture, RoPE scaling, sliding windows, a LoRA-wrapped module, biased MLPs)
-is left to the Hugging Face forward (:func:`fast_decoder` returns None).
+(another architecture, RoPE frequencies that change with the length (dynamic NTK,
+LongRoPE), sliding windows, a LoRA-wrapped module, biased MLPs,
+experts other than transformers' default grouped ones) is left to the Hugging Face forward
+(:func:`fast_decoder` returns None).
 """
 
 from __future__ import annotations
@@ -37,9 +43,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ardea.model.packed_linear import PackedLinear
+from ardea.model.routing_replay import routes_dtype
+from ardea.rollout.engines.inprocess.fast_experts import RoutedExperts, fits
 
-SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
-CLASSES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED = ("qwen2", "qwen3", "llama", "mistral", "qwen3_moe", "qwen2_moe", "mixtral")
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+CLASSES = (
+    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+    "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM",
+)  # fmt: skip
 
 
 def fast_decoder(model: nn.Module, compute_dtype: torch.dtype | None) -> FastDecoder | None:
@@ -49,7 +61,9 @@ def fast_decoder(model: nn.Module, compute_dtype: torch.dtype | None) -> FastDec
     if config is None or getattr(config, "model_type", None) not in SUPPORTED or inner is None:
         return None
     rope = getattr(config, "rope_scaling", None) or {}
-    plain_rope = rope.get("rope_type", rope.get("type", "default")) == "default"
+    # frequencies fixed at load (Llama 3's, YaRN's, linear scaling): the step reads them
+    # from the model; dynamic NTK and LongRoPE change them with the sequence length
+    static_rope = rope.get("rope_type", rope.get("type", "default")) in STATIC_ROPE
     windowed = getattr(config, "sliding_window", None) is not None and (
         getattr(config, "use_sliding_window", True) or config.model_type == "mistral"
     )
@@ -57,12 +71,13 @@ def fast_decoder(model: nn.Module, compute_dtype: torch.dtype | None) -> FastDec
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     if (
         any(kind != "full_attention" for kind in layer_types)
-        or not plain_rope
+        or not static_rope
         or windowed
         or getattr(config, "mlp_bias", False)
         or getattr(config, "hidden_act", "silu") != "silu"
         or layers is None
         or type(model).__name__ not in CLASSES
+        or not all(fits(layer.mlp) for layer in layers)
     ):
         return None
     return FastDecoder(model, compute_dtype)
@@ -110,9 +125,12 @@ class FastDecoder:
                 "qkv": fused(attn.q_proj, attn.k_proj, attn.v_proj),
                 "o": fused(attn.o_proj),
                 "norm2": layer.post_attention_layernorm.weight.detach(),
-                "gate_up": fused(mlp.gate_proj, mlp.up_proj),
-                "down": fused(mlp.down_proj),
             }
+            if hasattr(mlp, "experts"):
+                weights["experts"] = RoutedExperts(mlp, cast)
+            else:
+                weights["gate_up"] = fused(mlp.gate_proj, mlp.up_proj)
+                weights["down"] = fused(mlp.down_proj)
             if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head query/key norms
                 weights["q_norm"] = attn.q_norm.weight.detach()
                 weights["k_norm"] = attn.k_norm.weight.detach()
@@ -122,11 +140,24 @@ class FastDecoder:
         self.embed = self.model.get_input_embeddings().weight.detach()
 
     @torch.inference_mode()
-    def step(self, tokens: Tensor, positions: Tensor, keys: Tensor, cache) -> Tensor:
+    def step(
+        self, tokens: Tensor, positions: Tensor, keys: Tensor, cache, record: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits ``(N, V)`` after feeding ``tokens (N,)`` at ``positions (N,)``; appends their
         keys and values to ``cache`` (the engine's layers). ``keys`` (N, C) bool marks, over
         the cache's columns, the real tokens among the cached ones and the new one (False
-        beyond it)."""
+        beyond it). With ``record``, also the experts each MoE layer routed the tokens to
+        ``(N, L, K)`` (:mod:`ardea.model.routing_replay`'s layout), else None."""
+        logits = self._step(tokens, positions, keys, cache)
+        if not record:
+            return logits, None
+        blocks = [w["experts"] for w in self.layers if "experts" in w]
+        if not blocks:
+            raise ValueError("recording routed experts needs a mixture-of-experts model")
+        routes = torch.stack([b.chosen for b in blocks], dim=1)  # (N, L, K)
+        return logits, routes.to(routes_dtype(blocks[0].count))
+
+    def _step(self, tokens: Tensor, positions: Tensor, keys: Tensor, cache) -> Tensor:
         x = F.embedding(tokens, self.embed)[:, None, :]  # (N, 1, H)
         cos, sin = self._rope(positions)  # (N, 1, 1, D/2), (N, 1, 2, D/2)
         # (N, 1, 1, C): 0 on the keys attended, -inf elsewhere, added to every layer's scores
@@ -136,6 +167,9 @@ class FastDecoder:
             h = _rms_norm(x, weights["norm1"], self.eps)
             x = x + self._attention(h, weights, layer, cos, sin, mask)
             h = _rms_norm(x, weights["norm2"], self.eps)
+            if "experts" in weights:
+                x = x + weights["experts"](h)
+                continue
             gate, up = weights["gate_up"](h).chunk(2, dim=-1)
             x = x + weights["down"](F.silu(gate) * up)
         x = _rms_norm(x, self.final_norm, self.eps)
