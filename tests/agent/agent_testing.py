@@ -204,6 +204,22 @@ class CrashingEnv(TurnsEnv):
         return super().step(reply)
 
 
+class FlakyEnv(CrashingEnv):
+    """A CrashingEnv that crashes once per ``flaky`` key of its rows (the first episode to
+    get there), then never again: a transient failure (``FlakyEnv.crashed`` holds the keys;
+    a test clears it)."""
+
+    crashed: set = set()
+
+    def reset(self, row):
+        flaky = row.get("flaky")
+        if flaky is not None and flaky in FlakyEnv.crashed:
+            row = {k: v for k, v in row.items() if k != "crash"}
+        elif flaky is not None:
+            FlakyEnv.crashed.add(flaky)
+        return super().reset(row)
+
+
 def _exits(x: int) -> str:
     os._exit(3)
 

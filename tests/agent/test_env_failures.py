@@ -5,6 +5,8 @@ dies, while a tool that raises stays an observation for the model."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from ardea.agent.episodes import EnvironmentFailure, EpisodeRunner
@@ -19,11 +21,11 @@ PARAMS = SamplingParams(temperature=1.0, max_new_tokens=4)
 ROWS = [{"turns": 3}, {"turns": 3, "crash": "step"}, {"turns": 2, "crash": "reset"}]
 
 
-def runner(engine, tokenizer, on_error="mask"):
+def runner(engine, tokenizer, on_error="mask", env="CrashingEnv", retries=0):
     return EpisodeRunner(
         engine,
         tokenizer,
-        AgentConfig(env="tests.agent.agent_testing.CrashingEnv", max_turns=4),
+        AgentConfig(env=f"tests.agent.agent_testing.{env}", max_turns=4, retries=retries),
         group_size=2,
         params=PARAMS,
         seed=1,
@@ -65,7 +67,9 @@ def test_a_dead_tool_sandbox_fails_its_episode_not_the_model(tokenizer):
     sandboxed = EpisodeRunner(
         engine,
         tokenizer,
-        AgentConfig(env="tests.agent.agent_testing.SandboxEnv", max_turns=3, executor="process"),
+        AgentConfig(
+            env="tests.agent.agent_testing.SandboxEnv", max_turns=3, executor="process", retries=0
+        ),  # fmt: skip
         group_size=1,
         params=PARAMS,
         seed=1,
@@ -78,6 +82,36 @@ def test_a_dead_tool_sandbox_fails_its_episode_not_the_model(tokenizer):
     rollout = sandboxed.score(played)
     assert rollout.metrics["agent/env_failures"] == 0.5
     assert rollout.batch.group_ids.tolist() == [0]  # only the good episode is trained
+
+
+@pytest.mark.parametrize("crash", ["step", "reset"])
+def test_a_transient_crash_is_played_again_as_if_it_had_not_happened(engine, tokenizer, crash):
+    """The first episode to reach the crash (reset, or its second step) fails once; played
+    again from a fresh environment with the same row and random numbers, every episode is
+    the one a run without the crash plays, token for token, and the retry is counted."""
+    # the class the runner builds by its dotted path (this module's relative import is
+    # another module object under pytest's rootdir)
+    importlib.import_module("tests.agent.agent_testing").FlakyEnv.crashed.clear()
+    rows = [{"turns": 3}, {"turns": 3, "crash": crash, "flaky": "x"}]
+    played = runner(engine, tokenizer, env="FlakyEnv", retries=1).generate(rows, seed_index=0)
+    clean = runner(engine, tokenizer).generate([{"turns": 3}, {"turns": 3}], seed_index=0)
+    assert [e.error for e in played.episodes] == [None] * 4
+    assert [e.retries for e in played.episodes] == [0, 0, 1, 0]
+    tokens = sorted((c.group_id, c.input_ids, c.output_ids) for c in played.calls)
+    assert tokens == sorted((c.group_id, c.input_ids, c.output_ids) for c in clean.calls)
+    assert len(tokens) == 12  # 4 episodes x 3 turns: the failed attempt's calls left out
+    metrics = runner(engine, tokenizer).score(played).metrics
+    assert metrics["agent/retries"] == 1 / 4 and metrics["agent/env_failures"] == 0.0
+
+
+def test_a_crash_that_recurs_is_retried_then_masked_or_fatal(engine, tokenizer):
+    played = runner(engine, tokenizer, retries=2).generate(ROWS[:2], seed_index=0)
+    assert [e.retries for e in played.episodes] == [0, 0, 2, 2]
+    assert played.episodes[2].error == "step raised RuntimeError: sandbox died"
+    metrics = runner(engine, tokenizer).score(played).metrics
+    assert metrics["agent/retries"] == 1.0 and metrics["agent/env_failures"] == 0.5
+    with pytest.raises(EnvironmentFailure, match="on_error=fail, after 2 retries"):
+        runner(engine, tokenizer, "fail", retries=2).generate(ROWS[:2], seed_index=0)
 
 
 def test_reward_functions_add_terms_and_their_failures_mask_episodes(tokenizer):

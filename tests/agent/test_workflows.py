@@ -5,6 +5,7 @@ event loop are counted, never trained, never a hang."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import time
@@ -147,6 +148,28 @@ def test_a_workflow_past_its_timeout_is_cancelled(engine, tokenizer):
     metrics = slow.score(played).metrics
     assert metrics["agent/workflow_timeouts"] == metrics["agent/workflow_failures"] == 0.25
     assert "agent.workflow_timeout_s" in played.episodes[0].error
+
+
+def test_a_transient_failure_is_played_again_as_if_it_had_not_happened(engine, tokenizer):
+    """The first episode of each target fails after its first call, once; played again
+    with the same row and random numbers (agent.retries=1, the default), every episode
+    makes the calls a run without failures makes, token for token, and is trained."""
+    flaky = importlib.import_module(HERE)  # the module the runner loads by its dotted path
+    flaky.FLAKED.clear()
+    rows = [{**r, "flaky": True} for r in ROWS]
+    retried = runner(engine, tokenizer, "flaky_two_turns")
+    played = retried.generate(rows, seed_index=0)
+    clean = runner(engine, tokenizer, "flaky_two_turns").generate(ROWS, seed_index=0)
+    assert [e.error for e in played.episodes] == [None] * 8
+    assert [e.retries for e in played.episodes] == [1, 0] * 4  # each target's first episode
+    calls = sorted((c.group_id, c.input_ids, c.output_ids) for c in played.calls)
+    assert calls == sorted((c.group_id, c.input_ids, c.output_ids) for c in clean.calls)
+    assert len(calls) == 16  # 8 episodes x 2 calls: the failed attempts' calls left out
+    metrics = retried.score(played).metrics
+    assert metrics["agent/retries"] == 0.5 and metrics["agent/workflow_failures"] == 0.0
+    flaky.FLAKED.clear()
+    once = runner(engine, tokenizer, "flaky_two_turns", retries=0).generate(rows, seed_index=0)
+    assert [e.error is not None for e in once.episodes] == [True, False] * 4
 
 
 def test_a_blocked_event_loop_is_given_up(engine, tokenizer, monkeypatch):

@@ -58,3 +58,29 @@ async def parallel_calls(client, row) -> float:
         ],
     )
     return 0.5
+
+
+#: targets whose first episode has failed once already (flaky_two_turns clears nothing:
+#: a test empties it first)
+FLAKED: set = set()
+
+
+async def flaky_two_turns(client, row) -> float:
+    """Two calls, the second continuing the first; the first episode of each target to get
+    past its first call fails there once (a transient failure: a tool server went away),
+    with ``row["flaky"]`` set, and never again."""
+    ask = [{"role": "user", "content": "guess 1-8"}]
+    first = await client.chat.completions.create(model="policy", messages=ask)
+    if row.get("flaky") and row["target"] not in FLAKED:
+        FLAKED.add(row["target"])
+        raise ConnectionError("the tool server went away")
+    text = first.choices[0].message.content
+    await client.chat.completions.create(
+        model="policy",
+        messages=[
+            *ask,
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "lower"},
+        ],
+    )
+    return 1.0

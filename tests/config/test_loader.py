@@ -212,3 +212,21 @@ def test_a_reward_discount_outside_0_1_or_without_call_export_is_an_error(overri
         load_config(None, [*agent, *overrides])
     config = load_config(None, [*agent, "agent.export=call", "agent.reward_discount=0.5"])
     assert config.agent.reward_discount == 0.5
+
+
+def test_another_task_does_not_inherit_the_old_tasks_arguments(tmp_path):
+    """task_args belong to their task: naming another task drops the lower level's, whether
+    the command line or a stage names it; the same task merges them key by key."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "data: {task: arithmetic, task_args: {digits: 3, reverse: true}}\n"
+        "stages:\n  a: {}\n  b: {data: {task: countdown, task_args: {numbers: 3}}}\n"
+    )
+    other = load_config(path, ["data.task=reasoning_gym", "data.task_args={dataset: gcd}"])
+    assert other.data.task_args == {"dataset": "gcd"}
+    assert load_config(path, ["data.task=countdown"]).data.task_args == {}
+    same = load_config(path, ["data.task=arithmetic", "data.task_args.digits=2"])
+    assert same.data.task_args == {"digits": 2, "reverse": True}
+    stages = dict(stage_configs(load_config(path)))
+    assert stages["a"].data.task_args == {"digits": 3, "reverse": True}
+    assert stages["b"].data.task_args == {"numbers": 3}

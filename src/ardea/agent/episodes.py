@@ -9,10 +9,14 @@
   the engine together once every playing episode's call is there (an in-process engine
   then decodes them in this thread); each reply goes to its environment (``env.step``),
   whose observation joins the conversation, until every episode is done, hit ``max_turns`` or no longer fits
-  the engine's context. Turn ``k`` samples with the engine seed ``sampling_seed(seed, *index,
-  k)`` and each episode with its own row of that turn's random numbers (its row id
-  ``first_prompt * G + i``, whichever episodes are still playing), so an episode is the
-  same whether one process plays the whole rollout or it is split over several.
+  the engine's context. An episode's ``k``-th call samples with the engine seed
+  ``sampling_seed(seed, *index, k)`` and its own row of that call's random numbers (its row
+  id ``first_prompt * G + i``, whichever episodes are still playing), so an episode is the
+  same whether one process plays the whole rollout or it is split over several. An
+  episode whose environment raises is played again from a fresh environment with the same
+  row and row id (``agent.retries`` times at most, counted in ``agent/retries``): the same
+  random numbers, so a failure that does not recur leaves the episode as it would have
+  been, and the group keeps its G episodes instead of training on the ones that survived.
 - :meth:`EpisodeRunner.score`: the recorded calls become trajectories
   (:func:`~ardea.agent.export_trajectories`, ``export`` style and ``history`` policy), one
   group per row (``group_ids``: the row's index in the call), with the ``agent/*`` metrics
@@ -52,6 +56,10 @@ from ardea.reward import RewardScorer, failure_metrics
 from ardea.rollout import GenerationEngine, Rollout, SamplingParams
 
 SAMPLES_KEPT = 4  # episodes per call kept for samples.jsonl
+
+
+def _failure(where: str, error: Exception) -> str:
+    return f"{where} raised {type(error).__name__}: {error}"
 
 
 class EnvironmentFailure(ArdeaError):
@@ -172,10 +180,11 @@ class EpisodeRunner(StoredEpisodes):
             ``executor``, ``reward_discount`` (:class:`~ardea.config.AgentConfig`).
         options: :class:`StoredEpisodes`'s: ``group_size`` (G episodes per row), ``params``
             (sampling parameters of every call, ``max_new_tokens`` per reply), ``seed`` (the
-            run seed) and ``on_error``: an environment whose ``reset`` or ``step`` raises (an infrastructure
-            failure, not a mistake of the model): ``mask`` ends the episode, counts it
-            (``agent/env_failures``) and leaves its calls out of training; ``fail`` raises
-            :class:`EnvironmentFailure`.
+            run seed) and ``on_error``: an environment whose ``reset`` or ``step`` raises (an
+            infrastructure failure, not a mistake of the model) is first played again from a
+            fresh environment, up to ``agent.retries`` times (``agent/retries``); a failure
+            left then: ``mask`` ends the episode, counts it (``agent/env_failures``) and
+            leaves its calls out of training; ``fail`` raises :class:`EnvironmentFailure`.
         scorer: the run's reward functions, whose terms join the environment's reward
             (:mod:`ardea.agent.reward_terms`); None: the environment's reward alone.
     """
@@ -210,33 +219,18 @@ class EpisodeRunner(StoredEpisodes):
         episodes, calls = [], []
         for group, row in enumerate(examples):
             for _ in range(self.group_size):
-                env = make_env(self.agent.env, max_turns=self.agent.max_turns, **self.env_args)
-                if env.toolbox is not None:
-                    env.toolbox.executor = self.agent.executor
                 row_id = first * self.group_size + len(episodes)
-                try:
-                    opening = env.reset(row)
-                except Exception as exc:  # noqa: BLE001 - the environment's failure, not ours
-                    episodes.append(Episode(env, group, None, [], row_id=row_id, done=True))
-                    self._env_failed(episodes[-1], row, "reset", exc)
-                    continue
-                conversation = Conversation(
-                    template, opening, env.tools, history=self.agent.history,
-                    group_id=group, tool_parser=self.tool_parser,
-                )  # fmt: skip
-                messages = conversation.messages
-                episodes.append(Episode(env, group, conversation, messages, row_id=row_id))
+                episodes.append(self._start(row, group, row_id, template))
+                self._settle(episodes, len(episodes) - 1, examples, template)
         lockstep = self._lockstep(seed_index, dict(enumerate(episodes)), locked=False)
         lockstep.attach(engine)
         for i in range(len(episodes)):
             lockstep.start(i)
         try:
-            for turn in range(self.agent.max_turns):
-                calls += self._turn(episodes, turn, engine, lockstep, examples)
+            while made := self._turn(episodes, engine, lockstep, examples, template):
+                calls += made
         finally:
             lockstep.close()
-        for episode in episodes:
-            episode.truncated |= not episode.done and episode.error is None
         if all(e.error is not None for e in episodes):
             raise EnvironmentFailure(
                 f"the environment {self.agent.env} failed in every episode of the rollout; the "
@@ -246,48 +240,75 @@ class EpisodeRunner(StoredEpisodes):
         kept = [call for episode, call in calls if episode.error is None]
         return episodes, kept, scored
 
-    def _env_failed(self, episode: Episode, row: Any, where: str, error: Exception) -> None:
-        """``episode``'s environment raised in ``where``: it ends, failed (class docstring)."""
-        message = f"{where} raised {type(error).__name__}: {error}"
-        if self.on_error == "fail":
+    def _start(self, row: Any, group: int, row_id: int, template, retries: int = 0) -> Episode:
+        """A fresh episode of ``row``: a new environment, reset (an episode whose reset
+        raised comes back ended, with the error)."""
+        env = make_env(self.agent.env, max_turns=self.agent.max_turns, **self.env_args)
+        if env.toolbox is not None:
+            env.toolbox.executor = self.agent.executor
+        try:
+            opening = env.reset(row)
+        except Exception as exc:  # noqa: BLE001 - the environment's failure, not ours
+            return Episode(env, group, None, [], row_id=row_id, done=True, retries=retries,
+                           error=_failure("reset", exc))  # fmt: skip
+        conversation = Conversation(
+            template, opening, env.tools, history=self.agent.history,
+            group_id=group, tool_parser=self.tool_parser,
+        )  # fmt: skip
+        messages = conversation.messages
+        return Episode(env, group, conversation, messages, row_id=row_id, retries=retries)
+
+    def _settle(self, episodes: list[Episode], i: int, rows: Rows, template) -> None:
+        """Episode ``i`` after its environment may have raised: played again from a fresh
+        environment, with the same row and row id (so the same random numbers), while
+        ``agent.retries`` allows; a failure left then ends it under ``mask`` (counted, its
+        calls not trained) or raises :class:`EnvironmentFailure` under ``fail``."""
+        episode = episodes[i]
+        while episode.error is not None and episode.retries < self.agent.retries:
+            row = rows[episode.group]
+            episode = self._start(row, episode.group, episode.row_id, template, episode.retries + 1)
+        episodes[i] = episode
+        if episode.error is not None and self.on_error == "fail":
             raise EnvironmentFailure(
-                f"the environment {self.agent.env} failed on row {row!r:.200} (reward.on_error=fail): "
-                f"{message}"
-            ) from error
-        episode.error, episode.done = message, True
+                f"the environment {self.agent.env} failed on row {rows[episode.group]!r:.200} "
+                f"(reward.on_error=fail, after {episode.retries} retries): {episode.error}"
+            )
 
     def _turn(
         self,
         episodes: list[Episode],
-        turn: int,
         engine: GenerationEngine,
         lockstep: Lockstep,
         rows: Sequence[dict[str, Any]],
+        template,
     ) -> list[tuple[Episode, Interaction]]:
         """One turn: the next call of every episode still playing, released together by the
-        lockstep (call ``turn`` of each: its seed and row of random numbers) once the last
-        one arrives or ends, each reply handed to its environment; an episode that ends
-        leaves the lockstep."""
+        lockstep (call ``k`` of an episode, its ``k``-th reply: its seed and row of random
+        numbers) once the last one arrives or ends, each reply handed to its environment; an
+        episode that ends or has played ``max_turns`` leaves the lockstep. None sent: []."""
         sent = []
         for i, episode in enumerate(episodes):
+            if not episode.done and episode.turns >= self.agent.max_turns:
+                episode.done = episode.truncated = True
             ids = None if episode.done else self._next_input(episode, engine)
             if ids is None:
                 lockstep.finish(i)
                 continue
             request = EngineRequest(ids, self.params)
-            lockstep.tag(request, i, turn)
+            lockstep.tag(request, i, episode.turns)
             lockstep.arrive(request)
-            sent.append((episode, request))
-        wait_calls(engine, [request for _, request in sent])  # every one was released
+            sent.append((i, episode, request))
+        wait_calls(engine, [request for _, _, request in sent])  # every one was released
         calls = []
-        for episode, request in sent:
+        for i, episode, request in sent:
             if request.error is not None:
                 raise request.error
             call = episode.conversation.record(request.input_ids, request.completions[0])
             try:
                 self._advance(episode, call)
             except Exception as exc:  # noqa: BLE001 - the environment's failure, not ours
-                self._env_failed(episode, rows[episode.group], "step", exc)
+                episode.error, episode.done = _failure("step", exc), True
+                self._settle(episodes, i, rows, template)
             calls.append((episode, call))
         return calls
 
@@ -330,6 +351,7 @@ class EpisodeRunner(StoredEpisodes):
         metrics = episode_metrics(good, batch)
         n = len(played.episodes)
         metrics["agent/env_failures"] = (n - len(good)) / n
+        metrics["agent/retries"] = sum(e.retries for e in played.episodes) / n
         if played.scored is not None:
             metrics |= failure_metrics(played.scored)
         generated = float(batch.loss_mask.sum())

@@ -131,6 +131,14 @@ class Lockstep:
             self._calls.setdefault(episode, 0)
             self._on_the_way.setdefault(episode, set())
 
+    def again(self, episode: int, failed: int) -> None:
+        """``episode`` plays ``failed``'s row again (a retry): the same row id and group,
+        so its calls sample ``failed``'s random numbers; it is running from now on."""
+        with self._lock:
+            self.rows[episode] = self.rows[failed]
+            self.groups[episode] = self.groups[failed]
+        self.start(episode)
+
     def issue(self, episode: int) -> int:
         """Number the call ``episode`` is sending (its transport calls this): releases wait
         for it to arrive."""

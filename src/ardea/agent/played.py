@@ -38,6 +38,7 @@ class Episode:
     error: str | None = None  # an agent workflow that failed: why (its calls are not trained)
     rewritten_turns: int = 0  # a workflow's turns whose text its code replaced (keep_tokens)
     info: dict[str, float] = dataclasses.field(default_factory=dict)  # a workflow's numbers
+    retries: int = 0  # failed attempts of its row played before this one (agent.retries)
 
 
 Rows = Sequence[dict[str, Any]]  # the rows of one call (environment rows, workflow inputs)
@@ -74,7 +75,8 @@ def join_episodes(parts: Sequence[Episodes]) -> Episodes:
 
 _CALL_FIELDS = ("input_ids", "output_ids", "logprobs", "version", "stop_reason", "reward", "id")
 _EPISODE_FIELDS = ("group", "messages", "reward", "turns", "tool_calls", "tool_errors",
-                   "success", "done", "truncated", "row_id", "error", "rewritten_turns", "info")  # fmt: skip
+                   "success", "done", "truncated", "row_id", "error", "rewritten_turns", "info",
+                   "retries")  # fmt: skip
 
 
 def episodes_state(played: Episodes) -> dict[str, Any]:
@@ -120,6 +122,7 @@ def restore_episodes(state: dict[str, Any], examples: list[Any]) -> Episodes:
         )  # fmt: skip
         call.continued, call.orphan, call.rewritten = stored["flags"]
         calls.append(call)
+    # a checkpoint written before agent.retries existed has no count: none were retried
     episodes = [Episode(env=None, conversation=None, **e) for e in state["episodes"]]
     seconds, scored = float(state["seconds"]), state["scored"]
     scored = None if scored is None else ScoreResult(**scored)

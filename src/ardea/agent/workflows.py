@@ -128,8 +128,10 @@ class WorkflowRunner(StoredEpisodes):
         locked: a request may not change temperature or top_p (the run's sampling options,
             ``params``, are a request's defaults).
         options: :class:`~ardea.agent.episodes.StoredEpisodes`'s: ``group_size`` (G
-            episodes per row), ``params``, ``seed`` (the run seed) and ``on_error``: ``mask``
-            counts a failed episode and leaves its calls out of training, ``fail`` raises
+            episodes per row), ``params``, ``seed`` (the run seed) and ``on_error``: an
+            episode that failed (raised, timed out) is first played again, up to
+            ``agent.retries`` times (``agent/retries``); a failure left then: ``mask``
+            counts it and leaves its calls out of training, ``fail`` raises
             :class:`WorkflowError` (``zero`` is refused: a failed episode may stop
             mid-conversation, so its calls are never trained).
     """
@@ -187,10 +189,12 @@ class WorkflowRunner(StoredEpisodes):
         client.lockstep = lockstep
         lockstep.attach(client.engine)
         self._sessions.open(client, list(episodes))
+        latest = dict(episodes)  # first episode number -> its last attempt (retries)
         try:
             url = self._serving().url if self.agent.transport == "http" else IN_PROCESS_URL
             rounds = math.ceil(len(episodes) / self.agent.max_concurrency)
-            drive = self._drive(list(examples), episodes, lockstep, url)
+            rounds *= 1 + self.agent.retries
+            drive = self._drive(list(examples), episodes, lockstep, url, client, latest)
             if not _run_in_thread(drive, rounds * self.agent.workflow_timeout_s + GRACE_S):
                 lockstep.close()
                 for e in episodes.values():
@@ -201,7 +205,7 @@ class WorkflowRunner(StoredEpisodes):
             self._sessions.close(list(episodes))
             lockstep.close()
         calls = self._kept_calls(client.interactions, episodes)
-        played = list(episodes.values())
+        played = list(latest.values())  # one per first episode, in their order
         self._check_failures(list(examples), played)
         return played, calls, None
 
@@ -217,8 +221,14 @@ class WorkflowRunner(StoredEpisodes):
             self._server.stop()
             self._server = None
 
-    async def _drive(self, rows, episodes: dict[int, Episode], lockstep, url) -> None:
-        """Run every episode, ``max_concurrency`` at a time (in order, as slots free)."""
+    async def _drive(
+        self, rows, episodes: dict[int, Episode], lockstep, url, recorder,
+        latest: dict[int, Episode],
+    ) -> None:  # fmt: skip
+        """Run every episode, ``max_concurrency`` at a time (in order, as slots free); an
+        episode that failed is played again as a new one (added to ``episodes``), its row id
+        (so its random numbers) kept, up to ``agent.retries`` times: ``latest`` maps each
+        first episode number to its last attempt (the failed ones' calls are not trained)."""
         if self.agent.transport == "in_process":
             inner = httpx.ASGITransport(app=self._app)
         else:  # no pool limit: every running episode's call must reach the server at once
@@ -228,28 +238,41 @@ class WorkflowRunner(StoredEpisodes):
         transport = NumberedTransport(inner, lockstep)
         async with httpx.AsyncClient(transport=transport, timeout=None) as http:
 
+            async def attempt(number: int, episode: Episode) -> None:
+                client = openai.AsyncOpenAI(
+                    base_url=url, api_key="ardea", http_client=http, max_retries=0,
+                    default_headers={EPISODE_HEADER: str(number)},
+                )  # fmt: skip
+                row = copy.deepcopy(rows[episode.group])
+                try:
+                    result = await asyncio.wait_for(
+                        self.workflow(client, row), self.agent.workflow_timeout_s
+                    )
+                    episode.reward, episode.info = workflow_outcome(result)
+                except TimeoutError:
+                    episode.error = f"timed out after {self.agent.workflow_timeout_s:g} s"
+                    episode.error += " (agent.workflow_timeout_s)"
+                    episode.truncated = True
+                except (Exception, SystemExit) as exc:  # the user's code: counted
+                    episode.error = _failure(exc)
+                finally:
+                    episode.done = True
+
             async def play(number: int, episode: Episode) -> None:
                 async with slots:
-                    client = openai.AsyncOpenAI(
-                        base_url=url, api_key="ardea", http_client=http, max_retries=0,
-                        default_headers={EPISODE_HEADER: str(number)},
-                    )  # fmt: skip
-                    row = copy.deepcopy(rows[episode.group])
+                    first = number
                     lockstep.start(number)
-                    try:
-                        result = await asyncio.wait_for(
-                            self.workflow(client, row), self.agent.workflow_timeout_s
-                        )
-                        episode.reward, episode.info = workflow_outcome(result)
-                    except TimeoutError:
-                        episode.error = f"timed out after {self.agent.workflow_timeout_s:g} s"
-                        episode.error += " (agent.workflow_timeout_s)"
-                        episode.truncated = True
-                    except (Exception, SystemExit) as exc:  # the user's code: counted
-                        episode.error = _failure(exc)
-                    finally:
-                        episode.done = True
-                        lockstep.finish(number)
+                    await attempt(number, episode)
+                    while episode.error is not None and episode.retries < self.agent.retries:
+                        failed, number = number, next(self._episode_ids)
+                        episode = Episode(None, episode.group, None, [], row_id=episode.row_id,
+                                          retries=episode.retries + 1)  # fmt: skip
+                        episodes[number] = latest[first] = episode
+                        self._sessions.open(recorder, [number])
+                        lockstep.again(number, failed)  # before the failed one leaves
+                        lockstep.finish(failed)
+                        await attempt(number, episode)
+                    lockstep.finish(number)
 
             await asyncio.gather(*(play(n, e) for n, e in episodes.items()))
 
@@ -321,6 +344,7 @@ def workflow_metrics(played: Episodes, batch: TrajectoryBatch) -> dict[str, floa
     if not any("success" in e.info for e in good):
         del metrics["agent/success_rate"]  # the workflow does not say what success is
     metrics["agent/workflow_failures"] = (len(episodes) - len(good)) / len(episodes)
+    metrics["agent/retries"] = sum(e.retries for e in episodes) / len(episodes)
     timeouts = sum(bool(e.error and "agent.workflow_timeout_s" in e.error) for e in episodes)
     metrics["agent/workflow_timeouts"] = timeouts / len(episodes)
     rewritten = sum(e.rewritten_turns for e in good)

@@ -28,6 +28,7 @@ READY_CONFIGS = (
     "online_ppo.yaml",
     "online_ppo_adaptive_lambda.yaml",
     "orpo.yaml",
+    "reasoning_gym.yaml",
     "reward_model.yaml",
     "reward_model_grpo.yaml",
     "seq_text.yaml",
@@ -37,7 +38,10 @@ READY_CONFIGS = (
     "sft_lora.yaml",
 )
 #: task arguments a task cannot do without, for its example in ``ardea tasks``
-EXAMPLE_TASK_ARGS = {"math_jsonl": {"path": "examples/data/gsm8k_mini.jsonl"}}
+EXAMPLE_TASK_ARGS = {
+    "math_jsonl": {"path": "examples/data/gsm8k_mini.jsonl"},
+    "reasoning_gym": {"dataset": "chain_sum"},
+}
 
 PRECEDENCE = (
     "precedence, lowest first: built-in defaults < CONFIG.yaml's top level < its "

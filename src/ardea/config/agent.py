@@ -47,6 +47,15 @@ class AgentConfig:
         factory=dict,
     )
     max_turns: int = option(4, "Most model replies per episode (the episode ends there).")
+    retries: int = option(
+        1,
+        "Times an episode whose environment or workflow failed (raised, timed out) is played "
+        "again from a fresh environment with the same row and random numbers before "
+        "reward.on_error applies (mask: counted, not trained; fail: stop). Leaving failed "
+        "episodes out biases a group towards the ones that survived; a transient failure "
+        "(a flaky server, a sandbox that died) does not recur, a deterministic one costs one "
+        "more attempt. Counted in agent/retries.",
+    )
     export: str = option(
         "conversation",
         "How episodes become trajectories: conversation (one row per episode, every reply a "
@@ -105,6 +114,9 @@ class AgentConfig:
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int):
             raise ConfigError(f"agent.max_turns={self.max_turns!r} must be an int >= 1")
         check_range("agent.max_turns", self.max_turns, low=1)
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int):
+            raise ConfigError(f"agent.retries={self.retries!r} must be an int >= 0")
+        check_range("agent.retries", self.retries, low=0)
         if isinstance(self.eval_episodes, bool) or not isinstance(self.eval_episodes, int):
             raise ConfigError(f"agent.eval_episodes={self.eval_episodes!r} must be an int >= 1")
         check_range("agent.eval_episodes", self.eval_episodes, low=1)

@@ -107,7 +107,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if overrides:
         layers.append((_parse_overrides(overrides), "command line"))
     for layer, source in layers:
-        merged = _merge(merged, layer, source)
+        merged = _merge(for_task(merged, layer), layer, source)
     if overrides and merged.stages:
         file_stages = layers[0][0].get("stages") if path is not None else None
         merged.stages = apply_to_stages(file_stages or OmegaConf.create({}), layers[-1][0])
@@ -117,6 +117,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise _translate(exc, "config") from exc
     assert isinstance(config, ArdeaConfig)
     return config
+
+
+def for_task(base: DictConfig, layer: DictConfig) -> DictConfig:
+    """``base`` as ``layer`` merges over it: without its ``data.task_args`` when ``layer``
+    names another ``data.task`` (they were the old task's arguments: ``data.task=countdown``
+    over a config of the arithmetic task must not hand countdown ``digits``)."""
+    data = layer.get("data")
+    if not isinstance(data, DictConfig) or "task" not in data:
+        return base
+    if data.task == base.data.task or not base.data.task_args:
+        return base
+    out = base.copy()
+    out.data.task_args = {}
+    return out
 
 
 def _merge(base: DictConfig, layer: DictConfig, source: str) -> DictConfig:
@@ -155,7 +169,7 @@ def stage_configs(config: ArdeaConfig) -> list[tuple[str, ArdeaConfig]]:
                 f"(each stage runs in <run dir>/<name>/); set {key} at the top level"
             )
         try:
-            merged = OmegaConf.merge(base, layer)
+            merged = OmegaConf.merge(for_task(base, layer), layer)
             stage = OmegaConf.to_object(merged)
         except OmegaConfBaseException as exc:
             raise _translate(exc, source) from exc

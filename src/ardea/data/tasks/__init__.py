@@ -3,6 +3,7 @@
 from ardea.data.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
 from ardea.data.tasks import countdown as _countdown  # noqa: F401  (registers the task)
 from ardea.data.tasks import math_jsonl as _math_jsonl  # noqa: F401  (registers the task)
+from ardea.data.tasks import reasoning_gym as _reasoning_gym  # noqa: F401  (registers it)
 from ardea.data.tasks.answer_records import read_examples
 from ardea.data.tasks.base import (
     SPLITS,
