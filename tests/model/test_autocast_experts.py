@@ -17,13 +17,23 @@ from transformers.integrations.moe import grouped_mm_experts_forward
 from ardea.model.autocast_experts import NAME, follow_autocast, forget_casts, keep_casts
 
 
-def _moe(seed: int = 0) -> torch.nn.Module:
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
-        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        num_experts=4, num_experts_per_tok=2, initializer_range=0.2,
-    )  # fmt: skip
+def _moe(seed: int = 0, family: str = "qwen3_moe") -> torch.nn.Module:
+    """A one-layer MoE: Qwen3-MoE's experts, or gpt-oss's (biases, transposed weights, its
+    own clamped gate)."""
+    common = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, num_experts_per_tok=2,
+                  initializer_range=0.2)  # fmt: skip
     torch.manual_seed(seed)
+    if family == "gpt_oss":
+        config = transformers.GptOssConfig(**common, intermediate_size=24, num_local_experts=4)
+        model = transformers.GptOssForCausalLM(config)
+        with torch.no_grad():  # biases start at zero: make them count
+            for name, param in model.named_parameters():
+                if name.endswith("_bias"):
+                    param.normal_(0, 0.2)
+        return model.float().eval()
+    config = transformers.Qwen3MoeConfig(**common, intermediate_size=64, moe_intermediate_size=24,
+                                         num_experts=4)  # fmt: skip
     return transformers.Qwen3MoeForCausalLM(config).float().eval()
 
 
@@ -43,8 +53,9 @@ def _bf16_reference(experts, x, ids, weights) -> torch.Tensor:
         return grouped_mm_experts_forward(low, x.bfloat16(), ids, weights.bfloat16()).float()
 
 
-def test_experts_compute_in_the_autocast_dtype_as_transformers_does_on_bf16_weights():
-    model = _moe()
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_experts_compute_in_the_autocast_dtype_as_transformers_does_on_bf16_weights(family):
+    model = _moe(family=family)
     experts = model.model.layers[0].mlp.experts
     x, ids, weights = _inputs()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
