@@ -80,7 +80,7 @@ def test_a_weighted_mix_draws_each_generator_in_proportion():
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ({"dataset": "no_such"}, "'no_such' is not a reasoning-gym generator; the 105 known: ab"),
+        ({"dataset": "no_such"}, "'no_such' is not a reasoning-gym generator; the "),
         ({"dataset": "gcd", "config": {"max_val": 9}},
          "unknown setting(s) max_val; gcd's settings: min_numbers, max_numbers, min_value"),
         ({"dataset": "chain_sum", "config": {"min_terms": 5, "max_terms": 2}},
@@ -98,6 +98,13 @@ def test_bad_task_args_are_named(args, words):
     with pytest.raises(ConfigError) as caught:
         make_task("reasoning_gym", **args)
     assert words in str(caught.value)
+
+
+def test_an_unknown_generator_lists_the_ones_reasoning_gym_has():
+    with pytest.raises(ConfigError) as caught:
+        make_task("reasoning_gym", dataset="no_such")
+    known = sorted(n for n in reasoning_gym.factory.DATASETS if n != "composite")
+    assert f"the {len(known)} known: {', '.join(known)}" in str(caught.value)
 
 
 def test_too_few_distinct_questions_is_an_error_not_a_hang():

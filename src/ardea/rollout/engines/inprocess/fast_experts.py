@@ -87,8 +87,9 @@ class RoutedExperts:
         return out.view(n, 1, hidden)
 
     def _experts(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
-        """``Σ_k w_nk expert_{ids_nk}(x_n)`` ``(N, H)``, summed in float32 as transformers
-        does (its per-expert outputs times the weights, in their promoted dtype)."""
+        """``Σ_k w_nk expert_{ids_nk}(x_n)`` ``(N, H)``, as transformers' grouped experts
+        compute it: each expert's output times its weight in their promoted dtype (bf16
+        under Qwen's bf16 router weights, float32 under Mixtral's), summed over ``k``."""
         n, top_k = ids.shape
         flat = ids.reshape(-1)  # (N·K,) in (row, k) order
         # each pair's slot among its expert's rows: how many pairs before it chose the expert
